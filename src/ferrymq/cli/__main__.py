@@ -1,0 +1,3 @@
+from ferrymq.cli.main import main
+
+main()

@@ -1,0 +1,327 @@
+"""Sans-IO codec of the RocketMQ remoting frame (protocol §1). Bytes in, commands out; no sockets.
+
+Frame layout (all integers big-endian):
+
+| offset | size | field              | notes                                                        |
+|--------|------|--------------------|--------------------------------------------------------------|
+| 0      | 4    | length (int32)     | bytes after this field: 4 + header length + body length      |
+| 4      | 4    | headerLenAndType   | high byte: 0 = JSON, 1 = ROCKETMQ binary; low 24 bits: length |
+| 8      | H    | header             | JSON object (§1.2) or binary header (§1.4)                   |
+| 8+H    | rest | body               | opaque bytes                                                 |
+
+JSON header keys: ``code`` int, ``language`` str, ``version`` int, ``opaque`` int, ``flag`` int
+(bit 0 = response, bit 1 = oneway), ``remark`` str|null, ``extFields`` {str: str}.
+
+ROCKETMQ binary header (§1.4):
+
+| size  | field                                                                 |
+|-------|-----------------------------------------------------------------------|
+| 2     | code (int16)                                                          |
+| 1     | language code                                                         |
+| 2     | version (int16)                                                       |
+| 4     | opaque (int32)                                                        |
+| 4     | flag (int32)                                                          |
+| 4 + n | remark: int32 length + UTF-8                                          |
+| 4 + m | extFields: int32 total length + entries [int16 kLen][k][int32 vLen][v]|
+
+We always answer JSON with a zero high byte (the C++ client and ali-ons do not mask it), unless the
+request came in binary.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ferrymq.errors import FrameTooLargeError, ProtocolError
+from ferrymq.remoting.codes import CURRENT_VERSION, LanguageCode
+
+#: Largest frame (length field value) accepted; RocketMQ's default frameMaxLength.
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: Largest header accepted inside a frame.
+MAX_HEADER_BYTES = 4 * 1024 * 1024
+
+FLAG_RESPONSE = 0x1
+FLAG_ONEWAY = 0x2
+
+SERIALIZE_JSON = 0
+SERIALIZE_ROCKETMQ = 1
+
+_INT = struct.Struct(">i")
+_PREFIX = struct.Struct(">iI")
+_BIN_FIXED = struct.Struct(">hbhii")
+_LANG_BY_CODE = {m.value: m.name for m in LanguageCode}
+
+
+@dataclass(slots=True)
+class RemotingCommand:
+    """One request or response."""
+
+    code: int
+    ext_fields: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    opaque: int = 0
+    flag: int = 0
+    remark: str | None = None
+    language: str = "PYTHON"
+    version: int = CURRENT_VERSION
+    serialize_type: int = SERIALIZE_JSON
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & FLAG_ONEWAY)
+
+    @classmethod
+    def request(
+        cls, code: int, ext_fields: dict[str, Any] | None = None, body: bytes = b"", oneway: bool = False
+    ) -> RemotingCommand:
+        fields = {k: to_wire_str(v) for k, v in (ext_fields or {}).items() if v is not None}
+        return cls(code=int(code), ext_fields=fields, body=body, flag=FLAG_ONEWAY if oneway else 0)
+
+    def response(
+        self, code: int = 0, ext_fields: dict[str, Any] | None = None, body: bytes = b"", remark: str | None = None
+    ) -> RemotingCommand:
+        """A response to this request: same opaque and serialize type, response bit set."""
+        fields = {k: to_wire_str(v) for k, v in (ext_fields or {}).items() if v is not None}
+        return RemotingCommand(
+            code=int(code),
+            ext_fields=fields,
+            body=body,
+            opaque=self.opaque,
+            flag=FLAG_RESPONSE,
+            remark=remark,
+            language="JAVA",
+            serialize_type=self.serialize_type,
+        )
+
+    # typed accessors over extFields (all values are strings on the wire)
+    def get_str(self, key: str, default: str | None = None) -> str | None:
+        v = self.ext_fields.get(key)
+        return default if v is None else v
+
+    def get_int(self, key: str, default: int | None = None) -> int | None:
+        v = self.ext_fields.get(key)
+        if v is None or v == "":
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            try:
+                return int(float(v))
+            except ValueError:
+                raise ProtocolError(f"header field {key!r} is not an integer: {v[:40]!r}") from None
+
+    def get_bool(self, key: str, default: bool = False) -> bool:
+        v = self.ext_fields.get(key)
+        if v is None or v == "":
+            return default
+        return v.lower() in ("true", "1")
+
+
+def to_wire_str(value: Any) -> str:
+    """extFields values travel as JSON strings; bools the Java way."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def encode(cmd: RemotingCommand) -> bytes:
+    """One whole frame for ``cmd``."""
+    header = encode_binary_header(cmd) if cmd.serialize_type == SERIALIZE_ROCKETMQ else encode_json_header(cmd)
+    return (
+        _PREFIX.pack(4 + len(header) + len(cmd.body), (cmd.serialize_type << 24) | len(header))
+        + header
+        + cmd.body
+    )
+
+
+def encode_json_header(cmd: RemotingCommand) -> bytes:
+    obj: dict[str, Any] = {
+        "code": cmd.code,
+        "extFields": cmd.ext_fields,
+        "flag": cmd.flag,
+        "language": cmd.language,
+        "opaque": cmd.opaque,
+        "serializeTypeCurrentRPC": "JSON",
+        "version": cmd.version,
+    }
+    if cmd.remark is not None:
+        obj["remark"] = cmd.remark
+    return orjson.dumps(obj)
+
+
+def encode_binary_header(cmd: RemotingCommand) -> bytes:
+    lang = LanguageCode[cmd.language].value if cmd.language in LanguageCode.__members__ else LanguageCode.OTHER
+    remark = (cmd.remark or "").encode()
+    ext = bytearray()
+    for k, v in cmd.ext_fields.items():
+        kb, vb = k.encode(), v.encode()
+        ext += struct.pack(">h", len(kb)) + kb + _INT.pack(len(vb)) + vb
+    return (
+        _BIN_FIXED.pack(cmd.code, lang, cmd.version, cmd.opaque, cmd.flag)
+        + _INT.pack(len(remark))
+        + remark
+        + _INT.pack(len(ext))
+        + bytes(ext)
+    )
+
+
+def _coerce_ext(raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ProtocolError("extFields is not an object")
+    out: dict[str, str] = {}
+    for k, v in raw.items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            out[k] = "true" if v else "false"
+        elif isinstance(v, str):
+            out[k] = v
+        elif isinstance(v, (int, float)):
+            out[k] = str(v)
+        else:
+            out[k] = orjson.dumps(v).decode()
+    return out
+
+
+def decode_json_header(header: bytes, body: bytes) -> RemotingCommand:
+    try:
+        obj = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"header is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("header is not a JSON object")
+    try:
+        code = int(obj.get("code", 0))
+        opaque = int(obj.get("opaque", 0))
+        flag = int(obj.get("flag", 0))
+        version = int(obj.get("version", 0))
+    except (TypeError, ValueError):
+        raise ProtocolError("header has a non-integer code/opaque/flag/version") from None
+    language = obj.get("language", "OTHER")
+    if isinstance(language, int):
+        language = _LANG_BY_CODE.get(language, "OTHER")
+    remark = obj.get("remark")
+    return RemotingCommand(
+        code=code,
+        ext_fields=_coerce_ext(obj.get("extFields")),
+        body=body,
+        opaque=opaque,
+        flag=flag,
+        remark=remark if isinstance(remark, str) else None,
+        language=str(language),
+        version=version,
+        serialize_type=SERIALIZE_JSON,
+    )
+
+
+def decode_binary_header(header: bytes, body: bytes) -> RemotingCommand:
+    try:
+        code, lang, version, opaque, flag = _BIN_FIXED.unpack_from(header, 0)
+        pos = _BIN_FIXED.size
+        (rlen,) = _INT.unpack_from(header, pos)
+        pos += 4
+        if rlen < 0 or pos + rlen > len(header):
+            raise ProtocolError("binary header remark length out of range")
+        remark = header[pos : pos + rlen].decode() if rlen else None
+        pos += rlen
+        (elen,) = _INT.unpack_from(header, pos)
+        pos += 4
+        end = pos + elen
+        if elen < 0 or end > len(header):
+            raise ProtocolError("binary header extFields length out of range")
+        ext: dict[str, str] = {}
+        while pos < end:
+            (klen,) = struct.unpack_from(">h", header, pos)
+            pos += 2
+            k = header[pos : pos + klen].decode()
+            pos += klen
+            (vlen,) = _INT.unpack_from(header, pos)
+            pos += 4
+            if klen < 0 or vlen < 0 or pos + vlen > end:
+                raise ProtocolError("binary header entry length out of range")
+            ext[k] = header[pos : pos + vlen].decode()
+            pos += vlen
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"malformed binary header: {exc}") from None
+    return RemotingCommand(
+        code=code,
+        ext_fields=ext,
+        body=body,
+        opaque=opaque,
+        flag=flag,
+        remark=remark,
+        language=_LANG_BY_CODE.get(lang, "OTHER"),
+        version=version,
+        serialize_type=SERIALIZE_ROCKETMQ,
+    )
+
+
+def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
+    """Decode one frame without its 4-byte length prefix."""
+    if len(frame) < 4:
+        raise ProtocolError("frame shorter than its header-length word")
+    (word,) = struct.unpack_from(">I", frame, 0)
+    stype = word >> 24
+    hlen = word & 0xFFFFFF
+    if stype not in (SERIALIZE_JSON, SERIALIZE_ROCKETMQ):
+        raise ProtocolError(f"unknown serialize type {stype}")
+    if hlen > len(frame) - 4 or hlen > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header length {hlen} exceeds frame length {len(frame) - 4}")
+    header = bytes(frame[4 : 4 + hlen])
+    body = bytes(frame[4 + hlen :])
+    if stype == SERIALIZE_JSON:
+        return decode_json_header(header, body)
+    return decode_binary_header(header, body)
+
+
+class FrameDecoder:
+    """Incremental decoder: ``feed(data)`` returns the complete commands found so far.
+
+    Raises ProtocolError / FrameTooLargeError on a bad frame; the caller closes the connection.
+    An oversized length prefix is refused as soon as its 4 bytes arrive, before any body is buffered.
+    """
+
+    __slots__ = ("_buf", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self.max_frame_bytes = max_frame_bytes
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[RemotingCommand]:
+        buf = self._buf
+        buf += data
+        out: list[RemotingCommand] = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 4:
+            (length,) = _INT.unpack_from(buf, pos)
+            if length < 4 or length > self.max_frame_bytes:
+                self._buf = bytearray()
+                if length > self.max_frame_bytes:
+                    raise FrameTooLargeError(f"frame of {length} bytes exceeds limit {self.max_frame_bytes}")
+                raise ProtocolError(f"invalid frame length {length}")
+            if n - pos - 4 < length:
+                break
+            frame = memoryview(buf)[pos + 4 : pos + 4 + length]
+            try:
+                out.append(decode_frame(frame))
+            finally:
+                frame.release()
+            pos += 4 + length
+        if pos:
+            del buf[:pos]
+        return out

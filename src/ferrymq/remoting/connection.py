@@ -1,0 +1,276 @@
+"""An asyncio Protocol carrying remoting frames in both directions.
+
+One class serves both sides: brokers send requests to clients on the client's own connection
+(NOTIFY_CONSUMER_IDS_CHANGED), so every connection has a dispatcher for incoming requests and a
+table of pending outgoing requests keyed by this connection's own ``opaque`` counter.
+
+Requests on one connection are served concurrently: a handler may return a command directly (fast
+path, answered inline) or an awaitable (run as a task, answered when it completes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Union
+
+from ferrymq.errors import (
+    ConnectError,
+    ConnectionClosedError,
+    FerryError,
+    ProtocolError,
+    RemotingTimeoutError,
+)
+from ferrymq.remoting.codec import MAX_FRAME_BYTES, FrameDecoder, RemotingCommand, encode
+from ferrymq.remoting.codes import ResponseCode
+
+log = logging.getLogger(__name__)
+
+HandlerResult = Union[RemotingCommand, None, Awaitable[Union[RemotingCommand, None]]]
+Handler = Callable[["Connection", RemotingCommand], HandlerResult]
+
+#: Requests served at once on one connection before SYSTEM_BUSY answers.
+MAX_INFLIGHT_REQUESTS_PER_CONNECTION = 65536
+#: Outgoing requests awaiting an answer on one connection.
+MAX_PENDING_REQUESTS_PER_CONNECTION = 65536
+DEFAULT_TIMEOUT_MS = 3000
+CONNECT_TIMEOUT_MS = 3000
+
+
+class Dispatcher:
+    """Request code → handler. Shared by servers and clients."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[int, Handler] = {}
+
+    def register(self, code: int, handler: Handler) -> None:
+        self._handlers[int(code)] = handler
+
+    def get(self, code: int) -> Handler | None:
+        return self._handlers.get(code)
+
+    def codes(self) -> list[int]:
+        return sorted(self._handlers)
+
+
+class Connection(asyncio.Protocol):
+    """One TCP connection speaking remoting frames."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher | None = None,
+        *,
+        on_close: Callable[[Connection], None] | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:
+        self.dispatcher = dispatcher or Dispatcher()
+        self._on_close = on_close
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._opaque = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed_fut: asyncio.Future[None] | None = None
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.closed = False
+        self.close_reason: BaseException | None = None
+        self.peer_addr = ""
+        self.local_addr = ""
+        self.last_activity = time.monotonic()
+        #: free slot for the owning layer (channel info, client id, ...)
+        self.attributes: dict[str, Any] = {}
+
+    # ---- asyncio.Protocol -------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._closed_fut = asyncio.get_running_loop().create_future()
+        peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("sockname")
+        if peer:
+            self.peer_addr = f"{peer[0]}:{peer[1]}"
+        if sock:
+            self.local_addr = f"{sock[0]}:{sock[1]}"
+
+    def data_received(self, data: bytes) -> None:
+        self.last_activity = time.monotonic()
+        try:
+            commands = self._decoder.feed(data)
+        except ProtocolError as exc:
+            log.warning("closing %s: %s", self.peer_addr, exc)
+            self.close(exc)
+            return
+        for cmd in commands:
+            if cmd.is_response:
+                fut = self._pending.pop(cmd.opaque, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(cmd)
+            else:
+                self._serve(cmd)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._teardown(exc or ConnectionClosedError(f"connection to {self.peer_addr} closed"))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    # ---- serving incoming requests -----------------------------------------
+    def _serve(self, cmd: RemotingCommand) -> None:
+        handler = self.dispatcher.get(cmd.code)
+        if handler is None:
+            self._reply(cmd, cmd.response(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark=f" request type {cmd.code} not supported"))
+            return
+        if len(self._tasks) >= MAX_INFLIGHT_REQUESTS_PER_CONNECTION:
+            self._reply(cmd, cmd.response(ResponseCode.SYSTEM_BUSY, remark="[OVERLOAD] too many requests in flight"))
+            return
+        try:
+            result = handler(self, cmd)
+        except Exception as exc:  # a handler fault answers SYSTEM_ERROR; the connection lives on
+            self._reply(cmd, self._error_response(cmd, exc))
+            return
+        if result is None or isinstance(result, RemotingCommand):
+            self._reply(cmd, result)
+            return
+        task = asyncio.ensure_future(result)
+        self._tasks.add(task)
+        task.add_done_callback(lambda t, c=cmd: self._task_done(c, t))
+
+    def _task_done(self, cmd: RemotingCommand, task: asyncio.Future[Any]) -> None:
+        self._tasks.discard(task)  # type: ignore[arg-type]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._reply(cmd, self._error_response(cmd, exc))
+        else:
+            self._reply(cmd, task.result())
+
+    def _error_response(self, cmd: RemotingCommand, exc: BaseException) -> RemotingCommand:
+        if not isinstance(exc, FerryError):
+            log.exception("handler for code %s failed", cmd.code, exc_info=exc)
+        return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}")
+
+    def _reply(self, request: RemotingCommand, response: RemotingCommand | None) -> None:
+        if response is None or request.is_oneway or self.closed:
+            return
+        response.opaque = request.opaque
+        self.send(response)
+
+    # ---- sending -------------------------------------------------------------
+    def send(self, cmd: RemotingCommand) -> None:
+        if self._transport is None or self.closed:
+            raise ConnectionClosedError(f"connection to {self.peer_addr} is closed")
+        self._transport.write(encode(cmd))
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is above its high-water mark."""
+        if self._write_paused and not self.closed:
+            fut = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(fut)
+            await fut
+
+    def invoke_future(self, cmd: RemotingCommand) -> asyncio.Future[RemotingCommand]:
+        """Send a request; the future resolves with the response (no timeout applied)."""
+        if self.closed:
+            raise ConnectionClosedError(f"connection to {self.peer_addr} is closed") from self.close_reason
+        if len(self._pending) >= MAX_PENDING_REQUESTS_PER_CONNECTION:
+            raise RemotingTimeoutError("too many pending requests on one connection")
+        cmd.opaque = next(self._opaque) & 0x7FFFFFFF
+        cmd.flag &= ~1
+        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        self._pending[cmd.opaque] = fut
+        self.send(cmd)
+        return fut
+
+    async def invoke(self, cmd: RemotingCommand, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> RemotingCommand:
+        fut = self.invoke_future(cmd)
+        opaque = cmd.opaque
+        try:
+            return await asyncio.wait_for(fut, timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise RemotingTimeoutError(
+                f"no answer from {self.peer_addr} to code {cmd.code} within {timeout_ms} ms") from None
+        finally:
+            self._pending.pop(opaque, None)
+
+    def invoke_oneway(self, cmd: RemotingCommand) -> None:
+        cmd.opaque = next(self._opaque) & 0x7FFFFFFF
+        cmd.flag |= 2
+        self.send(cmd)
+
+    # ---- lifecycle ---------------------------------------------------------------
+    def close(self, reason: BaseException | None = None) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        self._teardown(reason or ConnectionClosedError(f"connection to {self.peer_addr} closed locally"))
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+        self._teardown(ConnectionClosedError(f"connection to {self.peer_addr} aborted"))
+
+    def _teardown(self, reason: BaseException) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                err = ConnectionClosedError(f"connection to {self.peer_addr} closed: {reason}")
+                err.__cause__ = reason
+                fut.set_exception(err)
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        self._drain_waiters = []
+        if self._closed_fut is not None and not self._closed_fut.done():
+            self._closed_fut.set_result(None)
+        if self._on_close is not None:
+            try:
+                self._on_close(self)
+            except Exception:
+                log.exception("on_close callback failed")
+
+    async def wait_closed(self) -> None:
+        if self._closed_fut is not None:
+            await self._closed_fut
+
+
+async def connect(
+    addr: str,
+    dispatcher: Dispatcher | None = None,
+    *,
+    timeout_ms: int = CONNECT_TIMEOUT_MS,
+    on_close: Callable[[Connection], None] | None = None,
+) -> Connection:
+    """Open a connection to ``"host:port"``."""
+    host, port = split_addr(addr)
+    loop = asyncio.get_running_loop()
+    try:
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(lambda: Connection(dispatcher, on_close=on_close), host, port),
+            timeout_ms / 1000,
+        )
+    except (OSError, asyncio.TimeoutError) as exc:
+        raise ConnectError(f"cannot connect to {addr}: {exc or 'timeout'}") from exc
+    return proto
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.strip().rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address must be host:port, got {addr!r}")
+    return host, int(port)

@@ -1,0 +1,79 @@
+"""A remoting server: accepts connections and serves them with one dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from ferrymq.remoting.codec import MAX_FRAME_BYTES
+from ferrymq.remoting.connection import Connection, Dispatcher
+
+log = logging.getLogger(__name__)
+
+#: Connections idle in both directions for this long are closed (serverChannelMaxIdleTimeSeconds).
+SERVER_CHANNEL_MAX_IDLE_S = 120
+IDLE_SCAN_INTERVAL_S = 10
+
+
+class RemotingServer:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        on_connection_closed: Callable[[Connection], None] | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        idle_timeout_s: float = SERVER_CHANNEL_MAX_IDLE_S,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.host = host
+        self.port = port
+        self._on_closed = on_connection_closed
+        self._max_frame_bytes = max_frame_bytes
+        self._idle_timeout_s = idle_timeout_s
+        self._server: asyncio.base_events.Server | None = None
+        self._idle_task: asyncio.Task[None] | None = None
+        self.connections: set[Connection] = set()
+
+    def _factory(self) -> Connection:
+        conn = Connection(self.dispatcher, on_close=self._closed, max_frame_bytes=self._max_frame_bytes)
+        self.connections.add(conn)
+        return conn
+
+    def _closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        if self._on_closed is not None:
+            self._on_closed(conn)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._factory, self.host, self.port, reuse_address=True, backlog=1024)
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        self._idle_task = asyncio.ensure_future(self._idle_loop())
+
+    @property
+    def addr(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def _idle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(IDLE_SCAN_INTERVAL_S)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                if now - conn.last_activity > self._idle_timeout_s:
+                    log.info("closing idle connection %s", conn.peer_addr)
+                    conn.close()
+
+    async def stop(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close()
+        if self._server is not None:
+            await self._server.wait_closed()
