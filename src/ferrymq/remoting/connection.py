@@ -11,11 +11,12 @@ path, answered inline) or an awaitable (run as a task, answered when it complete
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Union
+from typing import Any
 
 from ferrymq.errors import (
     ConnectError,
@@ -29,7 +30,7 @@ from ferrymq.remoting.codes import ResponseCode
 
 log = logging.getLogger(__name__)
 
-HandlerResult = Union[RemotingCommand, None, Awaitable[Union[RemotingCommand, None]]]
+HandlerResult = RemotingCommand | None | Awaitable[RemotingCommand | None]
 Handler = Callable[["Connection", RemotingCommand], HandlerResult]
 
 #: Requests served at once on one connection before SYSTEM_BUSY answers.
@@ -145,7 +146,7 @@ class Connection(asyncio.Protocol):
             return
         task = asyncio.ensure_future(result)
         self._tasks.add(task)
-        task.add_done_callback(lambda t, c=cmd: self._task_done(c, t))
+        task.add_done_callback(functools.partial(self._task_done, cmd))
 
     def _task_done(self, cmd: RemotingCommand, task: asyncio.Future[Any]) -> None:
         self._tasks.discard(task)  # type: ignore[arg-type]
@@ -199,7 +200,7 @@ class Connection(asyncio.Protocol):
         opaque = cmd.opaque
         try:
             return await asyncio.wait_for(fut, timeout_ms / 1000)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RemotingTimeoutError(
                 f"no answer from {self.peer_addr} to code {cmd.code} within {timeout_ms} ms") from None
         finally:
@@ -264,7 +265,7 @@ async def connect(
             loop.create_connection(lambda: Connection(dispatcher, on_close=on_close), host, port),
             timeout_ms / 1000,
         )
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         raise ConnectError(f"cannot connect to {addr}: {exc or 'timeout'}") from exc
     return proto
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 from ferrymq.errors import ConnectError
@@ -44,7 +45,7 @@ class ConnectionPool:
         self._connecting[addr] = fut
         try:
             conn = await connect(addr, self.dispatcher, timeout_ms=self.connect_timeout_ms,
-                                 on_close=lambda c, a=addr: self._closed(a, c))
+                                 on_close=functools.partial(self._closed, addr))
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # mark retrieved

@@ -1,0 +1,117 @@
+"""Sans-IO remoting codec: round trips, chunking, the clients' header quirks, limits."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ferrymq.errors import FrameTooLargeError, ProtocolError
+from ferrymq.remoting.codec import (
+    SERIALIZE_ROCKETMQ,
+    FrameDecoder,
+    RemotingCommand,
+    decode_frame,
+    encode,
+)
+
+text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+commands = st.builds(
+    RemotingCommand,
+    code=st.integers(min_value=0, max_value=32767),
+    ext_fields=st.dictionaries(text.filter(bool), text, max_size=6),
+    body=st.binary(max_size=300),
+    opaque=st.integers(min_value=0, max_value=2**31 - 1),
+    flag=st.integers(min_value=0, max_value=3),
+    remark=st.one_of(st.none(), text.filter(bool)),
+    language=st.sampled_from(["JAVA", "CPP", "PYTHON"]),
+    version=st.integers(min_value=0, max_value=32767),
+    serialize_type=st.sampled_from([0, 1]),
+)
+
+
+@given(commands)
+def test_round_trip(cmd: RemotingCommand) -> None:
+    assert FrameDecoder().feed(encode(cmd)) == [cmd]
+
+
+@given(st.lists(commands, min_size=1, max_size=5), st.data())
+def test_arbitrary_chunking(cmds: list[RemotingCommand], data: st.DataObject) -> None:
+    wire = b"".join(encode(c) for c in cmds)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
+    decoder = FrameDecoder()
+    out: list[RemotingCommand] = []
+    prev = 0
+    for cut in [*cuts, len(wire)]:
+        out += decoder.feed(wire[prev:cut])
+        prev = cut
+    assert out == cmds
+    assert decoder.buffered == 0
+
+
+def _frame(header: bytes, body: bytes = b"", stype: int = 0) -> bytes:
+    return struct.pack(">iI", 4 + len(header) + len(body), (stype << 24) | len(header)) + header + body
+
+
+def test_cpp_header_with_trailing_newline_and_numeric_fields() -> None:
+    header = (
+        b'{"code":10,"extFields":{"batch":"0","queueId":0,"flag":0,"unitMode":"0","k":false},'
+        b'"flag":0,"language":"CPP","opaque":1,"remark":"","version":63}\n'
+    )
+    [cmd] = FrameDecoder().feed(_frame(header, b"hello"))
+    assert cmd.code == 10 and cmd.language == "CPP" and cmd.version == 63
+    assert cmd.ext_fields == {"batch": "0", "queueId": "0", "flag": "0", "unitMode": "0", "k": "false"}
+    assert cmd.get_int("queueId") == 0 and cmd.get_bool("k") is False and cmd.body == b"hello"
+
+
+def test_response_values_are_strings_and_high_byte_zero() -> None:
+    req = RemotingCommand.request(10, {"a": 1})
+    req.opaque = 9
+    resp = req.response(0, {"queueOffset": 7, "flag": True})
+    wire = encode(resp)
+    (word,) = struct.unpack_from(">I", wire, 4)
+    assert word >> 24 == 0
+    header = json.loads(wire[8 : 8 + (word & 0xFFFFFF)])
+    assert header["extFields"] == {"queueOffset": "7", "flag": "true"}
+    assert header["opaque"] == 9 and header["flag"] == 1
+
+
+def test_binary_request_is_answered_in_binary() -> None:
+    req = RemotingCommand(code=34, serialize_type=SERIALIZE_ROCKETMQ, opaque=3)
+    assert req.response(0).serialize_type == SERIALIZE_ROCKETMQ
+
+
+def test_oversized_length_refused_before_body_arrives() -> None:
+    decoder = FrameDecoder(max_frame_bytes=1024)
+    with pytest.raises(FrameTooLargeError):
+        decoder.feed(struct.pack(">i", 2**31 - 1))
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        struct.pack(">i", 2),  # shorter than the header-length word
+        _frame(b"not json"),
+        _frame(b"[1,2]"),
+        struct.pack(">iI", 8, 100) + b"abcd",  # header length beyond frame
+        _frame(b"\x00\x01", stype=1),  # truncated binary header
+        _frame(b"{}", stype=7),  # unknown serialize type
+    ],
+)
+def test_malformed_frames_raise_protocol_error(wire: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(wire)
+
+
+def test_non_integer_header_field_is_a_protocol_error() -> None:
+    cmd = RemotingCommand(code=11, ext_fields={"queueId": "abc"})
+    with pytest.raises(ProtocolError):
+        cmd.get_int("queueId")
+
+
+def test_decode_frame_without_prefix() -> None:
+    cmd = RemotingCommand.request(105, {"topic": "T"})
+    assert decode_frame(encode(cmd)[4:]) == cmd
