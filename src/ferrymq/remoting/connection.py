@@ -87,8 +87,8 @@ class Connection(asyncio.Protocol):
 
     # ---- asyncio.Protocol -------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; they quack the same
+        self._transport = transport  # type: ignore[assignment]
         self._closed_fut = asyncio.get_running_loop().create_future()
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("sockname")

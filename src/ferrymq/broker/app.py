@@ -1,0 +1,357 @@
+"""``BrokerController``: wires the store, the managers and the processors into one Dispatcher served on
+listenPort and listenPort-2 (the "fast" port), runs the timers and the HA pieces; ``start``/``stop``.
+
+Timers (all on the event loop):
+
+| what                                   | period                        |
+|----------------------------------------|-------------------------------|
+| name server registration               | registerNameServerPeriod      |
+| consumer offsets persist               | flushConsumerOffsetInterval   |
+| delay offsets persist                  | flushDelayOffsetInterval      |
+| client channel expiry scan             | 10 s (expiry 120 s)           |
+| expired commit log files               | 10 s                          |
+| parked pulls re-check                  | 5 s (long_polling)            |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ferrymq.broker.config import BrokerConfig, FlushDiskType, parse_delay_levels
+from ferrymq.broker.consumer_manager import ClientChannel, ConsumerManager
+from ferrymq.broker.flush import FlushService
+from ferrymq.broker.long_polling import PullRequestHoldService
+from ferrymq.broker.offset_manager import ConsumerOffsetManager
+from ferrymq.broker.processors.admin import AdminProcessor
+from ferrymq.broker.processors.client_manage import ClientManageProcessor
+from ferrymq.broker.processors.consumer_manage import ConsumerManageProcessor
+from ferrymq.broker.processors.lock import LockProcessor
+from ferrymq.broker.processors.pull import PullProcessor
+from ferrymq.broker.processors.query import QueryProcessor
+from ferrymq.broker.processors.send import SendProcessor
+from ferrymq.broker.processors.send_back import SendBackProcessor
+from ferrymq.broker.producer_manager import ProducerManager
+from ferrymq.broker.registration import NameServerRegistrar
+from ferrymq.broker.schedule import ScheduleMessageService
+from ferrymq.broker.subscription_manager import SubscriptionGroupManager
+from ferrymq.broker.topic_manager import TopicManager
+from ferrymq.broker.writer import MessageWriter
+from ferrymq.common.message import host_to_bytes
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.connection import Connection, Dispatcher
+from ferrymq.remoting.pool import ConnectionPool
+from ferrymq.remoting.server import RemotingServer
+from ferrymq.store.config import BrokerRole as StoreBrokerRole
+from ferrymq.store.config import FlushDiskType as StoreFlushDiskType
+from ferrymq.store.config import StoreConfig
+from ferrymq.store.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+BROKER_VERSION = "V4_9_7"
+CLIENT_SCAN_INTERVAL_MS = 10_000
+DELETE_EXPIRED_INTERVAL_MS = 10_000
+#: the fast (VIP) port is listenPort minus this
+FAST_PORT_OFFSET = 2
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def store_config_of(cfg: BrokerConfig) -> StoreConfig:
+    return StoreConfig(
+        store_path_root_dir=cfg.root_dir,
+        store_path_commit_log=cfg.commit_log_dir,
+        mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
+        mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
+        flush_disk_type=StoreFlushDiskType(cfg.flush_disk_type.value),
+        broker_role=StoreBrokerRole(cfg.broker_role.value),
+        flush_interval_commit_log_ms=cfg.flush_interval_commit_log_ms,
+        sync_flush_timeout_ms=cfg.sync_flush_timeout_ms,
+        file_reserved_time_hours=cfg.file_reserved_time_hours,
+        max_message_size=cfg.max_message_size,
+        access_message_in_memory_max_ratio=cfg.access_message_in_memory_max_ratio,
+        message_delay_level=cfg.message_delay_level,
+    )
+
+
+class BrokerController:
+    def __init__(self, config: BrokerConfig, *, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        config.validate()
+        self.config = config
+        self.clock_ms = clock_ms
+        os.makedirs(config.config_dir, exist_ok=True)
+        self.store_config = store_config_of(config)
+        self.store = MessageStore(self.store_config, clock_ms)
+        cdir = config.config_dir
+        self.topics = TopicManager(cdir, cluster_name=config.broker_cluster_name, broker_name=config.broker_name,
+                                   auto_create_topic_enable=config.auto_create_topic_enable,
+                                   default_topic_queue_nums=config.default_topic_queue_nums, clock_ms=clock_ms)
+        self.offsets = ConsumerOffsetManager(cdir)
+        self.groups = SubscriptionGroupManager(cdir, auto_create=config.auto_create_subscription_group,
+                                               clock_ms=clock_ms)
+        self.consumers = ConsumerManager(clock_ms=clock_ms, channel_expired_ms=config.channel_expired_timeout_ms)
+        self.consumers.on_ids_changed = self._notify_consumer_ids_changed
+        self.producers = ProducerManager(clock_ms=clock_ms, channel_expired_ms=config.channel_expired_timeout_ms)
+        self.flush_service = FlushService(self.store, sync_flush=config.flush_disk_type is FlushDiskType.SYNC_FLUSH,
+                                          interval_ms=config.flush_interval_commit_log_ms)
+        self.writer = MessageWriter(self.store, config, self.flush_service, self._on_dispatched)
+        self.delay_levels_ms = parse_delay_levels(config.message_delay_level)
+        self.schedule = ScheduleMessageService(self.store, self.writer.put, cdir, self.delay_levels_ms, clock_ms)
+        self.hot_data_bytes = self.store_config.memory_for_hot_data_bytes
+
+        self.dispatcher = Dispatcher()
+        self.pull_processor = PullProcessor(self)
+        for proc in (SendProcessor(self), self.pull_processor, ClientManageProcessor(self),
+                     ConsumerManageProcessor(self), AdminProcessor(self), QueryProcessor(self), LockProcessor(self),
+                     SendBackProcessor(self)):
+            proc.register(self.dispatcher)
+        self.long_polling = PullRequestHoldService(self.pull_processor.rerun, self.store.get_max_offset_in_queue)
+
+        self.pool = ConnectionPool(Dispatcher())
+        self.server: RemotingServer | None = None
+        self.fast_server: RemotingServer | None = None
+        self.registrar: NameServerRegistrar | None = None
+        self.ha_service: Any = None
+        self.ha_client: Any = None
+        self.slave_sync: Any = None
+        #: learnt from the name server (slaves): the master's main and HA addresses
+        self.master_addr: str | None = None
+        self.master_ha_addr: str | None = config.ha_master_address or None
+        self.store_host = host_to_bytes(config.broker_ip1, config.listen_port)
+        self._timers: list[asyncio.Task[None]] = []
+        self._started = False
+        self.start_ms = 0
+
+    # ---- addresses ------------------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self.server.port if self.server is not None else self.config.listen_port
+
+    @property
+    def broker_addr(self) -> str:
+        return f"{self.config.broker_ip1}:{self.port}"
+
+    @property
+    def ha_port(self) -> int:
+        if self.ha_service is not None:
+            return int(self.ha_service.port)
+        return self.config.effective_ha_listen_port
+
+    @property
+    def ha_server_addr(self) -> str:
+        return f"{self.config.broker_ip1}:{self.ha_port}"
+
+    @property
+    def schedule_max_level(self) -> int:
+        return len(self.delay_levels_ms)
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        self.topics.load()
+        self.offsets.load()
+        self.groups.load()
+        self.schedule.load()
+        self.store.load()
+        self.writer.bind(loop)
+        self.writer.reput_now()
+        self.start_ms = self.clock_ms()
+
+        self.server = RemotingServer(self.dispatcher, cfg.listen_host, cfg.listen_port,
+                                     on_connection_closed=self._on_connection_closed)
+        await self.server.start()
+        self.store_host = host_to_bytes(cfg.broker_ip1, self.server.port)
+        if cfg.fast_listen_enable:
+            fast_port = self.server.port - FAST_PORT_OFFSET if cfg.listen_port > FAST_PORT_OFFSET else 0
+            self.fast_server = RemotingServer(self.dispatcher, cfg.listen_host, fast_port,
+                                              on_connection_closed=self._on_connection_closed)
+            try:
+                await self.fast_server.start()
+            except OSError as exc:
+                log.warning("fast port %d unavailable: %s", fast_port, exc)
+                self.fast_server = None
+
+        self.flush_service.start(loop)
+        self.long_polling.start()
+        await self._start_ha()
+
+        self.registrar = NameServerRegistrar(
+            self.pool, cfg.namesrv_addr, cluster_name=cfg.broker_cluster_name, broker_name=cfg.broker_name,
+            broker_id=cfg.broker_id, broker_addr=lambda: self.broker_addr, ha_server_addr=lambda: self.ha_server_addr,
+            topic_wrapper=self.topics.encode, period_ms=cfg.register_period_ms, on_master_info=self._on_master_info)
+        self.topics.on_change = self.registrar.trigger
+        await self.registrar.register_all()
+        self.registrar.start_periodic()
+
+        if not cfg.is_slave:
+            self.schedule.start()
+        self._timers = [
+            asyncio.ensure_future(self._every(cfg.flush_consumer_offset_interval_ms, self.offsets.persist_if_dirty)),
+            asyncio.ensure_future(self._every(cfg.flush_delay_offset_interval_ms, self.schedule.persist_if_dirty)),
+            asyncio.ensure_future(self._every(CLIENT_SCAN_INTERVAL_MS, self._scan_channels)),
+            asyncio.ensure_future(self._every(DELETE_EXPIRED_INTERVAL_MS, self._delete_expired)),
+        ]
+        self._started = True
+        log.info("broker %s (id %d, %s) serving on %s", cfg.broker_name, cfg.broker_id, cfg.broker_role.value,
+                 self.broker_addr)
+
+    async def _start_ha(self) -> None:
+        cfg = self.config
+        if importlib.util.find_spec("ferrymq.ha.service") is None:
+            log.warning("ferrymq.ha is not available; running without replication")
+            return
+        if not cfg.is_slave:
+            service_mod = importlib.import_module("ferrymq.ha.service")
+            self.ha_service = service_mod.HAService(
+                self.store, listen_host=cfg.listen_host, listen_port=cfg.effective_ha_listen_port,
+                housekeeping_interval_ms=cfg.ha_housekeeping_interval_ms,
+                heartbeat_interval_ms=cfg.ha_send_heartbeat_interval_ms,
+                transfer_batch_size=cfg.ha_transfer_batch_size, slave_fallbehind_max=cfg.ha_slave_fallbehind_max)
+            await self.ha_service.start()
+            self.writer.ha_service = self.ha_service
+            return
+        client_mod = importlib.import_module("ferrymq.ha.client")
+        self.ha_client = client_mod.HAClient(
+            self.store, master_ha_addr=self.master_ha_addr, heartbeat_interval_ms=cfg.ha_send_heartbeat_interval_ms,
+            housekeeping_interval_ms=cfg.ha_housekeeping_interval_ms,
+            on_appended=lambda *_: self.writer.schedule_reput_threadsafe(True))
+        await self.ha_client.start()
+        if importlib.util.find_spec("ferrymq.broker.slave_sync") is not None:
+            sync_mod = importlib.import_module("ferrymq.broker.slave_sync")
+            self.slave_sync = sync_mod.SlaveSynchronize(self)
+            self.slave_sync.master_addr = self.master_addr
+            await self.slave_sync.start()
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        for t in self._timers:
+            t.cancel()
+        for t in self._timers:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._timers = []
+        if self.registrar is not None:
+            await self.registrar.stop()
+            await self.registrar.unregister_all()
+        await self.schedule.stop()
+        self.long_polling.stop()
+        for part in (self.slave_sync, self.ha_client, self.ha_service):
+            if part is not None:
+                try:
+                    await part.stop()
+                except Exception:
+                    log.exception("stopping %s failed", type(part).__name__)
+        for srv in (self.fast_server, self.server):
+            if srv is not None:
+                await srv.stop()
+        await self.pool.close()
+        self.offsets.persist()
+        self.writer.reput_now()
+        await asyncio.get_running_loop().run_in_executor(None, self.flush_service.stop)
+        self.store.shutdown()
+        log.info("broker %s stopped", self.config.broker_name)
+
+    async def __aenter__(self) -> BrokerController:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- hooks --------------------------------------------------------------------------------------
+    def _on_dispatched(self, keys: set[tuple[str, int]] | None) -> None:
+        if keys is None:
+            self.long_polling.notify_all()
+            self.schedule.wake()
+        else:
+            self.long_polling.notify(keys)
+
+    def wake_schedule(self) -> None:
+        self.schedule.wake()
+
+    def _on_connection_closed(self, conn: Connection) -> None:
+        self.consumers.channel_closed(conn)
+        self.producers.channel_closed(conn)
+
+    def _notify_consumer_ids_changed(self, group: str, channels: list[ClientChannel]) -> None:
+        sg = self.groups.table.get(group)
+        if sg is not None and not sg.notify_consumer_ids_changed_enable:
+            return
+        for ch in channels:
+            conn = ch.conn
+            if getattr(conn, "closed", True):
+                continue
+            try:
+                conn.invoke_oneway(RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                                                           {"consumerGroup": group}))
+            except Exception as exc:
+                log.debug("notify %s failed: %s", ch.client_id, exc)
+
+    def _on_master_info(self, ha_server_addr: str | None, master_addr: str | None) -> None:
+        """A slave's registration answer: where the master is (§6.7)."""
+        self.master_addr = master_addr
+        if self.slave_sync is not None:
+            self.slave_sync.master_addr = master_addr
+        if not self.config.ha_master_address and ha_server_addr and ha_server_addr != self.master_ha_addr:
+            self.master_ha_addr = ha_server_addr
+            if self.ha_client is not None:
+                self.ha_client.update_master_address(ha_server_addr)
+
+    async def _every(self, period_ms: int, fn: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(period_ms / 1000)
+            try:
+                fn()
+            except Exception:
+                log.exception("periodic task %s failed", getattr(fn, "__name__", fn))
+
+    def _scan_channels(self) -> None:
+        self.consumers.scan_expired()
+        self.producers.scan_expired()
+
+    def _delete_expired(self) -> None:
+        self.store.delete_expired_files()
+
+    # ---- info ---------------------------------------------------------------------------------------
+    def runtime_info(self) -> dict[str, str]:
+        info = {k: str(v) for k, v in self.store.runtime_info().items()}
+        info.update({
+            "brokerVersion": "407",
+            "brokerVersionDesc": BROKER_VERSION,
+            "brokerRole": self.config.broker_role.value,
+            "brokerName": self.config.broker_name,
+            "brokerId": str(self.config.broker_id),
+            "brokerAddr": self.broker_addr,
+            "haServerAddr": self.ha_server_addr,
+            "dispatchBehindBytes": str(self.store.dispatch_behind_bytes),
+            "pullHoldCount": str(self.long_polling.parked_count),
+            "bootTimestamp": str(self.start_ms),
+        })
+        if self.ha_service is not None:
+            try:
+                slaves = self.ha_service.slave_status()
+                info["haSlaveCount"] = str(len(slaves))
+            except Exception:
+                pass
+        if self.config.is_slave:
+            info["masterAddr"] = self.master_addr or ""
+            info["masterHaAddr"] = self.master_ha_addr or ""
+        info.setdefault("msgPutTotalTodayNow", "0")
+        info.setdefault("putTps", "0")
+        info.setdefault("earliestMessageTimeStamp", "0")
+        return info

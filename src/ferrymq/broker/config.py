@@ -1,0 +1,287 @@
+"""Broker configuration from a RocketMQ-style ``.properties`` file (RocketMQ key names).
+
+| key                            | type   | default                         |
+|--------------------------------|--------|---------------------------------|
+| see ``FIELDS`` below; docs/configuration.md renders the same table with explanations |
+
+Unknown keys are logged as warnings (``BrokerConfig.warnings``); invalid values raise
+``ConfigError`` naming the key. A SLAVE with brokerId 0 is a start-up error; masters get brokerId 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field, fields
+from enum import Enum, StrEnum
+from typing import Any
+
+from ferrymq.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class BrokerRole(StrEnum):
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
+
+
+class FlushDiskType(StrEnum):
+    ASYNC_FLUSH = "ASYNC_FLUSH"
+    SYNC_FLUSH = "SYNC_FLUSH"
+
+
+DEFAULT_LISTEN_PORT = 10911
+DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+#: registerNameServerPeriod is clamped to this range like Java does
+REGISTER_PERIOD_MIN_MS = 10_000
+REGISTER_PERIOD_MAX_MS = 60_000
+MASTER_ID = 0
+
+
+def _meta(key: str, doc: str) -> Any:
+    return {"key": key, "doc": doc}
+
+
+@dataclass(slots=True)
+class BrokerConfig:
+    broker_cluster_name: str = field(default="DefaultCluster", metadata=_meta(
+        "brokerClusterName", "Cluster the broker registers under"))
+    broker_name: str = field(default="broker-a", metadata=_meta("brokerName", "Broker (master/slave set) name"))
+    broker_id: int = field(default=0, metadata=_meta("brokerId", "0 = master, >= 1 = slave"))
+    namesrv_addr: list[str] = field(default_factory=list, metadata=_meta(
+        "namesrvAddr", "Name servers, ';'-separated host:port list"))
+    listen_port: int = field(default=DEFAULT_LISTEN_PORT, metadata=_meta(
+        "listenPort", "Remoting port (0 = any free port); the fast port is listenPort-2"))
+    fast_listen_enable: bool = field(default=True, metadata=_meta(
+        "fastListenEnable", "Also serve on listenPort-2 (the VIP channel)"))
+    broker_ip1: str = field(default="127.0.0.1", metadata=_meta(
+        "brokerIP1", "Address registered with the name server and written as store host"))
+    listen_host: str = field(default="0.0.0.0", metadata=_meta("listenHost", "Interface to bind (ferrymq extension)"))
+    store_path_root_dir: str = field(default="~/store", metadata=_meta("storePathRootDir", "Data directory"))
+    store_path_commit_log: str = field(default="", metadata=_meta(
+        "storePathCommitLog", "Commit log directory (default <storePathRootDir>/commitlog)"))
+    mapped_file_size_commit_log: int = field(default=1024 * 1024 * 1024, metadata=_meta(
+        "mappedFileSizeCommitLog", "Commit log file size in bytes"))
+    mapped_file_size_consume_queue: int = field(default=300_000 * 20, metadata=_meta(
+        "mappedFileSizeConsumeQueue", "Consume queue file size in bytes (multiple of 20)"))
+    flush_disk_type: FlushDiskType = field(default=FlushDiskType.ASYNC_FLUSH, metadata=_meta(
+        "flushDiskType", "ASYNC_FLUSH or SYNC_FLUSH (group commit)"))
+    flush_interval_commit_log_ms: int = field(default=500, metadata=_meta(
+        "flushIntervalCommitLog", "ASYNC_FLUSH period in ms"))
+    sync_flush_timeout_ms: int = field(default=5000, metadata=_meta(
+        "syncFlushTimeout", "SYNC_FLUSH wait in ms before FLUSH_DISK_TIMEOUT"))
+    slave_timeout_ms: int = field(default=-1, metadata=_meta(
+        "slaveTimeout", "SYNC_MASTER wait for a slave ack in ms (default: syncFlushTimeout)"))
+    auto_create_topic_enable: bool = field(default=True, metadata=_meta(
+        "autoCreateTopicEnable", "Create unknown topics on send through TBW102"))
+    auto_create_subscription_group: bool = field(default=True, metadata=_meta(
+        "autoCreateSubscriptionGroup", "Create unknown consumer groups on demand"))
+    default_topic_queue_nums: int = field(default=8, metadata=_meta(
+        "defaultTopicQueueNums", "Queue count of TBW102"))
+    file_reserved_time_hours: int = field(default=72, metadata=_meta(
+        "fileReservedTime", "Hours a commit log file is kept"))
+    max_message_size: int = field(default=4 * 1024 * 1024, metadata=_meta(
+        "maxMessageSize", "Largest message body in bytes"))
+    register_name_server_period_ms: int = field(default=30_000, metadata=_meta(
+        "registerNameServerPeriod", "Registration period in ms (clamped to 10000..60000)"))
+    broker_role: BrokerRole = field(default=BrokerRole.ASYNC_MASTER, metadata=_meta(
+        "brokerRole", "ASYNC_MASTER, SYNC_MASTER or SLAVE"))
+    ha_listen_port: int = field(default=-1, metadata=_meta(
+        "haListenPort", "HA port (default listenPort+1)"))
+    ha_master_address: str = field(default="", metadata=_meta(
+        "haMasterAddress", "Slave: master HA address host:port (default: learnt from the name server)"))
+    ha_send_heartbeat_interval_ms: int = field(default=5000, metadata=_meta(
+        "haSendHeartbeatInterval", "HA heartbeat/report period in ms"))
+    ha_housekeeping_interval_ms: int = field(default=20_000, metadata=_meta(
+        "haHousekeepingInterval", "HA connection idle limit in ms"))
+    ha_transfer_batch_size: int = field(default=32 * 1024, metadata=_meta(
+        "haTransferBatchSize", "Largest HA transfer body in bytes"))
+    ha_slave_fallbehind_max: int = field(default=256 * 1024 * 1024, metadata=_meta(
+        "haSlaveFallbehindMax", "SYNC_MASTER: a slave further behind than this is not OK"))
+    slave_read_enable: bool = field(default=False, metadata=_meta(
+        "slaveReadEnable", "Suggest reading from a slave when the master reads from disk"))
+    access_message_in_memory_max_ratio: int = field(default=40, metadata=_meta(
+        "accessMessageInMemoryMaxRatio", "Percent of RAM considered hot for pulls"))
+    message_delay_level: str = field(default=DEFAULT_MESSAGE_DELAY_LEVEL, metadata=_meta(
+        "messageDelayLevel", "Delay levels 1..18"))
+    long_polling_enable: bool = field(default=True, metadata=_meta(
+        "longPollingEnable", "Park pulls that find nothing"))
+    short_polling_time_ms: int = field(default=1000, metadata=_meta(
+        "shortPollingTimeMills", "Park time when long polling is disabled"))
+    max_reconsume_times: int = field(default=16, metadata=_meta(
+        "maxReconsumeTimes", "Default retries before a message goes to the DLQ"))
+    flush_consumer_offset_interval_ms: int = field(default=5000, metadata=_meta(
+        "flushConsumerOffsetInterval", "Consumer offset persist period in ms"))
+    flush_delay_offset_interval_ms: int = field(default=10_000, metadata=_meta(
+        "flushDelayOffsetInterval", "Delay offset persist period in ms"))
+    channel_expired_timeout_ms: int = field(default=120_000, metadata=_meta(
+        "channelExpiredTimeout", "Client channels without heartbeat are dropped after this"))
+    delete_when: str = field(default="04", metadata=_meta("deleteWhen", "Accepted for compatibility; ignored"))
+    broker_permission: int = field(default=6, metadata=_meta("brokerPermission", "Broker perm bits (6 = RW)"))
+    # ---- derived, not read from the file ----
+    warnings: list[str] = field(default_factory=list, metadata={"derived": True})
+
+    # ----------------------------------------------------------------------------------------
+    @property
+    def is_slave(self) -> bool:
+        return self.broker_role is BrokerRole.SLAVE
+
+    @property
+    def root_dir(self) -> str:
+        return os.path.expanduser(self.store_path_root_dir)
+
+    @property
+    def commit_log_dir(self) -> str:
+        return os.path.expanduser(self.store_path_commit_log) if self.store_path_commit_log else os.path.join(
+            self.root_dir, "commitlog")
+
+    @property
+    def config_dir(self) -> str:
+        return os.path.join(self.root_dir, "config")
+
+    @property
+    def effective_ha_listen_port(self) -> int:
+        if self.ha_listen_port >= 0:
+            return self.ha_listen_port
+        return self.listen_port + 1 if self.listen_port > 0 else 0
+
+    @property
+    def replica_wait_ms(self) -> int:
+        return self.slave_timeout_ms if self.slave_timeout_ms >= 0 else self.sync_flush_timeout_ms
+
+    @property
+    def register_period_ms(self) -> int:
+        return max(REGISTER_PERIOD_MIN_MS, min(REGISTER_PERIOD_MAX_MS, self.register_name_server_period_ms))
+
+    def validate(self) -> None:
+        if self.is_slave and self.broker_id <= MASTER_ID:
+            raise ConfigError("brokerId", "a SLAVE needs brokerId > 0")
+        if not self.is_slave:
+            self.broker_id = MASTER_ID
+        if not 0 <= self.listen_port <= 65535:
+            raise ConfigError("listenPort", f"port out of range: {self.listen_port}")
+        if self.mapped_file_size_consume_queue % 20:
+            raise ConfigError("mappedFileSizeConsumeQueue", "must be a multiple of 20")
+        for key, value in (("maxMessageSize", self.max_message_size),
+                           ("mappedFileSizeCommitLog", self.mapped_file_size_commit_log),
+                           ("defaultTopicQueueNums", self.default_topic_queue_nums)):
+            if value <= 0:
+                raise ConfigError(key, f"must be positive, got {value}")
+        parse_delay_levels(self.message_delay_level)
+        for addr in self.namesrv_addr:
+            _check_addr("namesrvAddr", addr)
+        if self.ha_master_address:
+            _check_addr("haMasterAddress", self.ha_master_address)
+
+
+def _check_addr(key: str, addr: str) -> None:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(key, f"address must be host:port, got {addr!r}")
+
+
+_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """``"1s 5s 1m"`` → delays in ms, index 0 = level 1."""
+    out: list[int] = []
+    for item in text.split():
+        unit = _UNITS_MS.get(item[-1:])
+        if unit is None or not item[:-1].isdigit():
+            raise ConfigError("messageDelayLevel", f"bad delay {item!r} (want <n>s|m|h|d)")
+        out.append(int(item[:-1]) * unit)
+    if not out:
+        raise ConfigError("messageDelayLevel", "no delay levels")
+    return out
+
+
+# key name -> dataclass field
+FIELDS = {f.metadata["key"]: f for f in fields(BrokerConfig) if "key" in f.metadata}
+
+
+def _convert(key: str, ftype: Any, raw: str) -> Any:
+    raw = raw.strip()
+    t = str(ftype)
+    if t == "bool":
+        low = raw.lower()
+        if low in ("true", "false"):
+            return low == "true"
+        raise ConfigError(key, f"expected true or false, got {raw!r}")
+    if t == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(key, f"expected an integer, got {raw!r}") from None
+    if t == "list[str]":
+        return [a.strip() for a in raw.split(";") if a.strip()]
+    if t == "BrokerRole":
+        try:
+            return BrokerRole(raw.upper())
+        except ValueError:
+            raise ConfigError(key, f"expected one of {[r.value for r in BrokerRole]}, got {raw!r}") from None
+    if t == "FlushDiskType":
+        try:
+            return FlushDiskType(raw.upper())
+        except ValueError:
+            raise ConfigError(key, f"expected ASYNC_FLUSH or SYNC_FLUSH, got {raw!r}") from None
+    return raw
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Minimal java.util.Properties reader: ``key=value`` / ``key: value``, ``#``/``!`` comments."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s[0] in "#!":
+            continue
+        idx = min((i for i in (s.find("="), s.find(":")) if i >= 0), default=-1)
+        if idx < 0:
+            key, value = s, ""
+        else:
+            key, value = s[:idx].strip(), s[idx + 1:].strip()
+        out[key] = value
+    return out
+
+
+def from_properties(props: dict[str, str]) -> BrokerConfig:
+    cfg = BrokerConfig()
+    for key, raw in props.items():
+        f = FIELDS.get(key)
+        if f is None:
+            msg = f"unknown config key {key!r} ignored"
+            cfg.warnings.append(msg)
+            log.warning(msg)
+            continue
+        setattr(cfg, f.name, _convert(key, f.type, raw))
+    cfg.validate()
+    return cfg
+
+
+def load_config(path: str, overrides: dict[str, str] | None = None) -> BrokerConfig:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError("-c", f"cannot read {path}: {exc.strerror}") from None
+    props = parse_properties(text)
+    props.update(overrides or {})
+    return from_properties(props)
+
+
+def config_table() -> list[tuple[str, str, str]]:
+    """(key, default, doc) rows for docs/configuration.md."""
+    cfg = BrokerConfig()
+    rows = []
+    for key, f in FIELDS.items():
+        value = getattr(cfg, f.name)
+        if isinstance(value, Enum):
+            value = value.value
+        elif isinstance(value, list):
+            value = ";".join(value)
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        rows.append((key, str(value), f.metadata["doc"]))
+    return rows

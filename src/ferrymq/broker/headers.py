@@ -1,0 +1,161 @@
+"""Typed request headers of the broker's main codes (protocol §2.4, §2.5). Sans-IO.
+
+SEND_MESSAGE (10) uses full names, SEND_MESSAGE_V2 (310) / SEND_BATCH_MESSAGE (320) single letters:
+
+| V2 | V1 name               | type | V2 | V1 name            | type |
+|----|-----------------------|------|----|--------------------|------|
+| a  | producerGroup         | s    | h  | flag               | i    |
+| b  | topic                 | s    | i  | properties         | s    |
+| c  | defaultTopic          | s    | j  | reconsumeTimes     | i    |
+| d  | defaultTopicQueueNums | i    | k  | unitMode           | b    |
+| e  | queueId               | i    | l  | maxReconsumeTimes  | i    |
+| f  | sysFlag               | i    | m  | batch              | b    |
+| g  | bornTimestamp         | l    | n  | brokerName         | s    |
+
+Booleans: Java parses only "true"; we also accept the C++ 1.2.4 "1" (docs/decisions/0001-cpp-batch-flag.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ferrymq.errors import ProtocolError
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode
+
+V2_TO_V1 = {
+    "a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums", "e": "queueId",
+    "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties", "j": "reconsumeTimes",
+    "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName",
+}
+CLIENT_DEFAULT_TOPIC_QUEUE_NUMS = 4
+
+
+def parse_bool(value: str | None, default: bool = False) -> bool:
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("true", "1")
+
+
+def _int(fields: dict[str, str], key: str, default: int | None = None) -> int:
+    raw = fields.get(key)
+    if raw is None or raw == "":
+        if default is None:
+            raise ProtocolError(f"missing header field {key!r}")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        try:
+            return int(float(raw))
+        except ValueError:
+            raise ProtocolError(f"header field {key!r} is not an integer: {raw[:40]!r}") from None
+
+
+@dataclass(slots=True)
+class SendHeader:
+    producer_group: str
+    topic: str
+    default_topic: str
+    default_topic_queue_nums: int
+    queue_id: int
+    sys_flag: int
+    born_timestamp: int
+    flag: int
+    properties: str
+    reconsume_times: int
+    unit_mode: bool
+    max_reconsume_times: int | None
+    batch: bool
+
+    @classmethod
+    def parse(cls, cmd: RemotingCommand) -> SendHeader:
+        f = cmd.ext_fields
+        if cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE) or ("b" in f and "topic" not in f):
+            f = {V2_TO_V1.get(k, k): v for k, v in f.items()}
+        topic = f.get("topic")
+        if not topic:
+            raise ProtocolError("missing header field 'topic'")
+        max_rt = f.get("maxReconsumeTimes")
+        return cls(
+            producer_group=f.get("producerGroup", ""),
+            topic=topic,
+            default_topic=f.get("defaultTopic") or "TBW102",
+            default_topic_queue_nums=_int(f, "defaultTopicQueueNums", CLIENT_DEFAULT_TOPIC_QUEUE_NUMS),
+            queue_id=_int(f, "queueId", -1),
+            sys_flag=_int(f, "sysFlag", 0),
+            born_timestamp=_int(f, "bornTimestamp", 0),
+            flag=_int(f, "flag", 0),
+            properties=f.get("properties", ""),
+            reconsume_times=_int(f, "reconsumeTimes", 0),
+            unit_mode=parse_bool(f.get("unitMode")),
+            max_reconsume_times=_int(f, "maxReconsumeTimes") if max_rt not in (None, "") else None,
+            batch=cmd.code == RequestCode.SEND_BATCH_MESSAGE or parse_bool(f.get("batch")),
+        )
+
+
+# PullSysFlag bits (§2.7 PULL)
+PULL_FLAG_COMMIT_OFFSET = 0x1
+PULL_FLAG_SUSPEND = 0x2
+PULL_FLAG_SUBSCRIPTION = 0x4
+PULL_FLAG_CLASS_FILTER = 0x8
+PULL_FLAG_LITE_PULL = 0x10
+
+
+@dataclass(slots=True)
+class PullHeader:
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_msg_nums: int
+    sys_flag: int
+    commit_offset: int
+    suspend_timeout_ms: int
+    subscription: str | None
+    sub_version: int
+    expression_type: str
+
+    @classmethod
+    def parse(cls, cmd: RemotingCommand) -> PullHeader:
+        f = cmd.ext_fields
+        group = f.get("consumerGroup")
+        topic = f.get("topic")
+        if not group or not topic:
+            raise ProtocolError("PULL_MESSAGE needs consumerGroup and topic")
+        return cls(
+            consumer_group=group,
+            topic=topic,
+            queue_id=_int(f, "queueId"),
+            queue_offset=_int(f, "queueOffset"),
+            max_msg_nums=_int(f, "maxMsgNums", 32),
+            sys_flag=_int(f, "sysFlag", 0),
+            commit_offset=_int(f, "commitOffset", 0),
+            suspend_timeout_ms=_int(f, "suspendTimeoutMillis", 15000),
+            subscription=f.get("subscription"),
+            sub_version=_int(f, "subVersion", 0),
+            expression_type=f.get("expressionType") or "TAG",
+        )
+
+    @property
+    def has_commit_offset(self) -> bool:
+        return bool(self.sys_flag & PULL_FLAG_COMMIT_OFFSET)
+
+    @property
+    def has_suspend(self) -> bool:
+        return bool(self.sys_flag & PULL_FLAG_SUSPEND)
+
+    @property
+    def has_subscription(self) -> bool:
+        return bool(self.sys_flag & PULL_FLAG_SUBSCRIPTION)
+
+
+def get_int(cmd: RemotingCommand, key: str, default: int | None = None) -> int:
+    return _int(cmd.ext_fields, key, default)
+
+
+def get_str(cmd: RemotingCommand, key: str) -> str:
+    value = cmd.ext_fields.get(key)
+    if not value:
+        raise ProtocolError(f"missing header field {key!r}")
+    return value

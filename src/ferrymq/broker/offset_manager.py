@@ -1,0 +1,76 @@
+"""Committed consumer offsets: ``config/consumerOffset.json`` (protocol §5.5).
+
+``{"offsetTable":{"<topic>@<group>":{0:123,1:45}}}`` — queue-id keys may be bare numbers on read; we
+write them quoted (fastjson reads both). Persisted every flushConsumerOffsetInterval and on stop.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ferrymq.broker.config_file import JsonConfigFile
+
+TOPIC_GROUP_SEPARATOR = "@"
+
+
+class ConsumerOffsetManager:
+    def __init__(self, config_dir: str) -> None:
+        self._file = JsonConfigFile(os.path.join(config_dir, "consumerOffset.json"))
+        #: "topic@group" -> queue id -> committed queue offset
+        self.table: dict[str, dict[int, int]] = {}
+        self._dirty = False
+
+    @staticmethod
+    def key(topic: str, group: str) -> str:
+        return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        if offset < 0:  # ali-ons sends -1 for "never consumed"
+            return
+        self.table.setdefault(self.key(topic, group), {})[queue_id] = offset
+        self._dirty = True
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        """Committed offset, or -1."""
+        return self.table.get(self.key(topic, group), {}).get(queue_id, -1)
+
+    def groups_of_topic(self, topic: str) -> set[str]:
+        prefix = topic + TOPIC_GROUP_SEPARATOR
+        return {k[len(prefix):] for k in self.table if k.startswith(prefix)}
+
+    def topics_of_group(self, group: str) -> set[str]:
+        suffix = TOPIC_GROUP_SEPARATOR + group
+        return {k[: -len(suffix)] for k in self.table if k.endswith(suffix)}
+
+    def remove_topic(self, topic: str) -> None:
+        prefix = topic + TOPIC_GROUP_SEPARATOR
+        for k in [k for k in self.table if k.startswith(prefix)]:
+            del self.table[k]
+        self._dirty = True
+
+    # ---- persistence ----------------------------------------------------------------
+    def encode(self) -> dict[str, Any]:
+        return {"offsetTable": {k: dict(v) for k, v in self.table.items()}}
+
+    def decode(self, obj: dict[str, Any]) -> None:
+        for k, queues in (obj.get("offsetTable") or {}).items():
+            self.table[str(k)] = {int(q): int(o) for q, o in (queues or {}).items()}
+
+    def load(self) -> None:
+        obj = self._file.load()
+        if isinstance(obj, dict):
+            self.decode(obj)
+
+    def persist(self) -> None:
+        self._file.persist(self.encode())
+        self._dirty = False
+
+    def persist_if_dirty(self) -> None:
+        if self._dirty:
+            self.persist()
+
+    def merge_from_master(self, obj: dict[str, Any]) -> None:
+        """Slave sync: master wins per key."""
+        self.decode(obj)
+        self.persist()

@@ -1,0 +1,221 @@
+"""Admin and metadata codes (protocol §2.4, §3.5, §6.6, §6.9).
+
+| code | request                           | answer                                                  |
+|------|-----------------------------------|---------------------------------------------------------|
+| 17   | UPDATE_AND_CREATE_TOPIC           | SUCCESS; registers at once                              |
+| 215  | DELETE_TOPIC_IN_BROKER            | SUCCESS                                                 |
+| 200  | UPDATE_AND_CREATE_SUBSCRIPTIONGROUP | SUCCESS                                               |
+| 207  | DELETE_SUBSCRIPTIONGROUP          | SUCCESS                                                 |
+| 21   | GET_ALL_TOPIC_CONFIG              | TopicConfigSerializeWrapper JSON                        |
+| 43   | GET_ALL_CONSUMER_OFFSET           | {"offsetTable":{"t@g":{"0":n}}}                         |
+| 45   | GET_ALL_DELAY_OFFSET              | {"offsetTable":{"1":n}}                                 |
+| 201  | GET_ALL_SUBSCRIPTIONGROUP_CONFIG  | {"dataVersion":…,"subscriptionGroupTable":…}            |
+| 28   | GET_BROKER_RUNTIME_INFO           | {"table":{k: str}}                                      |
+| 30/31| GET_MAX_OFFSET / GET_MIN_OFFSET   | header offset                                           |
+| 29   | SEARCH_OFFSET_BY_TIMESTAMP        | header offset                                           |
+| 32   | GET_EARLIEST_MSG_STORETIME        | header timestamp                                        |
+| 202  | GET_TOPIC_STATS_INFO              | {"offsetTable":[{"messageQueue":MQ,"topicOffset":{…}}]} |
+| 208  | GET_CONSUME_STATS                 | {"consumeTps":0,"offsetTable":[{"messageQueue":…,"offsetWrapper":{…}}]} |
+| 203  | GET_CONSUMER_CONNECTION_LIST      | ConsumerConnection JSON                                 |
+
+Tables keyed by MessageQueue are written as arrays of {messageQueue, value} pairs: fastjson writes
+object keys (not JSON), which no strict parser reads; this is a deliberate deviation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ferrymq.broker.headers import get_int, get_str
+from ferrymq.broker.subscription_manager import SubscriptionGroupConfig
+from ferrymq.common.topic import DEFAULT_TOPIC, TopicConfig, validate_topic
+from ferrymq.errors import ProtocolError
+from ferrymq.remoting import jsonx
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.codes import ResponseCode as R
+
+if TYPE_CHECKING:
+    from ferrymq.broker.app import BrokerController
+
+log = logging.getLogger(__name__)
+
+SLAVE_MODIFY_REMARK = ("Can't modify topic or subscription group from slave broker, please execute it from "
+                       "master broker.")
+
+
+def _bad(cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
+    return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
+
+
+class AdminProcessor:
+    def __init__(self, ctx: BrokerController) -> None:
+        self.ctx = ctx
+
+    def register(self, d: Any) -> None:
+        C = RequestCode
+        for code, fn in (
+            (C.UPDATE_AND_CREATE_TOPIC, self.update_topic), (C.DELETE_TOPIC_IN_BROKER, self.delete_topic),
+            (C.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, self.update_group),
+            (C.DELETE_SUBSCRIPTIONGROUP, self.delete_group),
+            (C.GET_ALL_TOPIC_CONFIG, self.all_topics), (C.GET_ALL_CONSUMER_OFFSET, self.all_offsets),
+            (C.GET_ALL_DELAY_OFFSET, self.all_delay_offsets), (C.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, self.all_groups),
+            (C.GET_BROKER_RUNTIME_INFO, self.runtime_info), (C.GET_MAX_OFFSET, self.max_offset),
+            (C.GET_MIN_OFFSET, self.min_offset), (C.SEARCH_OFFSET_BY_TIMESTAMP, self.search_offset),
+            (C.GET_EARLIEST_MSG_STORETIME, self.earliest_time), (C.GET_TOPIC_STATS_INFO, self.topic_stats),
+            (C.GET_CONSUME_STATS, self.consume_stats), (C.GET_CONSUMER_CONNECTION_LIST, self.consumer_connections),
+        ):
+            d.register(code, fn)
+
+    # ---- topics / groups -------------------------------------------------------------------
+    def update_topic(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        if self.ctx.config.is_slave:
+            return cmd.response(R.SYSTEM_ERROR, remark=SLAVE_MODIFY_REMARK)
+        try:
+            topic = get_str(cmd, "topic")
+            read_q = get_int(cmd, "readQueueNums", 16)
+            write_q = get_int(cmd, "writeQueueNums", 16)
+            perm = get_int(cmd, "perm", 6)
+            sys_flag = get_int(cmd, "topicSysFlag", 0)
+        except ProtocolError as exc:
+            return _bad(cmd, exc)
+        reason = validate_topic(topic)
+        if reason is not None:
+            return cmd.response(R.SYSTEM_ERROR, remark=reason)
+        if topic == DEFAULT_TOPIC:
+            return cmd.response(R.SYSTEM_ERROR, remark=f"The topic[{topic}] is conflict with system topic.")
+        order = (cmd.ext_fields.get("order") or "").lower() in ("true", "1")
+        tc = TopicConfig(topic, read_q, write_q, perm, cmd.ext_fields.get("topicFilterType") or "SINGLE_TAG",
+                         sys_flag, order)
+        self.ctx.topics.update(tc)
+        return cmd.response(R.SUCCESS)
+
+    def delete_topic(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            topic = get_str(cmd, "topic")
+        except ProtocolError as exc:
+            return _bad(cmd, exc)
+        self.ctx.topics.delete(topic)
+        self.ctx.offsets.remove_topic(topic)
+        self.ctx.store.delete_topic(topic)
+        return cmd.response(R.SUCCESS)
+
+    def update_group(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        if self.ctx.config.is_slave:
+            return cmd.response(R.SYSTEM_ERROR, remark=SLAVE_MODIFY_REMARK)
+        try:
+            obj = jsonx.loads(cmd.body)
+            cfg = SubscriptionGroupConfig.from_json(obj)
+        except (ValueError, KeyError, TypeError) as exc:
+            return cmd.response(R.SYSTEM_ERROR, remark=f"bad subscription group body: {exc}")
+        self.ctx.groups.update(cfg)
+        return cmd.response(R.SUCCESS)
+
+    def delete_group(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        group = cmd.ext_fields.get("groupName") or ""
+        self.ctx.groups.delete(group)
+        return cmd.response(R.SUCCESS)
+
+    # ---- slave sync bodies -------------------------------------------------------------------
+    def all_topics(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.topics.encode()))
+
+    def all_offsets(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.offsets.encode()))
+
+    def all_delay_offsets(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.schedule.encode()))
+
+    def all_groups(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.groups.encode()))
+
+    def runtime_info(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(R.SUCCESS, body=jsonx.dumps({"table": self.ctx.runtime_info()}))
+
+    # ---- offsets -----------------------------------------------------------------------------------
+    def _topic_queue(self, cmd: RemotingCommand) -> tuple[str, int]:
+        return get_str(cmd, "topic"), get_int(cmd, "queueId")
+
+    def max_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            topic, qid = self._topic_queue(cmd)
+        except ProtocolError as exc:
+            return _bad(cmd, exc)
+        return cmd.response(R.SUCCESS, {"offset": self.ctx.store.get_max_offset_in_queue(topic, qid)})
+
+    def min_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            topic, qid = self._topic_queue(cmd)
+        except ProtocolError as exc:
+            return _bad(cmd, exc)
+        return cmd.response(R.SUCCESS, {"offset": self.ctx.store.get_min_offset_in_queue(topic, qid)})
+
+    def search_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            topic, qid = self._topic_queue(cmd)
+            ts = get_int(cmd, "timestamp")
+        except ProtocolError as exc:
+            return _bad(cmd, exc)
+        return cmd.response(R.SUCCESS, {"offset": self.ctx.store.get_offset_in_queue_by_time(topic, qid, ts)})
+
+    def earliest_time(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            topic, qid = self._topic_queue(cmd)
+        except ProtocolError as exc:
+            return _bad(cmd, exc)
+        return cmd.response(R.SUCCESS, {"timestamp": self.ctx.store.get_earliest_message_time(topic, qid)})
+
+    # ---- stats ---------------------------------------------------------------------------------------
+    def _mq(self, topic: str, qid: int) -> dict[str, Any]:
+        return {"brokerName": self.ctx.config.broker_name, "queueId": qid, "topic": topic}
+
+    def topic_stats(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            topic = get_str(cmd, "topic")
+        except ProtocolError as exc:
+            return _bad(cmd, exc)
+        tc = self.ctx.topics.get(topic)
+        if tc is None:
+            return cmd.response(R.TOPIC_NOT_EXIST, remark=f"topic[{topic}] not exist")
+        store = self.ctx.store
+        table = []
+        for qid in range(tc.write_queue_nums):
+            max_off = store.get_max_offset_in_queue(topic, qid)
+            last = store.get_message_store_timestamp(topic, qid, max_off - 1) if max_off > 0 else 0
+            table.append({"messageQueue": self._mq(topic, qid), "topicOffset": {
+                "minOffset": max(0, store.get_min_offset_in_queue(topic, qid)), "maxOffset": max(0, max_off),
+                "lastUpdateTimestamp": max(0, last)}})
+        return cmd.response(R.SUCCESS, body=jsonx.dumps({"offsetTable": table}))
+
+    def consume_stats(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        group = cmd.ext_fields.get("consumerGroup") or ""
+        only_topic = cmd.ext_fields.get("topic") or ""
+        topics = [only_topic] if only_topic else sorted(self.ctx.offsets.topics_of_group(group))
+        store = self.ctx.store
+        table = []
+        for topic in topics:
+            tc = self.ctx.topics.get(topic)
+            if tc is None:
+                continue
+            for qid in range(tc.read_queue_nums):
+                broker_off = max(0, store.get_max_offset_in_queue(topic, qid))
+                consumer_off = max(0, self.ctx.offsets.query(group, topic, qid))
+                last = store.get_message_store_timestamp(topic, qid, consumer_off - 1) if consumer_off > 0 else 0
+                table.append({"messageQueue": self._mq(topic, qid), "offsetWrapper": {
+                    "brokerOffset": broker_off, "consumerOffset": consumer_off, "lastTimestamp": max(0, last)}})
+        return cmd.response(R.SUCCESS, body=jsonx.dumps({"consumeTps": 0.0, "offsetTable": table}))
+
+    def consumer_connections(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        group = cmd.ext_fields.get("consumerGroup") or ""
+        info = self.ctx.consumers.get(group)
+        if info is None:
+            return cmd.response(R.CONSUMER_NOT_ONLINE, remark=f"the consumer group[{group}] not online")
+        body = {
+            "connectionSet": [{"clientId": ch.client_id, "clientAddr": getattr(ch.conn, "peer_addr", ""),
+                               "language": ch.language, "version": ch.version} for ch in info.channels.values()],
+            "subscriptionTable": {t: s.to_json() for t, s in info.subscriptions.items()},
+            "consumeType": info.consume_type, "messageModel": info.message_model,
+            "consumeFromWhere": info.consume_from_where,
+        }
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(body))

@@ -1,0 +1,70 @@
+"""HEART_BEAT (34), UNREGISTER_CLIENT (35), CHECK_CLIENT_CONFIG (46) — protocol §2.7, §3.4.
+
+Heartbeat bodies differ by client: C++ sends enums as ints, subVersion as a string, omits empty sets
+and ends with ``\\n``; ali-ons sends names and numbers. Each consumer group gets its config and its
+``%RETRY%<group>`` topic (1 queue, perm 6) auto-created; a new retry topic is registered at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ferrymq.broker.consumer_manager import ConsumerData
+from ferrymq.common.topic import PERM_READ, PERM_WRITE, retry_topic
+from ferrymq.remoting import jsonx
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.codes import ResponseCode as R
+
+if TYPE_CHECKING:
+    from ferrymq.broker.app import BrokerController
+
+log = logging.getLogger(__name__)
+
+
+class ClientManageProcessor:
+    def __init__(self, ctx: BrokerController) -> None:
+        self.ctx = ctx
+
+    def register(self, dispatcher: Any) -> None:
+        dispatcher.register(RequestCode.HEART_BEAT, self.heart_beat)
+        dispatcher.register(RequestCode.UNREGISTER_CLIENT, self.unregister_client)
+        dispatcher.register(RequestCode.CHECK_CLIENT_CONFIG, self.check_client_config)
+
+    def heart_beat(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        ctx = self.ctx
+        try:
+            data = jsonx.loads(cmd.body) if cmd.body.strip() else {}
+        except ValueError as exc:
+            return cmd.response(R.SYSTEM_ERROR, remark=f"bad heartbeat body: {exc}")
+        if not isinstance(data, dict):
+            return cmd.response(R.SYSTEM_ERROR, remark="heartbeat body is not an object")
+        client_id = str(data.get("clientID") or data.get("clientId") or conn.peer_addr)
+        for raw in data.get("consumerDataSet") or []:
+            if not isinstance(raw, dict):
+                continue
+            cd = ConsumerData.from_json(raw)
+            if not cd.group:
+                continue
+            sg = ctx.groups.find(cd.group)
+            if sg is not None:
+                ctx.topics.create_sys_group_topic(retry_topic(cd.group), max(1, sg.retry_queue_nums),
+                                                  PERM_READ | PERM_WRITE)
+            ctx.consumers.register(conn, client_id, cmd.language, cmd.version, cd)
+        for raw in data.get("producerDataSet") or []:
+            if isinstance(raw, dict) and raw.get("groupName"):
+                ctx.producers.register(conn, str(raw["groupName"]), client_id, cmd.language, cmd.version)
+        return cmd.response(R.SUCCESS)
+
+    def unregister_client(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        producer_group = cmd.ext_fields.get("producerGroup") or ""
+        consumer_group = cmd.ext_fields.get("consumerGroup") or ""
+        if producer_group:
+            self.ctx.producers.unregister(conn, producer_group)
+        if consumer_group:
+            self.ctx.consumers.unregister(conn, consumer_group)
+        return cmd.response(R.SUCCESS)
+
+    def check_client_config(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(R.SUCCESS)

@@ -1,0 +1,272 @@
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320) — protocol §2.7 SEND, §4.9, §4.10.
+
+Check order: slave → 14; broker not writable → 16; topic invalid → 1; topic forbidden → 16; unknown
+topic → auto-create via defaultTopic (else 17); queueId out of range → 1 (negative → random); topic not
+writable → 16; body too large → 13; retry topic past max reconsume → DLQ; DELAY → SCHEDULE_TOPIC_XXXX.
+
+The handler is a plain function: it answers inline unless the put must wait (SYNC_FLUSH /
+SYNC_MASTER with WAIT != false), in which case it returns a coroutine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from ferrymq.broker.headers import SendHeader
+from ferrymq.broker.status_codes import SERVICE_NOT_AVAILABLE_REMARK, send_outcome
+from ferrymq.common.message import (
+    PROPERTY_CLUSTER,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_KEYS,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    PROPERTY_WAIT_STORE_MSG_OK,
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_NOT_TYPE,
+    SYSFLAG_TRANSACTION_PREPARED,
+    MessageExtBrokerInner,
+    properties_to_string,
+    string_to_properties,
+    tags_hash_code,
+)
+from ferrymq.common.message_codec import RecordFormatError, decode_batch_body
+from ferrymq.common.topic import (
+    NOT_ALLOWED_SEND_TOPICS,
+    PERM_READ,
+    PERM_WRITE,
+    RETRY_GROUP_TOPIC_PREFIX,
+    SCHEDULE_TOPIC,
+    TRANS_HALF_TOPIC,
+    TopicConfig,
+    dlq_topic,
+    is_writeable,
+    validate_topic,
+)
+from ferrymq.errors import ProtocolError
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.codes import ResponseCode as R
+
+if TYPE_CHECKING:
+    from ferrymq.broker.app import BrokerController
+
+log = logging.getLogger(__name__)
+
+#: clients at or above this version (V3_4_9) carry maxReconsumeTimes in the header
+VERSION_WITH_MAX_RECONSUME_TIMES = 121
+MSG_REGION = "DefaultRegion"
+
+
+def index_keys(props: dict[str, str]) -> tuple[str, ...]:
+    keys: list[str] = []
+    uniq = props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+    if uniq:
+        keys.append(uniq)
+    raw = props.get(PROPERTY_KEYS)
+    if raw:
+        keys.extend(k for k in raw.split(" ") if k)
+    return tuple(keys)
+
+
+def born_host_of(conn: Any) -> bytes:
+    """8-byte born host from the peer address; non-IPv4 peers map to 127.0.0.1 (§4.1)."""
+    from ferrymq.common.message import host_to_bytes
+
+    peer = getattr(conn, "peer_addr", "") or ""
+    host, _, port = peer.rpartition(":")
+    parts = host.split(".")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) < 256 for p in parts):
+        host = "127.0.0.1"
+    return host_to_bytes(host, int(port) if port.isdigit() else 0)
+
+
+class SendProcessor:
+    def __init__(self, ctx: BrokerController) -> None:
+        self.ctx = ctx
+
+    def register(self, dispatcher: Any) -> None:
+        for code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
+            dispatcher.register(code, self.handle)
+
+    # ---- entry -------------------------------------------------------------------------------
+    def handle(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+        ctx = self.ctx
+        if ctx.config.is_slave:
+            return cmd.response(R.SERVICE_NOT_AVAILABLE, remark=SERVICE_NOT_AVAILABLE_REMARK)
+        try:
+            h = SendHeader.parse(cmd)
+        except ProtocolError as exc:
+            return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
+        checked = self._check_topic(cmd, h)
+        if isinstance(checked, RemotingCommand):
+            return checked
+        tc = checked
+        if len(cmd.body) > ctx.config.max_message_size:
+            return cmd.response(R.MESSAGE_ILLEGAL, remark=f"message body size exceeded, max "
+                                                          f"{ctx.config.max_message_size}")
+        queue_id = h.queue_id if h.queue_id >= 0 else ctx.topics.random_queue_id(tc)
+        if h.batch:
+            return self._send_batch(conn, cmd, h, queue_id)
+        return self._send_one(conn, cmd, h, queue_id)
+
+    def _check_topic(self, cmd: RemotingCommand, h: SendHeader) -> TopicConfig | RemotingCommand:
+        ctx = self.ctx
+        if not is_writeable(ctx.config.broker_permission):
+            return cmd.response(R.NO_PERMISSION, remark=f"the broker[{ctx.config.broker_ip1}] sending message is "
+                                                        "forbidden")
+        reason = validate_topic(h.topic)
+        if reason is not None:
+            return cmd.response(R.SYSTEM_ERROR, remark=reason)
+        if h.topic in NOT_ALLOWED_SEND_TOPICS:
+            return cmd.response(R.NO_PERMISSION, remark=f"Sending message to topic[{h.topic}] is forbidden.")
+        tc = ctx.topics.get(h.topic)
+        if tc is None:
+            if h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                tc = ctx.topics.create_sys_group_topic(h.topic, 1, PERM_READ | PERM_WRITE)
+            else:
+                tc = ctx.topics.create_in_send(h.topic, h.default_topic, h.default_topic_queue_nums)
+            if tc is None:
+                return cmd.response(R.TOPIC_NOT_EXIST, remark=f"topic[{h.topic}] not exist, apply first please! "
+                                                              "https://rocketmq.apache.org/docs/bestPractice/06FAQ")
+        if h.queue_id >= max(tc.write_queue_nums, tc.read_queue_nums):
+            return cmd.response(R.SYSTEM_ERROR, remark=f"request queueId[{h.queue_id}] is illegal, {tc.topic_name} "
+                                                       f"Producer: {cmd.ext_fields.get('producerGroup', '')}")
+        if not is_writeable(tc.perm):
+            return cmd.response(R.NO_PERMISSION, remark=f"the topic[{h.topic}] sending message is forbidden")
+        return tc
+
+    # ---- single message ----------------------------------------------------------------------
+    def _retry_to_dlq(self, cmd: RemotingCommand, h: SendHeader, topic: str, queue_id: int
+                      ) -> tuple[str, int] | RemotingCommand:
+        """Retry topic past max reconsume times → (%DLQ%group, 0)."""
+        if not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return topic, queue_id
+        group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+        sg = self.ctx.groups.find(group)
+        if sg is None:
+            return cmd.response(R.SUBSCRIPTION_GROUP_NOT_EXIST, remark=f"subscription group not exist, {group}")
+        max_rt = sg.retry_max_times
+        if cmd.version >= VERSION_WITH_MAX_RECONSUME_TIMES and h.max_reconsume_times is not None:
+            max_rt = h.max_reconsume_times
+        if h.reconsume_times < max_rt:
+            return topic, queue_id
+        dlq = dlq_topic(group)
+        self.ctx.topics.create_sys_group_topic(dlq, 1, PERM_READ | PERM_WRITE)
+        return dlq, 0
+
+    def _send_one(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
+                  ) -> RemotingCommand | Awaitable[RemotingCommand]:
+        ctx = self.ctx
+        routed = self._retry_to_dlq(cmd, h, h.topic, queue_id)
+        if isinstance(routed, RemotingCommand):
+            return routed
+        topic, queue_id_stored = routed
+        props = string_to_properties(h.properties)
+        wait = props.pop(PROPERTY_WAIT_STORE_MSG_OK, "true").lower() != "false"
+        props[PROPERTY_CLUSTER] = ctx.config.broker_cluster_name
+        sys_flag = h.sys_flag
+        tran_type = sys_flag & SYSFLAG_TRANSACTION_MASK
+        if props.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
+            props[PROPERTY_REAL_TOPIC] = topic
+            props[PROPERTY_REAL_QUEUE_ID] = str(queue_id_stored)
+            sys_flag = (sys_flag & ~SYSFLAG_TRANSACTION_MASK) | SYSFLAG_TRANSACTION_NOT_TYPE
+            topic, queue_id_stored = TRANS_HALF_TOPIC, 0
+        elif tran_type in (SYSFLAG_TRANSACTION_NOT_TYPE, SYSFLAG_TRANSACTION_COMMIT):
+            level = _delay_level(props)
+            if level > 0:
+                level = min(level, ctx.schedule_max_level)
+                props[PROPERTY_DELAY_TIME_LEVEL] = str(level)
+                props[PROPERTY_REAL_TOPIC] = topic
+                props[PROPERTY_REAL_QUEUE_ID] = str(queue_id_stored)
+                topic, queue_id_stored = SCHEDULE_TOPIC, level - 1
+        elif tran_type == SYSFLAG_TRANSACTION_PREPARED:
+            pass
+        inner = MessageExtBrokerInner(
+            topic=topic, queue_id=queue_id_stored, body=cmd.body, flag=h.flag,
+            properties_string=properties_to_string(props), tags_code=tags_hash_code(props.get(PROPERTY_TAGS)),
+            sys_flag=sys_flag, born_timestamp=h.born_timestamp, born_host=born_host_of(conn),
+            store_host=ctx.store_host, reconsume_times=h.reconsume_times, index_keys=index_keys(props),
+            wait_store_msg_ok=wait,
+        )
+        result = ctx.writer.put(inner)
+        if topic == SCHEDULE_TOPIC:
+            ctx.wake_schedule()
+        return self._finish(cmd, result, queue_id, wait)
+
+    # ---- batch ---------------------------------------------------------------------------------
+    def _send_batch(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
+                    ) -> RemotingCommand | Awaitable[RemotingCommand]:
+        ctx = self.ctx
+        if h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            return cmd.response(R.MESSAGE_ILLEGAL, remark="batch request does not support retry group "
+                                                          f"{h.topic}")
+        if h.sys_flag & SYSFLAG_TRANSACTION_MASK:
+            return cmd.response(R.MESSAGE_ILLEGAL, remark="batch message does not support transaction")
+        try:
+            entries = decode_batch_body(cmd.body)
+        except (RecordFormatError, ValueError) as exc:
+            return cmd.response(R.MESSAGE_ILLEGAL, remark=f"bad batch body: {exc}")
+        if not entries:
+            return cmd.response(R.MESSAGE_ILLEGAL, remark="empty batch")
+        batch_props = string_to_properties(h.properties)
+        wait = batch_props.pop(PROPERTY_WAIT_STORE_MSG_OK, "true").lower() != "false"
+        born_host = born_host_of(conn)
+        inners = []
+        for flag, body, props_text in entries:
+            props = string_to_properties(props_text)
+            props.update(batch_props)
+            props.pop(PROPERTY_WAIT_STORE_MSG_OK, None)
+            if _delay_level(props) > 0 or props.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
+                return cmd.response(R.MESSAGE_ILLEGAL, remark="batch messages do not support DELAY or "
+                                                              "transactions")
+            props[PROPERTY_CLUSTER] = ctx.config.broker_cluster_name
+            inners.append(MessageExtBrokerInner(
+                topic=h.topic, queue_id=queue_id, body=body, flag=flag,
+                properties_string=properties_to_string(props), tags_code=tags_hash_code(props.get(PROPERTY_TAGS)),
+                sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born_host,
+                store_host=ctx.store_host, reconsume_times=h.reconsume_times, index_keys=index_keys(props),
+                wait_store_msg_ok=wait,
+            ))
+        result = ctx.writer.put_batch(inners)
+        return self._finish(cmd, result, queue_id, wait)
+
+    # ---- response ---------------------------------------------------------------------------------
+    def _finish(self, cmd: RemotingCommand, result: Any, queue_id: int, wait: bool
+                ) -> RemotingCommand | Awaitable[RemotingCommand]:
+        outcome = send_outcome(result.status)
+        if outcome.stored and result.append_result is not None and self.ctx.writer.needs_wait(wait):
+            return self._finish_after_wait(cmd, result, queue_id)
+        return self._response(cmd, result, queue_id, result.status.name)
+
+    async def _finish_after_wait(self, cmd: RemotingCommand, result: Any, queue_id: int) -> RemotingCommand:
+        status = await self.ctx.writer.wait_stored(result)
+        return self._response(cmd, result, queue_id, status)
+
+    def _response(self, cmd: RemotingCommand, result: Any, queue_id: int, status: str) -> RemotingCommand:
+        outcome = send_outcome(status)
+        ar = result.append_result
+        if not outcome.stored or ar is None:
+            return cmd.response(outcome.code, remark=outcome.remark or status)
+        return cmd.response(outcome.code, {
+            "msgId": ar.msg_id,
+            "queueId": queue_id,
+            "queueOffset": ar.queue_offset,
+            "MSG_REGION": MSG_REGION,
+            "TRACE_ON": "true",
+        }, remark=outcome.remark)
+
+
+def _delay_level(props: dict[str, str]) -> int:
+    raw = props.get(PROPERTY_DELAY_TIME_LEVEL)
+    if not raw:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        return 0

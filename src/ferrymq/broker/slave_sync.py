@@ -1,0 +1,218 @@
+"""SlaveSynchronize: a slave copies its master's metadata (not messages) every 10 s (protocol §6.6).
+
+| step                | request                               | effect on the slave                                  |
+|---------------------|---------------------------------------|------------------------------------------------------|
+| topics              | GET_ALL_TOPIC_CONFIG (21)             | data version differs -> replace table + version, persist |
+| consumer offsets    | GET_ALL_CONSUMER_OFFSET (43)          | merge, master wins per key, persist                  |
+| delay offsets       | GET_ALL_DELAY_OFFSET (45)             | body written verbatim to ``delayOffset.json``        |
+| subscription groups | GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) | data version differs -> replace, persist            |
+
+Runs only while ``master_addr`` is known and differs from the broker's own address. Requests go to
+the master's main (remoting) port through the broker's ``ConnectionPool``. A failing step is
+logged and the next one still runs. Setting ``master_addr`` to a new address syncs at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ferrymq.remoting import jsonx
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode, ResponseCode
+from ferrymq.remoting.pool import ConnectionPool
+
+__all__ = ["SlaveSynchronize"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SYNC_INTERVAL_MS = 10_000
+#: RocketMQ runs the first sync 3 s after start.
+FIRST_SYNC_DELAY_MS = 3_000
+SYNC_REQUEST_TIMEOUT_MS = 3_000
+
+
+def _attr(obj: Any, *names: str) -> Any:
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _version_of(obj: Any) -> dict[str, Any] | None:
+    dv = obj.get("dataVersion") if isinstance(obj, dict) else None
+    if not isinstance(dv, dict):
+        return None
+    return {"counter": int(dv.get("counter", 0)), "timestamp": int(dv.get("timestamp", 0))}
+
+
+def _local_version(manager: Any) -> dict[str, Any] | None:
+    dv = getattr(manager, "data_version", None)
+    if dv is None:
+        return None
+    raw = dv.to_json() if hasattr(dv, "to_json") else dv
+    return {"counter": int(raw.get("counter", 0)), "timestamp": int(raw.get("timestamp", 0))}
+
+
+class SlaveSynchronize:
+    def __init__(self, controller: Any, interval_ms: int | None = None) -> None:
+        self.controller = controller
+        cfg = getattr(controller, "config", None)
+        configured = getattr(cfg, "slave_sync_interval_ms", None)
+        self.interval_ms = int(interval_ms or configured or DEFAULT_SYNC_INTERVAL_MS)
+        self.first_delay_ms = min(FIRST_SYNC_DELAY_MS, self.interval_ms)
+        self._master_addr: str | None = None
+        self._own_pool: ConnectionPool | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self.sync_count = 0
+        self.last_error: str | None = None
+
+    # ---- master address ------------------------------------------------------------------------
+    @property
+    def master_addr(self) -> str | None:
+        return self._master_addr
+
+    @master_addr.setter
+    def master_addr(self, addr: str | None) -> None:
+        changed = addr != self._master_addr
+        self._master_addr = addr or None
+        if changed and addr and self._wake is not None:
+            self._wake.set()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="slave-sync")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._own_pool is not None:
+            await self._own_pool.close()
+            self._own_pool = None
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        delay_ms = self.first_delay_ms
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay_ms / 1000.0)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            delay_ms = self.interval_ms
+            try:
+                await self.sync_all()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # pragma: no cover - sync_all logs per step
+                log.exception("slave sync failed: %s", exc)
+
+    # ---- one round -----------------------------------------------------------------------------
+    def _should_sync(self) -> str | None:
+        addr = self._master_addr
+        if not addr:
+            return None
+        own = getattr(self.controller, "broker_addr", None)
+        if own is not None and addr == own:
+            return None
+        return addr
+
+    def _pool(self) -> ConnectionPool:
+        pool = getattr(self.controller, "pool", None)
+        if isinstance(pool, ConnectionPool) and not pool.closed:
+            return pool
+        if self._own_pool is None:
+            self._own_pool = ConnectionPool()
+        return self._own_pool
+
+    async def _fetch(self, addr: str, code: int) -> bytes | None:
+        cmd = RemotingCommand.request(code, {})
+        resp = await self._pool().invoke(addr, cmd, SYNC_REQUEST_TIMEOUT_MS)
+        if resp.code != ResponseCode.SUCCESS:
+            raise RuntimeError(f"request {code} answered {resp.code} {resp.remark or ''}")
+        return resp.body
+
+    async def sync_all(self) -> bool:
+        """One round of the four steps; True when every step succeeded."""
+        addr = self._should_sync()
+        if addr is None:
+            return False
+        ok = True
+        for name, step in (
+            ("topic config", self.sync_topic_config),
+            ("consumer offsets", self.sync_consumer_offset),
+            ("delay offsets", self.sync_delay_offset),
+            ("subscription groups", self.sync_subscription_group_config),
+        ):
+            try:
+                await step(addr)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                ok = False
+                self.last_error = f"{name}: {exc!r}"
+                log.warning("slave sync of %s from %s failed: %r", name, addr, exc)
+        if ok:
+            self.sync_count += 1
+            self.last_error = None
+        return ok
+
+    async def sync_topic_config(self, addr: str) -> None:
+        body = await self._fetch(addr, RequestCode.GET_ALL_TOPIC_CONFIG)
+        if not body:
+            return
+        obj = jsonx.loads(body)
+        topics = _attr(self.controller, "topics", "topic_manager")
+        if topics is None or not isinstance(obj, dict):
+            return
+        if _version_of(obj) != _local_version(topics):
+            topics.replace_all(obj)
+            log.info(
+                "slave sync: topic config replaced from master %s (%d topics)",
+                addr,
+                len(obj.get("topicConfigTable") or {}),
+            )
+
+    async def sync_consumer_offset(self, addr: str) -> None:
+        body = await self._fetch(addr, RequestCode.GET_ALL_CONSUMER_OFFSET)
+        if not body:
+            return
+        obj = jsonx.loads(body)
+        offsets = _attr(self.controller, "offsets", "offset_manager")
+        if offsets is None or not isinstance(obj, dict):
+            return
+        if hasattr(offsets, "merge_from_master"):
+            offsets.merge_from_master(obj)
+        else:  # pragma: no cover - older manager shape
+            offsets.decode(obj)
+            offsets.persist()
+
+    async def sync_delay_offset(self, addr: str) -> None:
+        body = await self._fetch(addr, RequestCode.GET_ALL_DELAY_OFFSET)
+        if not body:
+            return
+        schedule = _attr(self.controller, "schedule", "schedule_service")
+        if schedule is None:
+            return
+        jsonx.loads(body)  # only write something that parses
+        schedule.write_raw(bytes(body))
+
+    async def sync_subscription_group_config(self, addr: str) -> None:
+        body = await self._fetch(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+        if not body:
+            return
+        obj = jsonx.loads(body)
+        groups = _attr(self.controller, "groups", "subscription_manager")
+        if groups is None or not isinstance(obj, dict):
+            return
+        if _version_of(obj) != _local_version(groups):
+            groups.replace_all(obj)
+            log.info("slave sync: subscription groups replaced from master %s", addr)

@@ -1,0 +1,110 @@
+"""Consumer group configs: ``config/subscriptionGroup.json`` (protocol §3.5, §5.5)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ferrymq.broker.config_file import JsonConfigFile
+from ferrymq.common.topic import DataVersion
+
+DEFAULT_RETRY_MAX_TIMES = 16
+
+
+@dataclass(slots=True)
+class SubscriptionGroupConfig:
+    group_name: str
+    consume_enable: bool = True
+    consume_from_min_enable: bool = True
+    consume_broadcast_enable: bool = True
+    retry_queue_nums: int = 1
+    retry_max_times: int = DEFAULT_RETRY_MAX_TIMES
+    broker_id: int = 0
+    which_broker_when_consume_slowly: int = 1
+    notify_consumer_ids_changed_enable: bool = True
+
+    _KEYS = (
+        ("groupName", "group_name", str), ("consumeEnable", "consume_enable", bool),
+        ("consumeFromMinEnable", "consume_from_min_enable", bool),
+        ("consumeBroadcastEnable", "consume_broadcast_enable", bool),
+        ("retryQueueNums", "retry_queue_nums", int), ("retryMaxTimes", "retry_max_times", int),
+        ("brokerId", "broker_id", int), ("whichBrokerWhenConsumeSlowly", "which_broker_when_consume_slowly", int),
+        ("notifyConsumerIdsChangedEnable", "notify_consumer_ids_changed_enable", bool),
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: getattr(self, attr) for key, attr, _ in self._KEYS}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> SubscriptionGroupConfig:
+        cfg = cls(group_name=str(obj["groupName"]))
+        for key, attr, typ in cls._KEYS[1:]:
+            if key in obj and obj[key] is not None:
+                value = obj[key]
+                if typ is bool and isinstance(value, str):
+                    value = value.lower() == "true"
+                setattr(cfg, attr, typ(value))
+        return cfg
+
+
+class SubscriptionGroupManager:
+    def __init__(self, config_dir: str, *, auto_create: bool, clock_ms: Callable[[], int]) -> None:
+        self._file = JsonConfigFile(os.path.join(config_dir, "subscriptionGroup.json"))
+        self.auto_create = auto_create
+        self._clock_ms = clock_ms
+        self.table: dict[str, SubscriptionGroupConfig] = {}
+        self.data_version = DataVersion()
+        for name in ("TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "CID_ONS-HTTP-PROXY",
+                     "CID_ONSAPI_PULL", "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER", "CID_RMQ_SYS_TRANS"):
+            self.table[name] = SubscriptionGroupConfig(name)
+
+    def find(self, group: str) -> SubscriptionGroupConfig | None:
+        """The group's config, auto-created when allowed; None otherwise."""
+        cfg = self.table.get(group)
+        if cfg is None and self.auto_create:
+            cfg = SubscriptionGroupConfig(group)
+            self.table[group] = cfg
+            self._changed()
+        return cfg
+
+    def update(self, cfg: SubscriptionGroupConfig) -> None:
+        self.table[cfg.group_name] = cfg
+        self._changed()
+
+    def delete(self, group: str) -> bool:
+        if self.table.pop(group, None) is None:
+            return False
+        self._changed()
+        return True
+
+    def _changed(self) -> None:
+        self.data_version.next_version(self._clock_ms())
+        self.persist()
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "dataVersion": self.data_version.to_json(),
+            "subscriptionGroupTable": {k: v.to_json() for k, v in self.table.items()},
+        }
+
+    def decode(self, obj: dict[str, Any]) -> None:
+        for name, raw in (obj.get("subscriptionGroupTable") or {}).items():
+            raw = dict(raw)
+            raw.setdefault("groupName", name)
+            self.table[str(name)] = SubscriptionGroupConfig.from_json(raw)
+        self.data_version = DataVersion.from_json(obj.get("dataVersion"))
+
+    def load(self) -> None:
+        obj = self._file.load()
+        if isinstance(obj, dict):
+            self.decode(obj)
+
+    def persist(self) -> None:
+        self._file.persist(self.encode())
+
+    def replace_all(self, obj: dict[str, Any]) -> None:
+        self.table = {}
+        self.decode(obj)
+        self.persist()

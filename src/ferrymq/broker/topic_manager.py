@@ -1,0 +1,155 @@
+"""Topic table of one broker: ``config/topics.json``, built-in topics, TBW102 auto-create (§3.6).
+
+``topics.json``: ``{"dataVersion":{"counter":n,"timestamp":ms},"topicConfigTable":{"<topic>":TopicConfig}}``
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+from ferrymq.broker.config_file import JsonConfigFile
+from ferrymq.common.topic import (
+    BENCHMARK_TOPIC,
+    DEFAULT_TOPIC,
+    OFFSET_MOVED_EVENT,
+    PERM_INHERIT,
+    PERM_READ,
+    PERM_WRITE,
+    SCHEDULE_TOPIC,
+    SELF_TEST_TOPIC,
+    DataVersion,
+    TopicConfig,
+    is_inherited,
+)
+
+log = logging.getLogger(__name__)
+
+RW = PERM_READ | PERM_WRITE
+#: queue count of %RETRY% and %DLQ% topics (retryQueueNums)
+SYS_GROUP_TOPIC_QUEUE_NUMS = 1
+SCHEDULE_QUEUE_NUMS = 18
+BENCHMARK_QUEUE_NUMS = 1024
+CLUSTER_TOPIC_QUEUE_NUMS = 16
+
+
+class TopicManager:
+    def __init__(
+        self,
+        config_dir: str,
+        *,
+        cluster_name: str,
+        broker_name: str,
+        auto_create_topic_enable: bool = True,
+        default_topic_queue_nums: int = 8,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self._file = JsonConfigFile(os.path.join(config_dir, "topics.json"))
+        self._clock_ms = clock_ms
+        self.auto_create_topic_enable = auto_create_topic_enable
+        self.table: dict[str, TopicConfig] = {}
+        self.data_version = DataVersion()
+        #: called after a topic is created or updated (the broker re-registers at once)
+        self.on_change: Callable[[], None] | None = None
+        builtins = [
+            TopicConfig(SELF_TEST_TOPIC, 1, 1),
+            TopicConfig(BENCHMARK_TOPIC, BENCHMARK_QUEUE_NUMS, BENCHMARK_QUEUE_NUMS),
+            TopicConfig(cluster_name, CLUSTER_TOPIC_QUEUE_NUMS, CLUSTER_TOPIC_QUEUE_NUMS, RW | PERM_INHERIT),
+            TopicConfig(broker_name, 1, 1, RW | PERM_INHERIT),
+            TopicConfig(OFFSET_MOVED_EVENT, 1, 1),
+            TopicConfig(SCHEDULE_TOPIC, SCHEDULE_QUEUE_NUMS, SCHEDULE_QUEUE_NUMS),
+            TopicConfig(f"{cluster_name}_REPLY_TOPIC", 1, 1),
+        ]
+        if auto_create_topic_enable:
+            builtins.append(TopicConfig(DEFAULT_TOPIC, default_topic_queue_nums, default_topic_queue_nums,
+                                        RW | PERM_INHERIT))
+        for tc in builtins:
+            self.table[tc.topic_name] = tc
+
+    # ---- persistence ---------------------------------------------------------------
+    def load(self) -> None:
+        obj = self._file.load()
+        if isinstance(obj, dict):
+            self.decode(obj)
+        if not self.auto_create_topic_enable and DEFAULT_TOPIC in self.table:
+            self.table[DEFAULT_TOPIC].perm = RW
+
+    def decode(self, obj: dict[str, Any]) -> None:
+        for name, raw in (obj.get("topicConfigTable") or {}).items():
+            raw = dict(raw)
+            raw.setdefault("topicName", name)
+            self.table[str(name)] = TopicConfig.from_json(raw)
+        self.data_version = DataVersion.from_json(obj.get("dataVersion"))
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "dataVersion": self.data_version.to_json(),
+            "topicConfigTable": {name: tc.to_json() for name, tc in self.table.items()},
+        }
+
+    def persist(self) -> None:
+        self._file.persist(self.encode())
+
+    def _changed(self) -> None:
+        self.data_version.next_version(self._clock_ms())
+        self.persist()
+        if self.on_change is not None:
+            self.on_change()
+
+    # ---- lookups -------------------------------------------------------------------------
+    def get(self, topic: str) -> TopicConfig | None:
+        return self.table.get(topic)
+
+    # ---- creation ------------------------------------------------------------------------
+    def create_in_send(self, topic: str, default_topic: str, queue_nums: int, topic_sys_flag: int = 0
+                       ) -> TopicConfig | None:
+        """Auto-create ``topic`` from the template ``default_topic`` (needs PERM_INHERIT); None if refused."""
+        existing = self.table.get(topic)
+        if existing is not None:
+            return existing
+        template = self.table.get(default_topic)
+        if template is None:
+            return None
+        if default_topic == DEFAULT_TOPIC and not self.auto_create_topic_enable:
+            return None
+        if not is_inherited(template.perm):
+            return None
+        nums = max(1, min(queue_nums, template.write_queue_nums))
+        tc = TopicConfig(topic, nums, nums, template.perm & ~PERM_INHERIT, topic_sys_flag=topic_sys_flag)
+        self.table[topic] = tc
+        log.info("auto-created topic %s from %s with %d queues", topic, default_topic, nums)
+        self._changed()
+        return tc
+
+    def create_sys_group_topic(self, topic: str, queue_nums: int = SYS_GROUP_TOPIC_QUEUE_NUMS, perm: int = RW,
+                               topic_sys_flag: int = 0) -> TopicConfig:
+        """%RETRY% / %DLQ% topics (create-if-absent)."""
+        existing = self.table.get(topic)
+        if existing is not None:
+            return existing
+        tc = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=topic_sys_flag)
+        self.table[topic] = tc
+        self._changed()
+        return tc
+
+    def update(self, tc: TopicConfig) -> None:
+        self.table[tc.topic_name] = tc
+        self._changed()
+
+    def delete(self, topic: str) -> bool:
+        if self.table.pop(topic, None) is None:
+            return False
+        self._changed()
+        return True
+
+    def replace_all(self, obj: dict[str, Any]) -> None:
+        """Slave sync: take the master's table and data version wholesale."""
+        self.table = {}
+        self.decode(obj)
+        self.persist()
+
+    def random_queue_id(self, tc: TopicConfig) -> int:
+        return random.randrange(max(1, tc.write_queue_nums))

@@ -1,0 +1,134 @@
+"""The broker's put pipeline: store.put_message, then a coalesced reput + long-poll wake-up, then the
+waits a SYNC_FLUSH / SYNC_MASTER send needs (protocol §6.5).
+
+Everything here runs on the event loop thread except the flush thread behind ``FlushService``.
+Reput is scheduled with ``loop.call_soon`` at most once per loop iteration, so a burst of sends on
+many connections is dispatched in one go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ferrymq.broker.config import BrokerConfig, BrokerRole, FlushDiskType
+from ferrymq.broker.flush import FlushService
+from ferrymq.common.message import MessageExtBrokerInner
+
+log = logging.getLogger(__name__)
+
+#: records dispatched per loop iteration before yielding to other work
+REPUT_BATCH_RECORDS = 10_000
+
+QueueKey = tuple[str, int]
+
+
+class MessageWriter:
+    def __init__(self, store: Any, config: BrokerConfig, flush: FlushService,
+                 on_dispatched: Callable[[set[QueueKey] | None], None]) -> None:
+        self._store = store
+        self._config = config
+        self._flush = flush
+        self._on_dispatched = on_dispatched
+        self._pending_keys: set[QueueKey] = set()
+        self._wake_all = False
+        self._reput_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: set by the controller on a master: ferrymq.ha.service.HAService
+        self.ha_service: Any = None
+        self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        self.sync_master = config.broker_role is BrokerRole.SYNC_MASTER
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    # ---- puts -------------------------------------------------------------------------------
+    def put(self, inner: MessageExtBrokerInner) -> Any:
+        result = self._store.put_message(inner)
+        if result.append_result is not None:
+            self._appended((inner.topic, inner.queue_id))
+        return result
+
+    def put_batch(self, inners: list[MessageExtBrokerInner]) -> Any:
+        result = self._store.put_messages(inners)
+        if result.append_result is not None and inners:
+            self._appended((inners[0].topic, inners[0].queue_id))
+        return result
+
+    def _appended(self, key: QueueKey) -> None:
+        self._pending_keys.add(key)
+        if self.ha_service is not None:
+            self.ha_service.notify_data_appended()
+        self.schedule_reput()
+
+    # ---- reput ------------------------------------------------------------------------------
+    def schedule_reput(self, wake_all: bool = False) -> None:
+        """Dispatch new records soon (once per loop iteration). ``wake_all``: replicated data (slave)."""
+        self._wake_all = self._wake_all or wake_all
+        if self._reput_scheduled:
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        self._reput_scheduled = True
+        loop.call_soon(self._reput)
+
+    def schedule_reput_threadsafe(self, wake_all: bool = True) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self.schedule_reput(wake_all)
+        else:
+            loop.call_soon_threadsafe(self.schedule_reput, wake_all)
+
+    def _reput(self) -> None:
+        self._reput_scheduled = False
+        try:
+            n = self._store.reput(REPUT_BATCH_RECORDS)
+        except Exception:
+            log.exception("reput failed")
+            n = 0
+        if n >= REPUT_BATCH_RECORDS:
+            self.schedule_reput()
+        keys, self._pending_keys = self._pending_keys, set()
+        wake_all, self._wake_all = self._wake_all, False
+        if wake_all:
+            self._on_dispatched(None)
+        elif keys:
+            self._on_dispatched(keys)
+
+    def reput_now(self) -> None:
+        """Dispatch everything appended so far (start-up, tests)."""
+        while self._store.reput(REPUT_BATCH_RECORDS) >= REPUT_BATCH_RECORDS:
+            pass
+
+    # ---- waits ------------------------------------------------------------------------------
+    def needs_wait(self, wait_store_msg_ok: bool) -> bool:
+        return wait_store_msg_ok and (self.sync_flush or (self.sync_master and self.ha_service is not None))
+
+    async def wait_stored(self, result: Any) -> str:
+        """Flush/replica waits for a stored put; the final PutMessageStatus name."""
+        ar = result.append_result
+        end = ar.wrote_offset + ar.wrote_bytes
+        flush_status = "PUT_OK"
+        if self.sync_flush:
+            fut = self._flush.request_flush(end)
+            try:
+                ok = await asyncio.wait_for(fut, self._config.sync_flush_timeout_ms / 1000)
+            except TimeoutError:
+                ok = False
+            if not ok:
+                flush_status = "FLUSH_DISK_TIMEOUT"
+        replica_status = "PUT_OK"
+        ha = self.ha_service
+        if self.sync_master and ha is not None:
+            if not ha.is_slave_ok(end):
+                replica_status = "SLAVE_NOT_AVAILABLE"
+            elif not await ha.wait_for_slave_ack(end, self._config.replica_wait_ms):
+                replica_status = "FLUSH_SLAVE_TIMEOUT"
+        return replica_status if replica_status != "PUT_OK" else flush_status

@@ -1,0 +1,75 @@
+"""``ferry broker -c broker.conf [-n "127.0.0.1:9876;127.0.0.1:9877"]``: run one broker in the foreground."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+
+import click
+
+from ferrymq.errors import ConfigError, FerryError
+
+EXIT_CONFIG_ERROR = 2
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop when installed, else asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+async def wait_for_signal() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    await stop.wait()
+
+
+async def _run(config_path: str, namesrv: str | None) -> None:
+    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.config import load_config
+
+    overrides = {"namesrvAddr": namesrv} if namesrv else None
+    cfg = load_config(config_path, overrides)
+    ctl = BrokerController(cfg)
+    await ctl.start()
+    try:
+        click.echo(f"ferrymq broker {cfg.broker_name} (id {cfg.broker_id}, {cfg.broker_role.value}) serving on "
+                   f"{ctl.broker_addr}")
+        sys.stdout.flush()
+        await wait_for_signal()
+    finally:
+        await ctl.stop()
+
+
+@click.command("broker")
+@click.option("-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="broker .properties file (RocketMQ key names)")
+@click.option("-n", "--namesrv", default=None, help='name servers, e.g. "127.0.0.1:9876;127.0.0.1:9877"')
+@click.option("--log-level", default="INFO", show_default=True)
+def command(config_path: str, namesrv: str | None, log_level: str) -> None:
+    """Run a broker until SIGINT/SIGTERM."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(_run(config_path, namesrv))
+    except ConfigError as exc:
+        click.echo(f"config error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    except FerryError as exc:
+        click.echo(f"broker failed: {exc}", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        click.echo(f"broker failed: {exc}", err=True)
+        sys.exit(1)

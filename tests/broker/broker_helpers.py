@@ -1,0 +1,97 @@
+"""Helpers shared by the broker tests: config, polling, a raw remoting client, request builders."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ferrymq.broker.config import BrokerConfig
+from ferrymq.common.message import MessageExt
+from ferrymq.common.message_codec import iter_records
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.connection import Connection, Dispatcher, connect
+
+
+def make_config(data_dir: str, namesrv: str | None = None, **overrides: Any) -> BrokerConfig:
+    cfg = BrokerConfig(
+        broker_name="broker-t",
+        listen_port=0,
+        listen_host="127.0.0.1",
+        broker_ip1="127.0.0.1",
+        store_path_root_dir=data_dir,
+        namesrv_addr=[namesrv] if namesrv else [],
+        mapped_file_size_commit_log=4 * 1024 * 1024,
+        mapped_file_size_consume_queue=20 * 1000,
+        fast_listen_enable=False,
+    )
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+async def wait_for(cond: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.01) -> Any:
+    """Poll a condition (not a bare sleep: returns as soon as it holds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = cond()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(interval_s)
+
+
+class Client:
+    """A raw remoting client that records server→client requests."""
+
+    def __init__(self) -> None:
+        self.dispatcher = Dispatcher()
+        self.notifications: list[RemotingCommand] = []
+        self.dispatcher.register(40, self._notify)
+        self.conn: Connection | None = None
+
+    def _notify(self, conn: Connection, cmd: RemotingCommand) -> None:
+        self.notifications.append(cmd)
+        return None
+
+    async def open(self, addr: str) -> Client:
+        self.conn = await connect(addr, self.dispatcher)
+        return self
+
+    async def call(self, code: int, fields: dict[str, Any] | None = None, body: bytes = b"",
+                   timeout_ms: int = 5000, version: int = 407) -> RemotingCommand:
+        assert self.conn is not None
+        cmd = RemotingCommand.request(code, fields, body)
+        cmd.version = version
+        return await self.conn.invoke(cmd, timeout_ms)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def send_v1(topic: str, queue_id: int = 0, properties: str = "TAGS\x01TagA\x02", **extra: Any) -> dict[str, Any]:
+    fields = {
+        "producerGroup": "pg", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
+        "queueId": queue_id, "sysFlag": 0, "bornTimestamp": 1700000000000, "flag": 0,
+        "properties": properties, "reconsumeTimes": "0", "unitMode": "0", "batch": "0",
+    }
+    fields.update(extra)
+    return fields
+
+
+def pull(topic: str, group: str = "cg", queue_id: int = 0, offset: int = 0, sys_flag: int = 6,
+         sub: str = "*", suspend_ms: int = 15000, max_msgs: int = 32) -> dict[str, Any]:
+    return {
+        "consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
+        "maxMsgNums": max_msgs, "sysFlag": sys_flag, "commitOffset": 0, "suspendTimeoutMillis": suspend_ms,
+        "subscription": sub, "subVersion": 0,
+    }
+
+
+def records(body: bytes) -> list[MessageExt]:
+    return list(iter_records(body))

@@ -1,0 +1,87 @@
+"""SYNC_FLUSH, SYNC_MASTER (with a fake HA service) and SLAVE behaviour."""
+
+from __future__ import annotations
+
+from broker_helpers import Client, make_config, pull, send_v1
+
+from ferrymq.broker.app import BrokerController
+from ferrymq.broker.config import BrokerRole, FlushDiskType
+from ferrymq.common.topic import TopicConfig
+from ferrymq.remoting.codes import ResponseCode as R
+
+
+class FakeHA:
+    """The HAService seam: is_slave_ok / wait_for_slave_ack / notify_data_appended."""
+
+    def __init__(self, ok: bool, ack: bool) -> None:
+        self.ok, self.ack = ok, ack
+        self.appended = 0
+        self.waits: list[tuple[int, int]] = []
+        self.port = 0
+
+    def notify_data_appended(self) -> None:
+        self.appended += 1
+
+    def is_slave_ok(self, end_phy_offset: int) -> bool:
+        return self.ok
+
+    async def wait_for_slave_ack(self, end_phy_offset: int, timeout_ms: int) -> bool:
+        self.waits.append((end_phy_offset, timeout_ms))
+        return self.ack
+
+    def slave_status(self) -> list[dict]:
+        return []
+
+    async def stop(self) -> None:
+        pass
+
+
+async def test_sync_flush_send_waits_for_the_group_commit(tmp_path) -> None:
+    cfg = make_config(str(tmp_path / "s"), flush_disk_type=FlushDiskType.SYNC_FLUSH)
+    async with BrokerController(cfg) as ctl:
+        c = await Client().open(ctl.broker_addr)
+        resp = await c.call(10, send_v1("SF"), b"durable")
+        assert resp.code == R.SUCCESS and "msgId" in resp.ext_fields
+        assert ctl.store.flushed_phy_offset >= ctl.store.max_phy_offset
+        # WAIT=false: answered without waiting
+        resp = await c.call(10, send_v1("SF", 0, "WAIT\x01false\x02"), b"fire and forget")
+        assert resp.code == R.SUCCESS
+        c.close()
+
+
+async def test_sync_master_status_from_the_ha_seam(tmp_path) -> None:
+    cfg = make_config(str(tmp_path / "s"), broker_role=BrokerRole.SYNC_MASTER, sync_flush_timeout_ms=1234)
+    async with BrokerController(cfg) as ctl:
+        c = await Client().open(ctl.broker_addr)
+        for ok, ack, code in ((False, True, R.SLAVE_NOT_AVAILABLE), (True, False, R.FLUSH_SLAVE_TIMEOUT),
+                              (True, True, R.SUCCESS)):
+            fake = FakeHA(ok, ack)
+            ctl.writer.ha_service = fake
+            resp = await c.call(10, send_v1("SM"), b"replicated")
+            assert resp.code == code
+            assert {"msgId", "queueId", "queueOffset"} <= set(resp.ext_fields)  # stored in every case
+            assert fake.appended == 1
+            if ok:
+                assert fake.waits[0] == (ctl.store.max_phy_offset, 1234)
+        ctl.writer.ha_service = None
+        c.close()
+
+
+async def test_slave_refuses_sends_and_rewrites_offset_moved(tmp_path) -> None:
+    cfg = make_config(str(tmp_path / "s"), broker_role=BrokerRole.SLAVE, broker_id=1)
+    async with BrokerController(cfg) as ctl:
+        assert ctl.schedule._task is None  # the delay service runs only on masters
+        ctl.topics.update(TopicConfig("OnSlave", 4, 4))
+        c = await Client().open(ctl.broker_addr)
+        resp = await c.call(10, send_v1("OnSlave"), b"no")
+        assert resp.code == R.SERVICE_NOT_AVAILABLE
+        assert resp.remark == "service not available now, maybe disk full or the broker is a slave"
+        got = await c.call(11, pull("OnSlave", offset=5, sys_flag=5))
+        assert got.code == R.PULL_RETRY_IMMEDIATELY
+        assert got.ext_fields["suggestWhichBrokerId"] == "0"
+        assert ctl.offsets.query("cg", "OnSlave", 0) == -1  # commit flag ignored on a slave
+        upd = await c.call(15, {"consumerGroup": "cg", "topic": "OnSlave", "queueId": 0, "commitOffset": 3})
+        assert upd.code == R.SUCCESS and ctl.offsets.query("cg", "OnSlave", 0) == 3
+        admin = await c.call(17, {"topic": "X", "readQueueNums": 1, "writeQueueNums": 1, "perm": 6})
+        assert admin.code == R.SYSTEM_ERROR and admin.remark.startswith("Can't modify topic")
+        c.close()
