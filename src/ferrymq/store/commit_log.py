@@ -1,0 +1,282 @@
+"""The commit log: every record of every topic, appended in order into fixed-size segments.
+
+Hot path (``put_message``): validate, encode with precompiled structs, one memcpy into the
+preallocated mmap, bump the per-queue counter, queue a ``RecordMeta`` for dispatch. No fsync
+(flushing is ``flush``'s job, on the broker's flush thread) and no consume-queue work (``reput``).
+A record never spans segments: when it plus an 8-byte filler does not fit, the rest of the segment
+becomes a BLANK filler (§4.8) and the record opens the next segment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from ferrymq.common.message import (
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    MessageExtBrokerInner,
+)
+from ferrymq.common.message_codec import (
+    END_FILE_MIN_BLANK_LENGTH,
+    RECORD_FIXED_SIZE,
+    RecordMeta,
+    blank_filler,
+    encode_record_parts,
+)
+from ferrymq.store.config import StoreConfig
+from ferrymq.store.errors import StoreError
+from ferrymq.store.mapped_file import MappedFile
+from ferrymq.store.mapped_file_queue import MappedFileQueue
+from ferrymq.store.results import (
+    AppendMessageResult,
+    AppendMessageStatus,
+    PutMessageResult,
+    PutMessageStatus,
+)
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+
+_NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
+
+
+def _illegal(status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
+    return PutMessageResult(status, None)
+
+
+class CommitLog:
+    def __init__(self, config: StoreConfig, clock_ms: Callable[[], int]) -> None:
+        self.config = config
+        self.clock_ms = clock_ms
+        self.mfq = MappedFileQueue(config.store_path_commit_log, config.mapped_file_size_commit_log)
+        self.file_size = config.mapped_file_size_commit_log
+        # next queue offset per (topic, queue_id); rebuilt from the consume queues on load
+        self.topic_queue_table: dict[QueueKey, int] = {}
+        # records appended by put_* and not yet dispatched (master fast path for reput)
+        self.pending: deque[RecordMeta] = deque()
+        # first valid byte when the first segment was started mid-file by append_at (slave)
+        self.data_start_phy_offset = 0
+        self.last_store_timestamp = 0  # of the newest appended record
+        self.put_message_times_total = 0
+        self.put_message_size_total = 0
+        self._topic_bytes: dict[str, bytes] = {}
+
+    # --- bounds ------------------------------------------------------------------------------
+
+    @property
+    def max_offset(self) -> int:
+        return self.mfq.max_offset
+
+    @property
+    def min_offset(self) -> int:
+        first = self.mfq.first()
+        if first is None:
+            return 0
+        return max(first.file_from_offset, self.data_start_phy_offset)
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.mfq.flushed_where
+
+    def segment_start_of(self, phy_offset: int) -> int:
+        return phy_offset - phy_offset % self.file_size
+
+    def roll_next_file(self, phy_offset: int) -> int:
+        return phy_offset + self.file_size - phy_offset % self.file_size
+
+    # --- validation --------------------------------------------------------------------------
+
+    def _encode_topic(self, topic: str) -> bytes | None:
+        cached = self._topic_bytes.get(topic)
+        if cached is not None:
+            return cached
+        raw = topic.encode("utf-8")
+        if not raw or len(raw) > min(127, self.config.max_topic_length):
+            return None
+        if "/" in topic or "\x00" in topic or topic in (".", ".."):
+            return None  # would escape the consume queue directory
+        if len(self._topic_bytes) < 100_000:
+            self._topic_bytes[topic] = raw
+        return raw
+
+    def _check(self, inner: MessageExtBrokerInner) -> tuple[PutMessageStatus | None, bytes, bytes]:
+        topic_bytes = self._encode_topic(inner.topic)
+        if topic_bytes is None:
+            return PutMessageStatus.MESSAGE_ILLEGAL, b"", b""
+        props = inner.properties_string.encode("utf-8") if inner.properties_string else b""
+        if len(props) > min(32767, self.config.max_properties_size):
+            return PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, b"", b""
+        if len(inner.body) > self.config.max_message_size:
+            return PutMessageStatus.MESSAGE_ILLEGAL, b"", b""
+        if len(inner.born_host) != 8 or len(inner.store_host) != 8 or not 0 <= inner.queue_id < 1 << 31:
+            return PutMessageStatus.MESSAGE_ILLEGAL, b"", b""
+        return None, topic_bytes, props
+
+    # --- write path --------------------------------------------------------------------------
+
+    def _segment_with_room(self, size: int) -> MappedFile:
+        """The segment the next ``size`` bytes go to, writing a BLANK filler and rolling if needed."""
+        mf = self.mfq.last_for_write(0)
+        if size + END_FILE_MIN_BLANK_LENGTH > mf.remaining:
+            remaining = mf.remaining
+            mf.append(blank_filler(remaining))
+            mf.wrote_position = mf.file_size
+            mf = self.mfq.create_file(mf.end_offset)
+        return mf
+
+    def put_message(self, inner: MessageExtBrokerInner) -> PutMessageResult:
+        status, topic_bytes, props = self._check(inner)
+        if status is not None:
+            return _illegal(status)
+        total = RECORD_FIXED_SIZE + len(inner.body) + len(topic_bytes) + len(props)
+        if total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            return _illegal()
+        key = (inner.topic, inner.queue_id)
+        in_cq = (inner.sys_flag & SYSFLAG_TRANSACTION_MASK) not in _NO_CQ
+        queue_offset = self.topic_queue_table.get(key, 0) if in_cq else 0
+        try:
+            mf = self._segment_with_room(total)
+        except (StoreError, OSError) as exc:
+            log.error("cannot create commit log segment: %s", exc)
+            return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        phy_offset = mf.file_from_offset + mf.wrote_position
+        store_ts = self.clock_ms()
+        inner.store_timestamp = store_ts
+        record = encode_record_parts(inner, topic_bytes, props, queue_offset, phy_offset, store_ts)
+        mf.append(record)
+        if in_cq:
+            self.topic_queue_table[key] = queue_offset + 1
+        self._queue_dispatch(
+            RecordMeta(phy_offset, total, inner.topic, inner.queue_id, queue_offset, store_ts,
+                       inner.sys_flag, inner.properties_string)
+        )  # fmt: skip
+        self.last_store_timestamp = store_ts
+        self.put_message_times_total += 1
+        self.put_message_size_total += total
+        result = AppendMessageResult(
+            AppendMessageStatus.PUT_OK, phy_offset, total, store_ts, queue_offset, 1, inner.store_host
+        )
+        return PutMessageResult(PutMessageStatus.PUT_OK, result)
+
+    def put_messages(self, inners: list[MessageExtBrokerInner]) -> PutMessageResult:
+        """A batch for one topic/queue: consecutive queue offsets, one contiguous write."""
+        if not inners:
+            return _illegal()
+        first = inners[0]
+        checked: list[tuple[MessageExtBrokerInner, bytes, bytes]] = []
+        total = 0
+        body_total = 0
+        for inner in inners:
+            if inner.topic != first.topic or inner.queue_id != first.queue_id:
+                return _illegal()
+            if inner.sys_flag & SYSFLAG_TRANSACTION_MASK:
+                return _illegal()  # batches reject transaction flags (§4.9)
+            status, topic_bytes, props = self._check(inner)
+            if status is not None:
+                return _illegal(status)
+            checked.append((inner, topic_bytes, props))
+            total += RECORD_FIXED_SIZE + len(inner.body) + len(topic_bytes) + len(props)
+            body_total += len(inner.body)
+        if body_total > self.config.max_message_size or total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            return _illegal()
+        key = (first.topic, first.queue_id)
+        queue_offset = self.topic_queue_table.get(key, 0)
+        try:
+            mf = self._segment_with_room(total)
+        except (StoreError, OSError) as exc:
+            log.error("cannot create commit log segment: %s", exc)
+            return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        base = mf.file_from_offset + mf.wrote_position
+        store_ts = self.clock_ms()
+        parts: list[bytes] = []
+        offsets: list[int] = []
+        phy = base
+        for i, (inner, topic_bytes, props) in enumerate(checked):
+            inner.store_timestamp = store_ts
+            record = encode_record_parts(inner, topic_bytes, props, queue_offset + i, phy, store_ts)
+            parts.append(record)
+            offsets.append(phy)
+            self._queue_dispatch(
+                RecordMeta(phy, len(record), inner.topic, inner.queue_id, queue_offset + i, store_ts,
+                           inner.sys_flag, inner.properties_string)
+            )  # fmt: skip
+            phy += len(record)
+        mf.append(b"".join(parts))
+        self.topic_queue_table[key] = queue_offset + len(checked)
+        self.last_store_timestamp = store_ts
+        self.put_message_times_total += len(checked)
+        self.put_message_size_total += total
+        result = AppendMessageResult(
+            AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, len(checked),
+            first.store_host, tuple(offsets),
+        )  # fmt: skip
+        return PutMessageResult(PutMessageStatus.PUT_OK, result)
+
+    def _queue_dispatch(self, meta: RecordMeta) -> None:
+        pending = self.pending
+        if len(pending) >= self.config.dispatch_pending_max:
+            pending.clear()  # reput falls back to parsing the commit log
+        pending.append(meta)
+
+    # --- read path ---------------------------------------------------------------------------
+
+    def get_record(self, phy_offset: int, size: int) -> bytes | None:
+        """The raw ``size`` bytes at ``phy_offset`` if present and fully written."""
+        mf = self.mfq.find(phy_offset)
+        if mf is None or phy_offset < self.data_start_phy_offset:
+            return None
+        return mf.read(phy_offset - mf.file_from_offset, size)
+
+    def read_from(self, phy_offset: int, max_bytes: int) -> bytes:
+        """Raw bytes from ``phy_offset`` up to the wrote position, within one segment."""
+        if max_bytes <= 0 or phy_offset < self.min_offset:
+            return b""
+        mf = self.mfq.find(phy_offset)
+        if mf is None:
+            return b""
+        pos = phy_offset - mf.file_from_offset
+        end = min(mf.wrote_position, pos + max_bytes)
+        if end <= pos:
+            return b""
+        return mf.mm[pos:end]
+
+    # --- replication (slave) -----------------------------------------------------------------
+
+    def append_at(self, phy_offset: int, data: bytes) -> bool:
+        """Append raw bytes exactly at ``phy_offset`` (== max offset, or anywhere if empty)."""
+        if phy_offset < 0:
+            return False
+        if self.mfq.last() is None:
+            if not data:
+                return True
+            mf = self.mfq.create_file(self.segment_start_of(phy_offset))
+            mf.wrote_position = mf.flushed_position = phy_offset - mf.file_from_offset
+            self.mfq.flushed_where = phy_offset
+            self.data_start_phy_offset = phy_offset if mf.wrote_position else 0
+        elif phy_offset != self.max_offset:
+            return False
+        view = memoryview(data)
+        try:
+            while view:
+                mf = self.mfq.last_for_write(phy_offset)
+                n = min(mf.remaining, len(view))
+                mf.append(view[:n].tobytes() if n < len(view) else bytes(view))
+                view = view[n:]
+        finally:
+            view.release()
+        return True
+
+    # --- recovery ----------------------------------------------------------------------------
+
+    def truncate(self, phy_offset: int) -> None:
+        self.mfq.truncate(phy_offset)
+        self.pending.clear()
+        if self.data_start_phy_offset and self.mfq.last() is None:
+            self.data_start_phy_offset = 0
+
+    def flush(self, least_pages: int = 0) -> int:
+        return self.mfq.flush(least_pages)

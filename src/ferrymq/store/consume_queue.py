@@ -1,0 +1,221 @@
+"""Consume queue: per (topic, queue id) index of the commit log, one 20-byte unit per message.
+
+| offset | size | field                                                         |
+|--------|------|---------------------------------------------------------------|
+| 0      | 8    | commit log physical offset                                    |
+| 8      | 4    | record size (TOTALSIZE)                                       |
+| 12     | 8    | tagsCode (tag hash; delivery time for SCHEDULE_TOPIC_XXXX)    |
+
+Unit *n* (queue offset *n*) lives at global byte n×20; files are named by their first global
+byte. When a queue's first file starts below its first unit (a slave that joined late, or a
+queue whose first message has queue offset > 0), the leading slots hold blank units
+``(0, 0x7FFFFFFF, 0)``. A blank unit is never served.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from ferrymq.store.config import CQ_STORE_UNIT_SIZE
+from ferrymq.store.mapped_file import MappedFile
+from ferrymq.store.mapped_file_queue import MappedFileQueue
+
+UNIT = struct.Struct(">qiq")
+BLANK_SIZE = 0x7FFFFFFF
+BLANK_UNIT = UNIT.pack(0, BLANK_SIZE, 0)
+_SCAN_CHUNK_UNITS = 4096
+
+
+class ConsumeQueue:
+    def __init__(self, root_dir: str, topic: str, queue_id: int, file_size: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_size = file_size
+        self.mfq = MappedFileQueue(os.path.join(root_dir, topic, str(queue_id)), file_size)
+        self.min_logic_offset = 0  # bytes (queue offset × 20)
+        self.max_phy_end = 0  # phy offset + size of the newest unit (how far dispatch got)
+
+    # --- bounds ------------------------------------------------------------------------------
+
+    @property
+    def max_offset_in_queue(self) -> int:
+        return self.mfq.max_offset // CQ_STORE_UNIT_SIZE
+
+    @property
+    def min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    def roll_next_file(self, queue_offset: int) -> int:
+        per_file = self.file_size // CQ_STORE_UNIT_SIZE
+        return queue_offset + per_file - queue_offset % per_file
+
+    # --- load / recover ----------------------------------------------------------------------
+
+    def load(self) -> None:
+        self.mfq.load()
+        self._recover_tail()
+
+    def _recover_tail(self) -> None:
+        """Find the written end of the last file (earlier files are full): first unit with size 0."""
+        last = self.mfq.last()
+        if last is None:
+            return
+        mm = last.mm
+        pos = 0
+        while pos < last.file_size:
+            end = min(last.file_size, pos + _SCAN_CHUNK_UNITS * CQ_STORE_UNIT_SIZE)
+            stop = False
+            for phy, size, _tags in UNIT.iter_unpack(mm[pos:end]):
+                if phy < 0 or size <= 0:
+                    stop = True
+                    break
+                pos += CQ_STORE_UNIT_SIZE
+            if stop:
+                break
+        last.wrote_position = last.flushed_position = pos
+        self.mfq.flushed_where = last.file_from_offset + pos
+        self.max_phy_end = self._compute_max_phy_end()
+
+    def _compute_max_phy_end(self) -> int:
+        for mf in reversed(self.mfq.files):
+            pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
+            while pos >= 0:
+                phy, size, _tags = UNIT.unpack_from(mf.mm, pos)
+                if size != BLANK_SIZE:
+                    return int(phy + size)
+                pos -= CQ_STORE_UNIT_SIZE
+        return 0
+
+    def correct_min_offset(self, min_phy_offset: int) -> None:
+        """Min logical offset := first non-blank unit of the first file at or above ``min_phy_offset``."""
+        first = self.mfq.first()
+        if first is None:
+            self.min_logic_offset = 0
+            return
+        lo, hi = 0, first.wrote_position // CQ_STORE_UNIT_SIZE
+        mm = first.mm
+        while lo < hi:  # units are ordered by phy offset; blanks (phy 0) sort first
+            mid = (lo + hi) // 2
+            phy, size, _tags = UNIT.unpack_from(mm, mid * CQ_STORE_UNIT_SIZE)
+            if size != BLANK_SIZE and phy >= min_phy_offset:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.min_logic_offset = first.file_from_offset + lo * CQ_STORE_UNIT_SIZE
+
+    # --- write -------------------------------------------------------------------------------
+
+    def put_unit(self, phy_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
+        """Write the unit for ``queue_offset``; a unit already present is left alone (re-dispatch)."""
+        expected = queue_offset * CQ_STORE_UNIT_SIZE
+        if self.mfq.last() is None:
+            self.mfq.create_file(self.mfq.segment_start_of(expected))
+            self._fill_blanks(expected)
+            self.min_logic_offset = expected
+        current = self.mfq.max_offset
+        if expected < current:
+            return False
+        if expected > current:
+            self._fill_blanks(expected)
+        mf = self.mfq.last_for_write(expected)
+        mf.append(UNIT.pack(phy_offset, size, tags_code))
+        if phy_offset + size > self.max_phy_end:
+            self.max_phy_end = phy_offset + size
+        return True
+
+    def _fill_blanks(self, until: int) -> None:
+        guard = 1 + (until - self.mfq.max_offset) // self.file_size + 1
+        while self.mfq.max_offset < until and guard > 0:
+            guard -= 1
+            mf = self.mfq.last_for_write(self.mfq.max_offset)
+            n = min(mf.remaining, until - self.mfq.max_offset) // CQ_STORE_UNIT_SIZE
+            mf.append(BLANK_UNIT * n)
+
+    # --- read --------------------------------------------------------------------------------
+
+    def _locate(self, queue_offset: int) -> tuple[MappedFile, int] | None:
+        pos = queue_offset * CQ_STORE_UNIT_SIZE
+        if pos < self.min_logic_offset:
+            return None
+        mf = self.mfq.find(pos)
+        if mf is None:
+            return None
+        rel = pos - mf.file_from_offset
+        if rel + CQ_STORE_UNIT_SIZE > mf.wrote_position:
+            return None
+        return mf, rel
+
+    def get_unit(self, queue_offset: int) -> tuple[int, int, int] | None:
+        """(phy_offset, size, tags_code) of a written unit, None if absent or blank."""
+        loc = self._locate(queue_offset)
+        if loc is None:
+            return None
+        phy, size, tags = UNIT.unpack_from(loc[0].mm, loc[1])
+        if size == BLANK_SIZE:
+            return None
+        return phy, size, tags
+
+    def get_units_buffer(self, queue_offset: int, max_bytes: int) -> bytes | None:
+        """Raw units from ``queue_offset`` to the end of its file's written part (≤ max_bytes)."""
+        loc = self._locate(queue_offset)
+        if loc is None:
+            return None
+        mf, rel = loc
+        end = min(mf.wrote_position, rel + max_bytes)
+        return mf.mm[rel:end]
+
+    # --- shrink ------------------------------------------------------------------------------
+
+    def truncate_dirty(self, phy_offset: int) -> None:
+        """Drop units pointing at or beyond ``phy_offset`` (a truncated commit log tail)."""
+        guard = len(self.mfq.files) + 1
+        while guard > 0:
+            guard -= 1
+            last = self.mfq.last()
+            if last is None:
+                break
+            units = last.wrote_position // CQ_STORE_UNIT_SIZE
+            lo, hi = 0, units  # first dirty unit in the last file
+            while lo < hi:
+                mid = (lo + hi) // 2
+                phy, size, _tags = UNIT.unpack_from(last.mm, mid * CQ_STORE_UNIT_SIZE)
+                if size != BLANK_SIZE and phy >= phy_offset:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo >= units:
+                break
+            cut = last.file_from_offset + lo * CQ_STORE_UNIT_SIZE
+            if lo == 0 and len(self.mfq.files) > 1:
+                self.mfq.delete_last()  # whole file dirty: drop it, look at the previous one
+                continue
+            self.mfq.truncate(cut)
+            break
+        if self.mfq.max_offset < self.min_logic_offset:
+            self.min_logic_offset = self.mfq.max_offset
+        self.max_phy_end = self._compute_max_phy_end()
+
+    def delete_expired(self, min_phy_offset: int) -> int:
+        """Delete leading files whose every unit points below ``min_phy_offset`` (never the last)."""
+        count = 0
+        for mf in self.mfq.files[:-1]:
+            phy, size, _tags = UNIT.unpack_from(mf.mm, mf.file_size - CQ_STORE_UNIT_SIZE)
+            if size != BLANK_SIZE and phy < min_phy_offset:
+                count += 1
+            else:
+                break
+        self.mfq.delete_first(count)
+        self.correct_min_offset(min_phy_offset)
+        return count
+
+    def flush(self) -> int:
+        return self.mfq.flush()
+
+    def close(self) -> None:
+        self.mfq.close()
+
+    def destroy(self) -> None:
+        self.mfq.destroy()
+        self.min_logic_offset = 0
+        self.max_phy_end = 0

@@ -1,0 +1,157 @@
+"""Reput: turn newly appended, complete commit log records into consume queue units and index
+entries. Everything is derived from the record itself (QUEUEOFFSET, TAGS, DELAY, KEYS,
+UNIQ_KEY, SYSFLAG), so a slave dispatching replicated bytes builds the same files as its master.
+
+On the master, ``CommitLog.pending`` already holds each record's ``RecordMeta``; the parser is
+the fallback (slave, start-up re-dispatch, or an overflowed pending queue).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ferrymq.common.message import (
+    KEY_SEPARATOR,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+)
+from ferrymq.common.message_codec import RecordCheck, RecordMeta, check_record, decode_record_meta
+from ferrymq.store.commit_log import CommitLog
+from ferrymq.store.config import StoreConfig
+from ferrymq.store.index import IndexService, java_hash_fast
+from ferrymq.store.queue_table import ConsumeQueueTable, topic_dir_name_ok
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+_NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
+_UNLIMITED = 1 << 62
+
+
+def get_property(properties: str, name: str) -> str | None:
+    """Value of ``name`` in a properties string without building a dict (last one wins)."""
+    if not properties:
+        return None
+    needle = name + "\x01"
+    i = properties.rfind(needle)
+    while i != -1:
+        if i == 0 or properties[i - 1] == "\x02":
+            start = i + len(needle)
+            end = properties.find("\x02", start)
+            return properties[start:] if end == -1 else properties[start:end]
+        i = properties.rfind(needle, 0, i)
+    return None
+
+
+def index_keys_of(properties: str) -> list[str]:
+    keys: list[str] = []
+    uniq = get_property(properties, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+    if uniq:
+        keys.append(uniq)
+    raw = get_property(properties, PROPERTY_KEYS)
+    if raw:
+        keys.extend(k for k in raw.split(KEY_SEPARATOR) if k)
+    return keys
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        config: StoreConfig,
+        commit_log: CommitLog,
+        queues: ConsumeQueueTable,
+        index: IndexService | None,
+    ) -> None:
+        self.commit_log = commit_log
+        self.queues = queues
+        self.index = index
+        self.delay_table_ms = config.delay_level_table_ms()
+        self.max_delay_level = max(self.delay_table_ms, default=0)
+        self.reput_phy_offset = 0
+        self.last_dispatch_timestamp = 0  # store time of the newest dispatched record
+        self.dispatched_total = 0
+        self._corrupt_logged_at = -1
+        self._tags_codes: dict[str, int] = {}
+
+    def tags_code(self, topic: str, properties: str, store_timestamp: int) -> int:
+        if topic == SCHEDULE_TOPIC:
+            raw = get_property(properties, PROPERTY_DELAY_TIME_LEVEL)
+            try:
+                level = int(raw) if raw else 0
+            except ValueError:
+                level = 0
+            level = min(level, self.max_delay_level)
+            return store_timestamp + self.delay_table_ms.get(level, 0)
+        tags = get_property(properties, PROPERTY_TAGS)
+        if not tags:
+            return 0
+        code = self._tags_codes.get(tags)
+        if code is None:
+            code = java_hash_fast(tags)
+            if len(self._tags_codes) < 10_000:
+                self._tags_codes[tags] = code
+        return code
+
+    def dispatch(self, meta: RecordMeta, phy_offset: int) -> None:
+        tran = meta.sys_flag & SYSFLAG_TRANSACTION_MASK
+        topic = meta.topic
+        if tran not in _NO_CQ and topic_dir_name_ok(topic):
+            cq = self.queues.get_or_create(topic, meta.queue_id)
+            tags = self.tags_code(topic, meta.properties, meta.store_timestamp)
+            if cq.put_unit(phy_offset, meta.size, tags, meta.queue_offset):
+                self.queues.mark_dirty(cq)
+            table = self.commit_log.topic_queue_table
+            key = (topic, meta.queue_id)
+            if table.get(key, 0) <= meta.queue_offset:
+                table[key] = meta.queue_offset + 1
+        if self.index is not None and tran != SYSFLAG_TRANSACTION_ROLLBACK and meta.properties:
+            keys = index_keys_of(meta.properties)
+            if keys:
+                self.index.build_index(topic, keys, phy_offset, meta.store_timestamp)
+        self.last_dispatch_timestamp = meta.store_timestamp
+        self.dispatched_total += 1
+
+    def reput(self, max_records: int | None = None) -> int:
+        """Dispatch complete records from ``reput_phy_offset`` on; returns how many."""
+        limit = _UNLIMITED if max_records is None else max_records
+        cl = self.commit_log
+        pending = cl.pending
+        max_phy = cl.max_offset
+        if self.reput_phy_offset < cl.min_offset:
+            self.reput_phy_offset = cl.min_offset
+        count = 0
+        while count < limit and self.reput_phy_offset < max_phy:
+            r = self.reput_phy_offset
+            if pending:
+                head = pending[0]
+                if head.phy_offset < r:
+                    pending.popleft()
+                    continue
+                if head.phy_offset == r:
+                    pending.popleft()
+                    self.dispatch(head, r)
+                    self.reput_phy_offset = r + head.size
+                    count += 1
+                    continue
+            mf = cl.mfq.find(r)
+            if mf is None:
+                break
+            pos = r - mf.file_from_offset
+            status, size = check_record(mf.mm, pos, False, end=mf.wrote_position)
+            if status is RecordCheck.OK:
+                self.dispatch(decode_record_meta(mf.mm, pos), r)
+                self.reput_phy_offset = r + size
+                count += 1
+            elif status is RecordCheck.BLANK:
+                self.reput_phy_offset = mf.end_offset
+            else:
+                if status is RecordCheck.CORRUPT and self._corrupt_logged_at != r:
+                    self._corrupt_logged_at = r
+                    log.error("reput stopped: corrupt record at phy offset %d", r)
+                break
+        return count

@@ -1,0 +1,161 @@
+"""One preallocated, fixed-size segment file mapped into memory.
+
+Positions (bytes from the segment start): ``wrote_position`` ≥ ``flushed_position``. The writer
+thread appends and moves ``wrote_position``; ``flush`` may run on another thread. Flushing uses
+``os.fdatasync`` on the file descriptor: on Linux the pages written through a shared mapping are
+page-cache pages, so this persists them like ``msync`` would, and it releases the GIL.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+
+from ferrymq.store.errors import StoreCorruptError, StoreDirError
+
+OS_PAGE_SIZE = mmap.PAGESIZE
+_ZERO_CHUNK = 1 << 20
+
+
+def offset_to_file_name(offset: int) -> str:
+    return f"{offset:020d}"
+
+
+class MappedFile:
+    __slots__ = (
+        "path", "file_from_offset", "file_size", "mm", "wrote_position", "flushed_position",
+        "_fd", "_lock", "_closed",
+    )  # fmt: skip
+
+    def __init__(self, path: str, file_from_offset: int, file_size: int) -> None:
+        self.path = path
+        self.file_from_offset = file_from_offset
+        self.file_size = file_size
+        self.wrote_position = 0
+        self.flushed_position = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreDirError(f"cannot open segment {path}: {exc}") from exc
+        try:
+            actual = os.fstat(fd).st_size
+            if actual == 0:
+                os.ftruncate(fd, file_size)  # sparse preallocation
+            elif actual != file_size:
+                raise StoreCorruptError(f"segment {path} has size {actual}, expected {file_size}")
+            self.mm = mmap.mmap(fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            os.close(fd)
+            raise StoreDirError(f"cannot map segment {path}: {exc}") from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    @property
+    def file_name(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def end_offset(self) -> int:
+        """Global offset one past this segment."""
+        return self.file_from_offset + self.file_size
+
+    @property
+    def remaining(self) -> int:
+        return self.file_size - self.wrote_position
+
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+    def append(self, data: bytes) -> int:
+        """Write at the wrote position; returns the position written at. Caller checks space."""
+        pos = self.wrote_position
+        end = pos + len(data)
+        assert end <= self.file_size, "append past segment end"
+        self.mm[pos:end] = data
+        self.wrote_position = end
+        return pos
+
+    def write_at(self, pos: int, data: bytes) -> None:
+        assert 0 <= pos and pos + len(data) <= self.file_size
+        self.mm[pos : pos + len(data)] = data
+
+    def read(self, pos: int, size: int) -> bytes | None:
+        """Bytes [pos, pos+size) if fully written, else None."""
+        if pos < 0 or size < 0 or pos + size > self.wrote_position:
+            return None
+        return self.mm[pos : pos + size]
+
+    def flush(self, least_pages: int = 0) -> int:
+        """Persist written bytes; returns the flushed position. Safe against a concurrent writer."""
+        wrote = self.wrote_position
+        flushed = self.flushed_position
+        if wrote <= flushed:
+            return flushed
+        if least_pages > 0 and wrote < self.file_size:
+            if wrote // OS_PAGE_SIZE - flushed // OS_PAGE_SIZE < least_pages:
+                return flushed
+        with self._lock:
+            if self._closed:
+                return flushed
+            os.fdatasync(self._fd)
+        if wrote > self.flushed_position:
+            self.flushed_position = wrote
+        return self.flushed_position
+
+    def sync(self) -> None:
+        """fdatasync regardless of positions (files written at random positions, e.g. the index)."""
+        with self._lock:
+            if not self._closed:
+                os.fdatasync(self._fd)
+
+    def zero_from(self, pos: int) -> None:
+        """Zero [pos, file_size) (torn-tail cleanup). Holes of the sparse file are skipped
+        (``SEEK_DATA``) and chunks that already read as zeros are not rewritten."""
+        zeros = bytes(_ZERO_CHUNK)
+        while pos < self.file_size:
+            try:
+                data_at = os.lseek(self._fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    return  # only holes from here on
+                data_at = pos  # SEEK_DATA unsupported: check every chunk
+            pos = max(pos, data_at)
+            end = min(self.file_size, pos + _ZERO_CHUNK)
+            n = end - pos
+            if self.mm[pos:end] != zeros[:n]:
+                self.mm[pos:end] = zeros[:n]
+            pos = end
+
+    def last_modified_ms(self) -> int:
+        try:
+            return int(os.stat(self.path).st_mtime * 1000)
+        except OSError:
+            return 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self.mm.close()
+            except BufferError:  # an exported memoryview is still alive; the GC will unmap it
+                pass
+            os.close(self._fd)
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,188 @@
+"""A directory of contiguous fixed-size segments named by their 20-digit start offset."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from ferrymq.store.errors import StoreCorruptError, StoreDirError
+from ferrymq.store.mapped_file import MappedFile, offset_to_file_name
+
+log = logging.getLogger(__name__)
+
+
+class MappedFileQueue:
+    """Segments [files[0] .. files[-1]], contiguous. Only the writer mutates ``files``; it replaces
+    the list rather than editing it in place, so a flush thread can iterate a snapshot."""
+
+    def __init__(self, store_path: str, mapped_file_size: int) -> None:
+        self.store_path = store_path
+        self.mapped_file_size = mapped_file_size
+        self.files: list[MappedFile] = []
+        self.flushed_where = 0  # global offset persisted so far
+        self._flush_lock = threading.Lock()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Map every existing segment (positions set to full; recovery trims the last)."""
+        if not os.path.isdir(self.store_path):
+            return
+        names = sorted(n for n in os.listdir(self.store_path) if len(n) == 20 and n.isdigit())
+        files: list[MappedFile] = []
+        for n, name in enumerate(names):
+            path = os.path.join(self.store_path, name)
+            size = os.path.getsize(path)
+            if size < self.mapped_file_size and n == len(names) - 1:
+                # a crash while creating (or a torn copy of) the newest segment: the missing
+                # bytes read as zeros and recovery cuts the data there
+                log.warning("%s: short last segment (%d bytes); extending with zeros", path, size)
+                os.truncate(path, self.mapped_file_size)
+                size = self.mapped_file_size
+            if size != self.mapped_file_size:
+                for f in files:
+                    f.close()
+                raise StoreCorruptError(f"{path}: size {size} != configured {self.mapped_file_size}")
+            mf = MappedFile(path, int(name), self.mapped_file_size)
+            mf.wrote_position = mf.flushed_position = self.mapped_file_size
+            if files and files[-1].end_offset != mf.file_from_offset:
+                for f in [*files, mf]:
+                    f.close()
+                raise StoreCorruptError(f"gap between segments before {path}")
+            if mf.file_from_offset % self.mapped_file_size:
+                for f in [*files, mf]:
+                    f.close()
+                raise StoreCorruptError(f"{path}: start offset not a multiple of the segment size")
+            files.append(mf)
+        self.files = files
+        if files:
+            self.flushed_where = files[-1].end_offset
+
+    def close(self) -> None:
+        for mf in self.files:
+            mf.close()
+
+    def destroy(self) -> None:
+        for mf in self.files:
+            mf.destroy()
+        self.files = []
+        self.flushed_where = 0
+
+    # --- lookup ------------------------------------------------------------------------------
+
+    def first(self) -> MappedFile | None:
+        files = self.files
+        return files[0] if files else None
+
+    def last(self) -> MappedFile | None:
+        files = self.files
+        return files[-1] if files else None
+
+    @property
+    def min_offset(self) -> int:
+        """Start of the first segment, -1 if none."""
+        files = self.files
+        return files[0].file_from_offset if files else -1
+
+    @property
+    def max_offset(self) -> int:
+        """Global wrote position (next byte to write), 0 if none."""
+        files = self.files
+        if not files:
+            return 0
+        last = files[-1]
+        return last.file_from_offset + last.wrote_position
+
+    def find(self, offset: int) -> MappedFile | None:
+        """The segment holding global ``offset`` (O(1): segments are contiguous)."""
+        files = self.files
+        if not files or offset < 0:
+            return None
+        index = offset // self.mapped_file_size - files[0].file_from_offset // self.mapped_file_size
+        if 0 <= index < len(files):
+            return files[index]
+        return None
+
+    def segment_start_of(self, offset: int) -> int:
+        return offset - offset % self.mapped_file_size
+
+    # --- growth ------------------------------------------------------------------------------
+
+    def create_file(self, file_from_offset: int) -> MappedFile:
+        assert file_from_offset % self.mapped_file_size == 0
+        last = self.last()
+        assert last is None or last.end_offset == file_from_offset, "segments must be contiguous"
+        try:
+            os.makedirs(self.store_path, exist_ok=True)
+        except OSError as exc:
+            raise StoreDirError(f"cannot create {self.store_path}: {exc}") from exc
+        path = os.path.join(self.store_path, offset_to_file_name(file_from_offset))
+        mf = MappedFile(path, file_from_offset, self.mapped_file_size)
+        if not self.files:
+            self.flushed_where = file_from_offset
+        self.files = [*self.files, mf]
+        return mf
+
+    def last_for_write(self, start_offset: int = 0) -> MappedFile:
+        """The last segment if it has room, else a new one (the first at ``start_offset``'s segment)."""
+        last = self.last()
+        if last is None:
+            return self.create_file(self.segment_start_of(start_offset))
+        if last.is_full():
+            return self.create_file(last.end_offset)
+        return last
+
+    # --- flush -------------------------------------------------------------------------------
+
+    def flush(self, least_pages: int = 0) -> int:
+        """Flush segments from ``flushed_where`` on; returns the new ``flushed_where``."""
+        with self._flush_lock:
+            for mf in list(self.files):
+                if mf.end_offset <= self.flushed_where or mf.closed:
+                    continue
+                pos = mf.flush(least_pages)
+                where = mf.file_from_offset + pos
+                if where > self.flushed_where:
+                    self.flushed_where = where
+                if pos < mf.file_size:
+                    break
+            return self.flushed_where
+
+    # --- shrink ------------------------------------------------------------------------------
+
+    def truncate(self, offset: int, zero_tail: bool = True) -> None:
+        """Drop everything at or after global ``offset``; the segment holding it keeps its head."""
+        keep: list[MappedFile] = []
+        for mf in self.files:
+            if mf.end_offset <= offset:
+                keep.append(mf)
+            elif mf.file_from_offset <= offset:
+                pos = offset - mf.file_from_offset
+                mf.wrote_position = mf.flushed_position = pos
+                if zero_tail:
+                    mf.zero_from(pos)
+                keep.append(mf)
+            else:
+                mf.destroy()
+        self.files = keep
+        self.flushed_where = min(self.flushed_where, offset)
+
+    def delete_last(self) -> None:
+        files = self.files
+        if not files:
+            return
+        self.files = files[:-1]
+        files[-1].destroy()
+        self.flushed_where = min(self.flushed_where, self.max_offset)
+
+    def delete_first(self, count: int) -> list[MappedFile]:
+        """Remove and destroy the first ``count`` segments (never the last)."""
+        count = min(count, len(self.files) - 1)
+        if count <= 0:
+            return []
+        gone = self.files[:count]
+        self.files = self.files[count:]
+        for mf in gone:
+            mf.destroy()
+        return gone

@@ -1,0 +1,345 @@
+"""``MessageStore``: the store facade (synchronous, single writer; ``flush*`` may run on another
+thread). The commit log is the source of truth; consume queues and the index are derived from it
+by ``reput`` and rebuilt from it by recovery. See docs/store-format.md.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+
+from ferrymq.common.message import MessageExt, MessageExtBrokerInner
+from ferrymq.common.message_codec import RecordFormatError, decode_record
+from ferrymq.store.checkpoint import (
+    StoreCheckpoint,
+    abort_file_exists,
+    create_abort_file,
+    remove_abort_file,
+)
+from ferrymq.store.commit_log import CommitLog
+from ferrymq.store.config import StoreConfig
+from ferrymq.store.dispatch import Dispatcher
+from ferrymq.store.errors import StoreDirError, StoreLockedError
+from ferrymq.store.filter import MessageFilter
+from ferrymq.store.index import IndexService
+from ferrymq.store.queue_table import ConsumeQueueTable
+from ferrymq.store.reader import StoreReader
+from ferrymq.store.recovery import recover
+from ferrymq.store.results import (
+    GetMessageResult,
+    PutMessageResult,
+    PutMessageStatus,
+    QueryMessageResult,
+)
+
+log = logging.getLogger(__name__)
+
+_HOUR_MS = 3_600_000
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MessageStore:
+    def __init__(self, config: StoreConfig, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self.config = config
+        self.clock_ms = clock_ms
+        self.commit_log = CommitLog(config, clock_ms)
+        self.queues = ConsumeQueueTable(
+            config.store_path_consume_queue, config.mapped_file_size_consume_queue
+        )
+        self.index: IndexService | None = (
+            IndexService(config.store_path_index, config.index_hash_slot_num, config.index_max_num, clock_ms)
+            if config.message_index_enable
+            else None
+        )
+        self.dispatcher = Dispatcher(config, self.commit_log, self.queues, self.index)
+        self.reader = StoreReader(config, self.commit_log, self.queues, self.index)
+        self.checkpoint: StoreCheckpoint | None = None
+        self.boot_timestamp = 0
+        self.last_start_was_abnormal = False
+        self._lock_fd = -1
+        self._running = False
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Create dirs, lock, recover (abnormal if the abort file exists), create the abort file."""
+        c = self.config
+        try:
+            for path in (c.store_path_root_dir, c.store_path_commit_log, c.store_path_consume_queue):
+                os.makedirs(path, exist_ok=True)
+            if self.index is not None:
+                os.makedirs(c.store_path_index, exist_ok=True)
+            self._lock_fd = os.open(c.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreDirError(f"unusable store directory {c.store_path_root_dir}: {exc}") from exc
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise StoreLockedError(f"store {c.store_path_root_dir} is locked by another process") from exc
+        try:
+            self._load_files()
+        except BaseException:
+            self._close_files()
+            raise
+        self.boot_timestamp = self.clock_ms()
+        self._running = True
+
+    def _load_files(self) -> None:
+        c = self.config
+        abnormal = abort_file_exists(c.abort_path)
+        self.last_start_was_abnormal = abnormal
+        self.checkpoint = StoreCheckpoint(c.checkpoint_path)
+        self.commit_log.mfq.load()
+        self.queues.load()
+        if self.index is not None:
+            self.index.load()
+        reput_from = recover(c, self.commit_log, self.queues, self.checkpoint, abnormal)
+        self.dispatcher.reput_phy_offset = reput_from
+        create_abort_file(c.abort_path)
+        self.dispatcher.reput()  # catch up before serving
+        log.info(
+            "store loaded (%s start): commit log [%d, %d), %d consume queues",
+            "abnormal" if abnormal else "normal", self.min_phy_offset, self.max_phy_offset,
+            len(self.queues.queues),
+        )  # fmt: skip
+
+    def shutdown(self) -> None:
+        """Flush everything, write the checkpoint, remove the abort file, close the files."""
+        if not self._running:
+            return
+        self._running = False
+        self.commit_log.flush()
+        self.dispatcher.reput()
+        self.flush_consume_queues()
+        remove_abort_file(self.config.abort_path)
+        self._close_files()
+
+    def close_abruptly(self) -> None:
+        """Release files as a crash would: no flush, no checkpoint, the abort file stays.
+        (For fault-injection tests; data already in the page cache still reaches the files.)"""
+        self._running = False
+        self._close_files()
+
+    def _close_files(self) -> None:
+        self.commit_log.mfq.close()
+        self.queues.close()
+        if self.index is not None:
+            self.index.close()
+        if self.checkpoint is not None:
+            self.checkpoint.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # --- write path --------------------------------------------------------------------------
+
+    def put_message(self, inner: MessageExtBrokerInner) -> PutMessageResult:
+        if not self._running or self.config.is_slave:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        return self.commit_log.put_message(inner)
+
+    def put_messages(self, inners: list[MessageExtBrokerInner]) -> PutMessageResult:
+        if not self._running or self.config.is_slave:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        return self.commit_log.put_messages(inners)
+
+    def reput(self, max_records: int | None = None) -> int:
+        return self.dispatcher.reput(max_records)
+
+    @property
+    def max_phy_offset(self) -> int:
+        return self.commit_log.max_offset
+
+    @property
+    def min_phy_offset(self) -> int:
+        return self.commit_log.min_offset
+
+    @property
+    def reput_phy_offset(self) -> int:
+        return self.dispatcher.reput_phy_offset
+
+    @property
+    def flushed_phy_offset(self) -> int:
+        return self.commit_log.flushed_offset
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        return max(0, self.max_phy_offset - self.reput_phy_offset)
+
+    def flush(self, least_pages: int = 0) -> int:
+        """Persist the commit log up to the wrote position (or only if ≥ ``least_pages`` dirty
+        pages). Thread-safe against the writer. Returns the flushed phy offset."""
+        ts = self.commit_log.last_store_timestamp
+        flushed = self.commit_log.flush(least_pages)
+        if self.checkpoint is not None and flushed >= self.max_phy_offset:
+            self.checkpoint.physic_msg_timestamp = ts
+        return flushed
+
+    def flush_consume_queues(self) -> None:
+        """Persist consume queues and index, then the checkpoint (thread-safe against the writer)."""
+        reput = self.dispatcher.reput_phy_offset
+        dispatch_ts = self.dispatcher.last_dispatch_timestamp
+        self.queues.flush()
+        if self.index is not None:
+            self.index.flush()
+        cp = self.checkpoint
+        if cp is None:
+            return
+        cp.dispatched_phy_offset = min(reput, self.commit_log.flushed_offset)
+        cp.logics_msg_timestamp = dispatch_ts
+        cp.index_msg_timestamp = dispatch_ts
+        cp.data_start_phy_offset = self.commit_log.data_start_phy_offset
+        cp.flush()
+
+    # --- read path ---------------------------------------------------------------------------
+
+    def get_message(
+        self, group: str, topic: str, queue_id: int, queue_offset: int, max_msg_nums: int,
+        message_filter: MessageFilter | None,
+    ) -> GetMessageResult:  # fmt: skip
+        return self.reader.get_message(topic, queue_id, queue_offset, max_msg_nums, message_filter)
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.find(topic, queue_id)
+        return cq.max_offset_in_queue if cq is not None else 0
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.find(topic, queue_id)
+        return cq.min_offset_in_queue if cq is not None else 0
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        cq = self.queues.find(topic, queue_id)
+        return self.reader.offset_by_time(cq, timestamp_ms) if cq is not None else 0
+
+    def get_earliest_message_time(self, topic: str, queue_id: int) -> int:
+        return self.get_message_store_timestamp(
+            topic, queue_id, self.get_min_offset_in_queue(topic, queue_id)
+        )
+
+    def get_message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        cq = self.queues.find(topic, queue_id)
+        ts = self.reader.queue_store_timestamp(cq, queue_offset) if cq is not None else None
+        return -1 if ts is None else ts
+
+    def look_message_by_offset(self, phy_offset: int) -> MessageExt | None:
+        record = self.reader.select_one(phy_offset)
+        if record is None:
+            return None
+        try:
+            return decode_record(record)
+        except RecordFormatError:
+            return None
+
+    def select_one_message_by_offset(self, phy_offset: int) -> bytes | None:
+        return self.reader.select_one(phy_offset)
+
+    def query_message(
+        self, topic: str, key: str, max_num: int, begin_timestamp_ms: int, end_timestamp_ms: int
+    ) -> QueryMessageResult:
+        return self.reader.query_message(topic, key, max_num, begin_timestamp_ms, end_timestamp_ms)
+
+    def get_consume_queue_units(
+        self, topic: str, queue_id: int, queue_offset: int, max_count: int
+    ) -> list[tuple[int, int, int]]:
+        """(phy_offset, size, tags_code) for up to ``max_count`` units from ``queue_offset``."""
+        cq = self.queues.find(topic, queue_id)
+        if cq is None or max_count <= 0:
+            return []
+        start = max(queue_offset, cq.min_offset_in_queue)
+        end = min(cq.max_offset_in_queue, queue_offset + max_count)
+        units: list[tuple[int, int, int]] = []
+        for off in range(start, end):
+            unit = cq.get_unit(off)
+            if unit is not None:
+                units.append(unit)
+        return units
+
+    def topic_queue_ids(self) -> dict[str, list[int]]:
+        return self.queues.topic_queue_ids()
+
+    def delete_topic(self, topic: str) -> None:
+        for key in self.queues.delete_topic(topic):
+            self.commit_log.topic_queue_table.pop(key, None)
+
+    # --- HA ----------------------------------------------------------------------------------
+
+    def read_from(self, phy_offset: int, max_bytes: int) -> bytes:
+        return self.commit_log.read_from(phy_offset, max_bytes)
+
+    def append_at(self, phy_offset: int, data: bytes) -> bool:
+        was_empty = self.commit_log.mfq.last() is None
+        ok = self.commit_log.append_at(phy_offset, data)
+        if ok and was_empty:
+            self.dispatcher.reput_phy_offset = self.commit_log.min_offset
+            if self.commit_log.data_start_phy_offset and self.checkpoint is not None:
+                self.checkpoint.data_start_phy_offset = self.commit_log.data_start_phy_offset
+                self.checkpoint.flush()
+        return ok
+
+    def segment_start_of(self, phy_offset: int) -> int:
+        return self.commit_log.segment_start_of(phy_offset)
+
+    # --- retention & stats -------------------------------------------------------------------
+
+    def delete_expired_files(self, now_ms: int | None = None) -> int:
+        """Delete commit log segments (never the newest, never undispatched ones) last modified
+        more than ``file_reserved_time_hours`` before ``now_ms``; then trim the derived files."""
+        now = self.clock_ms() if now_ms is None else now_ms
+        reserved_ms = self.config.file_reserved_time_hours * _HOUR_MS
+        count = 0
+        for mf in self.commit_log.mfq.files[:-1]:
+            if mf.end_offset > self.dispatcher.reput_phy_offset:
+                break
+            if mf.last_modified_ms() + reserved_ms > now:
+                break
+            count += 1
+        if count == 0:
+            return 0
+        self.commit_log.mfq.delete_first(count)
+        min_phy = self.commit_log.min_offset
+        self.queues.delete_expired(min_phy)
+        if self.index is not None:
+            self.index.delete_expired(min_phy)
+        log.info("deleted %d expired commit log segment(s); min phy offset now %d", count, min_phy)
+        return count
+
+    def runtime_info(self) -> dict[str, str]:
+        cl = self.commit_log
+        try:
+            usage = shutil.disk_usage(self.config.store_path_commit_log)
+            disk_ratio = f"{usage.used / usage.total:.4f}" if usage.total else "0"
+        except OSError:
+            disk_ratio = "-1"
+        earliest = self.reader.store_timestamp_at(self.min_phy_offset) if cl.mfq.files else None
+        return {
+            "bootTimestamp": str(self.boot_timestamp),
+            "commitLogMaxOffset": str(self.max_phy_offset),
+            "commitLogMinOffset": str(self.min_phy_offset),
+            "commitLogFlushedOffset": str(self.flushed_phy_offset),
+            "commitLogDiskRatio": disk_ratio,
+            "dispatchBehindBytes": str(self.dispatch_behind_bytes),
+            "reputPhyOffset": str(self.reput_phy_offset),
+            "putMessageTotal": str(cl.put_message_times_total),
+            "putMessageTimesTotal": str(cl.put_message_times_total),
+            "putMessageSizeTotal": str(cl.put_message_size_total),
+            "dispatchTotal": str(self.dispatcher.dispatched_total),
+            "getMessageTimesTotalFound": str(self.reader.get_found_total),
+            "getMessageTimesTotalMiss": str(self.reader.get_miss_total),
+            "getMessageTransferedMsgCount": str(self.reader.transferred_msg_total),
+            "consumeQueueCount": str(len(self.queues.queues)),
+            "earliestMessageTimeStamp": str(earliest if earliest is not None else -1),
+            "lastStartAbnormal": str(self.last_start_was_abnormal).lower(),
+        }

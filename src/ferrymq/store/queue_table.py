@@ -1,0 +1,102 @@
+"""All consume queues of a store, keyed by (topic, queue id)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+
+from ferrymq.store.consume_queue import ConsumeQueue
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+
+
+def topic_dir_name_ok(topic: str) -> bool:
+    return bool(topic) and "/" not in topic and "\x00" not in topic and topic not in (".", "..")
+
+
+class ConsumeQueueTable:
+    def __init__(self, root_dir: str, file_size: int) -> None:
+        self.root_dir = root_dir
+        self.file_size = file_size
+        self.queues: dict[QueueKey, ConsumeQueue] = {}
+        self._dirty: set[ConsumeQueue] = set()
+        self._dirty_lock = threading.Lock()
+
+    def load(self) -> None:
+        if not os.path.isdir(self.root_dir):
+            return
+        for topic in sorted(os.listdir(self.root_dir)):
+            topic_dir = os.path.join(self.root_dir, topic)
+            if not os.path.isdir(topic_dir):
+                continue
+            for name in sorted(os.listdir(topic_dir)):
+                if not name.isdigit() or not os.path.isdir(os.path.join(topic_dir, name)):
+                    continue
+                cq = ConsumeQueue(self.root_dir, topic, int(name), self.file_size)
+                cq.load()
+                self.queues[(topic, int(name))] = cq
+
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        cq = self.queues.get(key)
+        if cq is None:
+            cq = ConsumeQueue(self.root_dir, topic, queue_id, self.file_size)
+            self.queues[key] = cq
+        return cq
+
+    def mark_dirty(self, cq: ConsumeQueue) -> None:
+        if cq not in self._dirty:
+            with self._dirty_lock:
+                self._dirty.add(cq)
+
+    def flush(self) -> None:
+        """Flush queues written since the last flush (safe from a second thread)."""
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        for cq in dirty:
+            cq.flush()
+
+    def max_phy_end(self) -> int:
+        return max((cq.max_phy_end for cq in self.queues.values()), default=0)
+
+    def truncate_dirty(self, phy_offset: int) -> None:
+        for cq in self.queues.values():
+            if cq.max_phy_end > phy_offset:
+                cq.truncate_dirty(phy_offset)
+
+    def correct_min_offsets(self, min_phy_offset: int) -> None:
+        for cq in self.queues.values():
+            cq.correct_min_offset(min_phy_offset)
+
+    def delete_expired(self, min_phy_offset: int) -> int:
+        return sum(cq.delete_expired(min_phy_offset) for cq in list(self.queues.values()))
+
+    def topic_queue_ids(self) -> dict[str, list[int]]:
+        result: dict[str, list[int]] = {}
+        for topic, queue_id in self.queues:
+            result.setdefault(topic, []).append(queue_id)
+        for ids in result.values():
+            ids.sort()
+        return result
+
+    def delete_topic(self, topic: str) -> list[QueueKey]:
+        keys = [k for k in self.queues if k[0] == topic]
+        for key in keys:
+            cq = self.queues.pop(key)
+            with self._dirty_lock:
+                self._dirty.discard(cq)
+            cq.destroy()
+        if topic_dir_name_ok(topic):
+            shutil.rmtree(os.path.join(self.root_dir, topic), ignore_errors=True)
+        return keys
+
+    def close(self) -> None:
+        for cq in self.queues.values():
+            cq.close()

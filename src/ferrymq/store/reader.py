@@ -1,0 +1,215 @@
+"""Read path: PULL lookups through a consume queue (§2.7 semantics), time search, key query."""
+
+from __future__ import annotations
+
+import struct
+
+from ferrymq.common.message_codec import (
+    RecordCheck,
+    check_record,
+    decode_record_meta,
+    store_timestamp_of,
+)
+from ferrymq.store.commit_log import CommitLog
+from ferrymq.store.config import CQ_STORE_UNIT_SIZE, StoreConfig
+from ferrymq.store.consume_queue import BLANK_SIZE, UNIT, ConsumeQueue
+from ferrymq.store.dispatch import index_keys_of
+from ferrymq.store.filter import MessageFilter
+from ferrymq.store.index import IndexService
+from ferrymq.store.queue_table import ConsumeQueueTable
+from ferrymq.store.results import GetMessageResult, GetMessageStatus, QueryMessageResult
+
+_LONG_MIN = -(1 << 63)
+
+
+class StoreReader:
+    def __init__(
+        self,
+        config: StoreConfig,
+        commit_log: CommitLog,
+        queues: ConsumeQueueTable,
+        index: IndexService | None,
+    ) -> None:
+        self.config = config
+        self.commit_log = commit_log
+        self.queues = queues
+        self.index = index
+        self.get_found_total = 0
+        self.get_miss_total = 0
+        self.transferred_msg_total = 0
+
+    def _correct(self, old_offset: int, new_offset: int) -> int:
+        if not self.config.is_slave or self.config.offset_check_in_slave:
+            return new_offset
+        return old_offset
+
+    def _batch_full(self, size: int, max_msg_nums: int, total_bytes: int, count: int, in_disk: bool) -> bool:
+        if total_bytes == 0 or count == 0:
+            return False
+        if count >= max_msg_nums:
+            return True
+        c = self.config
+        if in_disk:
+            return (
+                total_bytes + size > c.max_transfer_bytes_on_message_in_disk
+                or count > c.max_transfer_count_on_message_in_disk - 1
+            )
+        return (
+            total_bytes + size > c.max_transfer_bytes_on_message_in_memory
+            or count > c.max_transfer_count_on_message_in_memory - 1
+        )
+
+    def get_message(
+        self, topic: str, queue_id: int, offset: int, max_msg_nums: int, message_filter: MessageFilter | None
+    ) -> GetMessageResult:
+        cq = self.queues.find(topic, queue_id)
+        if cq is None:
+            self.get_miss_total += 1
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, self._correct(offset, 0))
+        min_offset = cq.min_offset_in_queue
+        max_offset = cq.max_offset_in_queue
+        result = GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, offset, min_offset, max_offset)
+        if max_offset == 0:
+            result.next_begin_offset = self._correct(offset, 0)
+        elif offset < min_offset:
+            result.status = GetMessageStatus.OFFSET_TOO_SMALL
+            result.next_begin_offset = self._correct(offset, min_offset)
+        elif offset == max_offset:
+            result.status = GetMessageStatus.OFFSET_OVERFLOW_ONE
+            result.next_begin_offset = self._correct(offset, offset)
+        elif offset > max_offset:
+            result.status = GetMessageStatus.OFFSET_OVERFLOW_BADLY
+            result.next_begin_offset = self._correct(offset, min_offset if min_offset == 0 else max_offset)
+        else:
+            self._scan(cq, offset, max(1, max_msg_nums), message_filter, result)
+        if result.status is GetMessageStatus.FOUND:
+            self.get_found_total += 1
+            self.transferred_msg_total += result.message_count
+        else:
+            self.get_miss_total += 1
+        return result
+
+    def _scan(
+        self, cq: ConsumeQueue, offset: int, max_msg_nums: int, mfilter: MessageFilter | None,
+        result: GetMessageResult,
+    ) -> None:  # fmt: skip
+        units = cq.get_units_buffer(offset, max(16000, max_msg_nums * CQ_STORE_UNIT_SIZE))
+        if units is None:
+            result.status = GetMessageStatus.OFFSET_FOUND_NULL
+            result.next_begin_offset = self._correct(offset, cq.roll_next_file(offset))
+            return
+        cl = self.commit_log
+        max_phy = cl.max_offset
+        memory = self.config.memory_for_hot_data_bytes
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        next_file_start = _LONG_MIN
+        max_phy_pulling = 0
+        buffers = result.buffers
+        queue_offsets = result.queue_offsets
+        total_bytes = 0
+        i = 0
+        n = len(units)
+        while i < n:
+            phy, size, tags = UNIT.unpack_from(units, i)
+            i += CQ_STORE_UNIT_SIZE
+            if size == BLANK_SIZE:
+                continue
+            max_phy_pulling = phy
+            if next_file_start != _LONG_MIN and phy < next_file_start:
+                continue
+            if self._batch_full(size, max_msg_nums, total_bytes, len(buffers), max_phy - phy > memory):
+                i -= CQ_STORE_UNIT_SIZE
+                break
+            if mfilter is not None and not mfilter.is_matched_by_consume_queue(tags):
+                continue
+            record = cl.get_record(phy, size)
+            if record is None:
+                if total_bytes == 0:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                next_file_start = cl.roll_next_file(phy)
+                continue
+            if mfilter is not None and not mfilter.is_matched_by_commit_log(record):
+                continue
+            buffers.append(record)
+            queue_offsets.append(offset + (i // CQ_STORE_UNIT_SIZE) - 1)
+            total_bytes += size
+            status = GetMessageStatus.FOUND
+            next_file_start = _LONG_MIN
+        result.status = status
+        result.message_count = len(buffers)
+        result.buffer_total_size = total_bytes
+        result.next_begin_offset = offset + i // CQ_STORE_UNIT_SIZE
+        result.suggest_pulling_from_slave = max_phy - max_phy_pulling > memory
+
+    # --- single records ----------------------------------------------------------------------
+
+    def select_one(self, phy_offset: int) -> bytes | None:
+        mf = self.commit_log.mfq.find(phy_offset)
+        if mf is None or phy_offset < self.commit_log.min_offset:
+            return None
+        pos = phy_offset - mf.file_from_offset
+        status, size = check_record(mf.mm, pos, False, end=mf.wrote_position)
+        if status is not RecordCheck.OK:
+            return None
+        return mf.mm[pos : pos + size]
+
+    def store_timestamp_at(self, phy_offset: int) -> int | None:
+        mf = self.commit_log.mfq.find(phy_offset)
+        if mf is None or phy_offset < self.commit_log.min_offset:
+            return None
+        pos = phy_offset - mf.file_from_offset
+        if pos + 76 > mf.wrote_position:
+            return None
+        try:
+            return store_timestamp_of(mf.mm, pos)
+        except struct.error:
+            return None
+
+    def queue_store_timestamp(self, cq: ConsumeQueue, queue_offset: int) -> int | None:
+        unit = cq.get_unit(queue_offset)
+        if unit is None:
+            return None
+        return self.store_timestamp_at(unit[0])
+
+    def offset_by_time(self, cq: ConsumeQueue, timestamp_ms: int) -> int:
+        """First queue offset whose store time ≥ ``timestamp_ms``; the max offset if none."""
+        lo, hi = cq.min_offset_in_queue, cq.max_offset_in_queue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            ts = self.queue_store_timestamp(cq, mid)
+            if ts is not None and ts >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # --- key query ---------------------------------------------------------------------------
+
+    def query_message(
+        self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
+    ) -> QueryMessageResult:
+        result = QueryMessageResult()
+        if self.index is None or max_num <= 0:
+            return result
+        max_num = min(max_num, self.config.max_msgs_num_batch)
+        candidates, last_ts, last_phy = self.index.query(topic, key, max_num * 4 + 16, begin_ms, end_ms)
+        result.index_last_update_timestamp = last_ts
+        result.index_last_update_phy_offset = last_phy
+        seen: set[int] = set()
+        for phy in candidates:
+            if len(result.buffers) >= max_num:
+                break
+            if phy in seen:
+                continue
+            seen.add(phy)
+            record = self.select_one(phy)
+            if record is None:
+                continue
+            meta = decode_record_meta(record, 0)
+            if meta.topic != topic or not begin_ms <= meta.store_timestamp <= end_ms:
+                continue
+            if key not in index_keys_of(meta.properties):
+                continue
+            result.buffers.append(record)
+            result.buffer_total_size += len(record)
+        return result

@@ -1,0 +1,103 @@
+"""Start-up recovery (§5.4): find the valid end of the commit log, cut the torn tail, make the
+consume queues agree with it, and choose where re-dispatch starts.
+
+* Normal start (no ``abort`` file): CRC-walk the last ``recover_segments_normal`` segments.
+* Abnormal start (``abort`` present: the last run crashed): CRC-walk from the segment holding
+  the checkpoint's ``dispatched_phy_offset`` (everything below it was flushed in the commit log,
+  the consume queues and the index) — or from the first segment if that is unknown.
+
+The walk stops at the first record with a bad magic, size, physical offset or CRC, or at zeros.
+Everything from there on is zeroed (rest of that segment) or deleted (later segments). Consume
+queue units pointing past the cut are dropped; units the queues lack are re-dispatched by reput.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ferrymq.common.message_codec import RecordCheck, check_record
+from ferrymq.store.checkpoint import StoreCheckpoint
+from ferrymq.store.commit_log import CommitLog
+from ferrymq.store.config import StoreConfig
+from ferrymq.store.mapped_file_queue import MappedFileQueue
+from ferrymq.store.queue_table import ConsumeQueueTable
+
+log = logging.getLogger(__name__)
+
+
+def walk_valid_end(mfq: MappedFileQueue, start_index: int, start_pos: int, check_crc: bool) -> int:
+    """Global offset just past the last valid record, walking from files[start_index] + start_pos."""
+    files = mfq.files
+    i = start_index
+    mf = files[i]
+    pos = start_pos
+    while True:
+        status, size = check_record(
+            mf.mm, pos, check_crc, end=mf.file_size, expected_phy_offset=mf.file_from_offset + pos
+        )
+        if status is RecordCheck.OK:
+            pos += size
+            continue
+        if status is RecordCheck.BLANK and size == mf.file_size - pos:
+            if i + 1 < len(files):
+                i += 1
+                mf = files[i]
+                pos = 0
+                continue
+            return mf.end_offset
+        if status is not RecordCheck.END:
+            log.warning(
+                "commit log: invalid record (%s) at phy offset %d", status.value, mf.file_from_offset + pos
+            )
+        return mf.file_from_offset + pos
+
+
+def recover(
+    config: StoreConfig,
+    commit_log: CommitLog,
+    queues: ConsumeQueueTable,
+    checkpoint: StoreCheckpoint,
+    abnormal: bool,
+) -> int:
+    """Repair files in place; returns the phy offset re-dispatch must start from."""
+    mfq = commit_log.mfq
+    files = mfq.files
+    first = mfq.first()
+    data_start = checkpoint.data_start_phy_offset
+    if first is None or not first.file_from_offset < data_start < first.end_offset:
+        data_start = 0
+    commit_log.data_start_phy_offset = data_start
+    if first is None:
+        for cq in list(queues.queues.values()):
+            cq.truncate_dirty(0)
+        commit_log.topic_queue_table = {}
+        return 0
+
+    dispatched = checkpoint.dispatched_phy_offset
+    if abnormal:
+        holder = mfq.find(dispatched) if dispatched > 0 else None
+        start_index = files.index(holder) if holder is not None else 0
+        start_index = min(start_index, max(0, len(files) - config.recover_segments_normal))
+    else:
+        start_index = max(0, len(files) - config.recover_segments_normal)
+    start_pos = data_start - first.file_from_offset if start_index == 0 and data_start else 0
+
+    valid_end = walk_valid_end(mfq, start_index, start_pos, config.check_crc_on_recover)
+    log.info("commit log: valid data ends at phy offset %d", valid_end)
+    commit_log.truncate(valid_end)
+    commit_log.last_store_timestamp = checkpoint.physic_msg_timestamp
+
+    queues.truncate_dirty(valid_end)
+    min_phy = commit_log.min_offset
+    queues.correct_min_offsets(min_phy)
+    commit_log.topic_queue_table = {
+        key: cq.max_offset_in_queue for key, cq in queues.queues.items() if cq.max_offset_in_queue > 0
+    }
+
+    if dispatched > 0:
+        reput_from = dispatched
+    elif not abnormal:
+        reput_from = queues.max_phy_end()
+    else:
+        reput_from = min_phy
+    return max(min_phy, min(reput_from, valid_end))
