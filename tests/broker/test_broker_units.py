@@ -215,3 +215,14 @@ def test_offset_manager_reads_bare_numeric_keys(tmp_path) -> None:
     assert json.loads((tmp_path / "consumerOffset.json").read_text())["offsetTable"]["T@g"] == {"0": 13, "1": 5}
     assert (tmp_path / "consumerOffset.json.bak").exists()
     assert om.topics_of_group("g") == {"T", "U"}
+
+
+def test_configuration_reference_lists_every_key() -> None:
+    """docs/configuration.md documents every key the broker accepts."""
+    from pathlib import Path
+
+    from ferrymq.broker.config import config_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    missing = [key for key, _default, _doc in config_table() if f"`{key}`" not in doc]
+    assert missing == []

@@ -44,6 +44,7 @@ from ferrymq.broker.subscription_manager import SubscriptionGroupManager
 from ferrymq.broker.topic_manager import TopicManager
 from ferrymq.broker.writer import MessageWriter
 from ferrymq.common.message import host_to_bytes
+from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.connection import Connection, Dispatcher
@@ -346,6 +347,7 @@ class BrokerController:
             try:
                 slaves = self.ha_service.slave_status()
                 info["haSlaveCount"] = str(len(slaves))
+                info["haSlaves"] = jsonx.dumps(slaves).decode()
             except Exception:
                 pass
         if self.config.is_slave:

@@ -100,6 +100,8 @@ class BrokerConfig:
         "haTransferBatchSize", "Largest HA transfer body in bytes"))
     ha_slave_fallbehind_max: int = field(default=256 * 1024 * 1024, metadata=_meta(
         "haSlaveFallbehindMax", "SYNC_MASTER: a slave further behind than this is not OK"))
+    slave_sync_interval_ms: int = field(default=10_000, metadata=_meta(
+        "slaveSyncInterval", "SLAVE: period of copying topics/offsets/delay offsets/groups from the master, ms"))
     slave_read_enable: bool = field(default=False, metadata=_meta(
         "slaveReadEnable", "Suggest reading from a slave when the master reads from disk"))
     access_message_in_memory_max_ratio: int = field(default=40, metadata=_meta(

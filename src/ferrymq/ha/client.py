@@ -1,0 +1,243 @@
+"""Slave side of classic HA on asyncio (RocketMQ HAClient behaviour).
+
+Connects to the master's HA address, reports its commit log max offset, appends every pushed
+byte range with ``store.append_at`` at exactly the pushed offset, reports the new max at once and
+calls ``on_appended()`` so the broker reputs (builds consume queues). All protocol decisions are
+made by the sans-IO ``SlaveConnection``; this module only moves bytes and time.
+
+Connection policy: with no connection it tries every ``reconnect_interval_ms`` (5 s); after a
+session ends (master gone, offset mismatch, housekeeping) it waits ``session_retry_delay_ms``
+before the next attempt, so a persistent mismatch cannot spin. ``update_master_address`` with a
+different address (or None) closes the current session; None stops connecting.
+
+First report: sent at once on connect (``report_on_connect=True``), unlike RocketMQ which waits
+``haSendHeartbeatInterval``; see docs/decisions/0002-ha-first-report.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ferrymq.ha.config import (
+    DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_HOUSEKEEPING_INTERVAL_MS,
+    DEFAULT_RECONNECT_INTERVAL_MS,
+    READ_CHUNK_SIZE,
+    HAConfig,
+)
+from ferrymq.ha.slave_conn import Appended, CloseConnection, SendBytes, SlaveConnection
+from ferrymq.ha.store_view import StoreView
+
+__all__ = ["HAClient", "parse_addr"]
+
+log = logging.getLogger(__name__)
+
+#: Pause after a session ends before reconnecting (bounds reconnect loops on persistent errors).
+DEFAULT_SESSION_RETRY_DELAY_MS = 1000
+DEFAULT_CONNECT_TIMEOUT_MS = 3000
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"bad HA address {addr!r}, expected host:port")
+    return host.strip("[]"), int(port)
+
+
+class HAClient:
+    def __init__(
+        self,
+        store: Any,
+        *,
+        master_ha_addr: str | None = None,
+        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
+        housekeeping_interval_ms: int = DEFAULT_HOUSEKEEPING_INTERVAL_MS,
+        on_appended: Callable[[], Any] | None = None,
+        reconnect_interval_ms: int = DEFAULT_RECONNECT_INTERVAL_MS,
+        session_retry_delay_ms: int = DEFAULT_SESSION_RETRY_DELAY_MS,
+        connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS,
+        report_on_connect: bool = True,
+        clock_ms: Callable[[], int] = _monotonic_ms,
+    ) -> None:
+        self._view = StoreView(store, segment_size=0)  # the slave never needs the segment size
+        self._config = HAConfig(
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            housekeeping_interval_ms=housekeeping_interval_ms,
+        )
+        if master_ha_addr is not None:
+            parse_addr(master_ha_addr)
+        self._master_addr = master_ha_addr
+        self._on_appended = on_appended
+        self.reconnect_interval_ms = reconnect_interval_ms
+        self.session_retry_delay_ms = session_retry_delay_ms
+        self.connect_timeout_ms = connect_timeout_ms
+        self.report_on_connect = report_on_connect
+        self._clock_ms = clock_ms
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._writer: asyncio.StreamWriter | None = None
+        self._proto: SlaveConnection | None = None
+        self._stopping = False
+        self.sessions = 0
+        self.connected_addr: str | None = None
+        self.last_close_reason: str | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._stopping = False
+        self._task = asyncio.create_task(self._run(), name="ha-client")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._changed.set()
+        self._close_writer()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    @property
+    def master_address(self) -> str | None:
+        return self._master_addr
+
+    @property
+    def connected(self) -> bool:
+        return self._proto is not None and self.connected_addr is not None
+
+    @property
+    def last_reported_offset(self) -> int:
+        return self._proto.last_reported_offset if self._proto is not None else -1
+
+    def update_master_address(self, addr: str | None) -> None:
+        if addr == self._master_addr:
+            return
+        if addr is not None:
+            parse_addr(addr)
+        log.info("HA master address %s -> %s", self._master_addr, addr)
+        self._master_addr = addr
+        self._changed.set()
+        self._close_writer()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "masterAddr": self._master_addr,
+            "connected": self.connected,
+            "lastReportedOffset": self.last_reported_offset,
+            "maxPhyOffset": self._view.max_phy_offset(),
+            "sessions": self.sessions,
+            "lastCloseReason": self.last_close_reason,
+        }
+
+    # ---- loop ----------------------------------------------------------------------------------
+    async def _sleep_or_change(self, delay_ms: int) -> None:
+        """Sleep ``delay_ms`` or until the master address changes (or stop)."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), delay_ms / 1000.0)
+        except TimeoutError:
+            pass
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            self._changed.clear()
+            addr = self._master_addr
+            if addr is None:
+                await self._sleep_or_change(self.reconnect_interval_ms)
+                continue
+            host, port = parse_addr(addr)
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), self.connect_timeout_ms / 1000.0
+                )
+            except (OSError, TimeoutError) as exc:
+                log.debug("HA connect to master %s failed: %r", addr, exc)
+                await self._sleep_or_change(self.reconnect_interval_ms)
+                continue
+            if self._stopping or addr != self._master_addr:
+                writer.close()
+                continue
+            try:
+                await self._session(addr, reader, writer)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("HA session with master %s failed", addr)
+            if not self._stopping:
+                await self._sleep_or_change(self.session_retry_delay_ms)
+
+    async def _session(self, addr: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.sessions += 1
+        proto = SlaveConnection(
+            self._view, now_ms=self._clock_ms(), config=self._config, report_on_connect=self.report_on_connect
+        )
+        self._proto = proto
+        self._writer = writer
+        self.connected_addr = addr
+        log.info("HA connected to master %s, local max offset %d", addr, self._view.max_phy_offset())
+        ticker = asyncio.create_task(self._tick_loop(proto), name="ha-client-tick")
+        try:
+            await self._handle(proto.connection_made(self._clock_ms()))
+            while proto.state.value != "CLOSED":
+                try:
+                    data = await reader.read(READ_CHUNK_SIZE)
+                except (ConnectionError, OSError) as exc:
+                    await self._handle(proto.close(f"read error: {exc!r}"))
+                    break
+                if not data:
+                    await self._handle(proto.close("master closed the connection"))
+                    break
+                await self._handle(proto.receive_data(data, self._clock_ms()))
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            self.last_close_reason = proto.close_reason
+            log.info("HA session with master %s ended: %s", addr, proto.close_reason)
+            proto.close("session ended")
+            self._close_writer()
+            self._proto = None
+            self.connected_addr = None
+
+    async def _tick_loop(self, proto: SlaveConnection) -> None:
+        while True:
+            due = proto.next_timer_ms()
+            if due is None:
+                return
+            await asyncio.sleep(max(0.0, (due - self._clock_ms()) / 1000.0))
+            await self._handle(proto.tick(self._clock_ms()))
+
+    async def _handle(self, outputs: list[Any]) -> None:
+        for out in outputs:
+            if isinstance(out, SendBytes):
+                writer = self._writer
+                if writer is not None and not writer.is_closing():
+                    writer.write(out.data)
+            elif isinstance(out, Appended):
+                if self._on_appended is not None:
+                    try:
+                        result = self._on_appended()
+                        if inspect.isawaitable(result):
+                            await result
+                    except Exception:
+                        log.exception("HA on_appended callback failed")
+            elif isinstance(out, CloseConnection):
+                log.warning("HA closing connection to master: %s", out.reason)
+                self._close_writer()
+
+    def _close_writer(self) -> None:
+        writer = self._writer
+        if writer is not None:
+            self._writer = None
+            try:
+                writer.close()
+            except Exception:  # pragma: no cover
+                pass

@@ -1,0 +1,383 @@
+"""Master side of classic HA on asyncio: accepts slaves, pushes commit log bytes, tracks acks.
+
+* One ``_SlaveLink`` per accepted connection drives a sans-IO ``MasterConnection``: a read task
+  feeds received bytes, a pump task sends transfers/heartbeats and sleeps until either
+  ``notify_data_appended()`` wakes it (the hot path: no polling delay) or the connection's next
+  timer (heartbeat / housekeeping) is due.
+* ``push2slave_max_offset`` is the highest ack of any slave (never decreases), like RocketMQ.
+* ``wait_for_slave_ack`` waiters live in a heap keyed by offset; every ack raising
+  ``push2slave_max_offset`` resolves all waiters at or below it in one pass, so thousands of
+  concurrent SYNC_MASTER sends are released together and no send waits behind another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ferrymq.ha.config import (
+    DEFAULT_DIFF_LOG_INTERVAL_MS,
+    DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_HOUSEKEEPING_INTERVAL_MS,
+    DEFAULT_SLAVE_FALLBEHIND_MAX,
+    DEFAULT_TRANSFER_BATCH_SIZE,
+    READ_CHUNK_SIZE,
+    HAConfig,
+)
+from ferrymq.ha.master_conn import AckReceived, CloseConnection, MasterConnection, SendBytes
+from ferrymq.ha.store_view import StoreView
+
+__all__ = ["HAService"]
+
+log = logging.getLogger(__name__)
+
+#: Transfers produced per pump step before checking the socket's write buffer.
+PUMP_BATCHES_PER_STEP = 8
+#: Pause pumping while the socket holds this many unsent bytes (wait for drain).
+WRITE_BUFFER_HIGH_BYTES = 1024 * 1024
+#: Upper bound on concurrently waiting ``wait_for_slave_ack`` calls (each holds a heap entry).
+MAX_ACK_WAITERS = 1_000_000
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
+class _SlaveLink:
+    def __init__(
+        self, service: HAService, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.service = service
+        self.reader = reader
+        self.writer = writer
+        self.addr = _peer(writer)
+        self.connected_since_ms = int(time.time() * 1000)
+        self.proto = MasterConnection(
+            service._view,
+            segment_size=service._view.segment_size,
+            now_ms=service._clock_ms(),
+            config=service._config,
+        )
+        self._dirty = True
+        self._wake: asyncio.Future[None] | None = None
+        self.closed = False
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self.tasks = [
+            asyncio.create_task(self._read_loop(), name=f"ha-read-{self.addr}"),
+            asyncio.create_task(self._pump_loop(), name=f"ha-pump-{self.addr}"),
+        ]
+
+    def wakeup(self) -> None:
+        self._dirty = True
+        fut = self._wake
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _handle(self, outputs: list[Any]) -> None:
+        for out in outputs:
+            if isinstance(out, SendBytes):
+                if not self.closed:
+                    self.writer.write(out.data)
+            elif isinstance(out, AckReceived):
+                if out.is_request:
+                    log.info(
+                        "HA slave %s requests from offset %d, master transfers from %d",
+                        self.addr,
+                        out.ack_phy_offset,
+                        self.proto.next_transfer_offset,
+                    )
+                    self.wakeup()
+                self.service._on_ack(out.ack_phy_offset)
+            elif isinstance(out, CloseConnection):
+                log.warning("HA closing slave %s: %s", self.addr, out.reason)
+                self.close()
+
+    async def _read_loop(self) -> None:
+        try:
+            while not self.closed:
+                data = await self.reader.read(READ_CHUNK_SIZE)
+                if not data:
+                    self._handle(self.proto.close("slave closed the connection"))
+                    break
+                self._handle(self.proto.receive_data(data, self.service._clock_ms()))
+        except (ConnectionError, OSError) as exc:
+            self._handle(self.proto.close(f"read error: {exc!r}"))
+        finally:
+            self.close()
+
+    async def _pump_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        clock = self.service._clock_ms
+        try:
+            while not self.closed:
+                self._handle(self.proto.tick(clock()))
+                if self._dirty and not self.closed:
+                    self._dirty = False
+                    outs = self.proto.data_available(clock(), PUMP_BATCHES_PER_STEP)
+                    if outs:
+                        self._handle(outs)
+                        self._dirty = True  # maybe more behind this step
+                        if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
+                            await self.writer.drain()
+                        else:
+                            await asyncio.sleep(0)  # let acks and other links run
+                        continue
+                if self.closed:
+                    break
+                due = self.proto.next_timer_ms()
+                if due is None:
+                    break
+                delay_s = max(0.0, (due - clock()) / 1000.0)
+                fut: asyncio.Future[None] = loop.create_future()
+                self._wake = fut
+                timer = loop.call_later(delay_s, _resolve, fut)
+                try:
+                    await fut
+                finally:
+                    timer.cancel()
+                    self._wake = None
+        except (ConnectionError, OSError) as exc:
+            self._handle(self.proto.close(f"write error: {exc!r}"))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.proto.close("link closed")
+        try:
+            self.writer.close()
+        except Exception:  # pragma: no cover - transport already gone
+            pass
+        for task in self.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        self.service._remove(self)
+
+
+class HAService:
+    """Master-side HA service. ``port`` is known after ``start()`` (pass 0 for an ephemeral port)."""
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        listen_host: str = "0.0.0.0",
+        listen_port: int = 10912,
+        housekeeping_interval_ms: int = DEFAULT_HOUSEKEEPING_INTERVAL_MS,
+        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
+        transfer_batch_size: int = DEFAULT_TRANSFER_BATCH_SIZE,
+        slave_fallbehind_max: int = DEFAULT_SLAVE_FALLBEHIND_MAX,
+        diff_log_interval_ms: int = DEFAULT_DIFF_LOG_INTERVAL_MS,
+        segment_size: int | None = None,
+        clock_ms: Callable[[], int] = _monotonic_ms,
+    ) -> None:
+        self._view = StoreView(store, segment_size)
+        self._config = HAConfig(
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            housekeeping_interval_ms=housekeeping_interval_ms,
+            transfer_batch_size=transfer_batch_size,
+        )
+        self.listen_host = listen_host
+        self.port = listen_port
+        self.slave_fallbehind_max = slave_fallbehind_max
+        self.diff_log_interval_ms = diff_log_interval_ms
+        self._clock_ms = clock_ms
+        self._links: set[_SlaveLink] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._diff_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread_id: int | None = None
+        self._push2slave_max_offset = 0
+        self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
+        self._waiter_seq = itertools.count()
+        self._stale_waiters = 0
+        self.started = False
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.started:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_ident()
+        self._server = await asyncio.start_server(self._on_accept, self.listen_host, self.port)
+        sock = self._server.sockets[0]
+        self.port = int(sock.getsockname()[1])
+        self._diff_task = asyncio.create_task(self._diff_log_loop(), name="ha-diff-log")
+        self.started = True
+        log.info("HA service listening on %s:%d", self.listen_host, self.port)
+
+    async def stop(self) -> None:
+        if not self.started:
+            return
+        self.started = False
+        if self._server is not None:
+            self._server.close()
+        tasks: list[asyncio.Task[None]] = []
+        for link in list(self._links):
+            tasks.extend(link.tasks)
+            link.close()
+        if self._diff_task is not None:
+            self._diff_task.cancel()
+            tasks.append(self._diff_task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        for _offset, _seq, fut in self._waiters:
+            if not fut.done():
+                fut.set_result(False)
+        self._waiters.clear()
+        self._stale_waiters = 0
+
+    async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.started:
+            writer.close()
+            return
+        link = _SlaveLink(self, reader, writer)
+        self._links.add(link)
+        log.info("HA slave connected from %s (%d slaves)", link.addr, len(self._links))
+        link.start()
+
+    def _remove(self, link: _SlaveLink) -> None:
+        if link in self._links:
+            self._links.discard(link)
+            log.info("HA slave %s disconnected (%d slaves)", link.addr, len(self._links))
+
+    # ---- data path -----------------------------------------------------------------------------
+    def notify_data_appended(self) -> None:
+        """New commit log bytes exist: every slave link pushes them at once. Thread-safe."""
+        loop = self._loop
+        if loop is None:
+            return
+        if threading.get_ident() == self._loop_thread_id:
+            self._wake_links()
+        else:
+            loop.call_soon_threadsafe(self._wake_links)
+
+    def _wake_links(self) -> None:
+        for link in self._links:
+            link.wakeup()
+
+    # ---- acks and SYNC_MASTER waits ------------------------------------------------------------
+    @property
+    def push2slave_max_offset(self) -> int:
+        return self._push2slave_max_offset
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._links)
+
+    def is_slave_ok(self, end_phy_offset: int) -> bool:
+        return bool(self._links) and end_phy_offset - self._push2slave_max_offset < self.slave_fallbehind_max
+
+    def _on_ack(self, ack_phy_offset: int) -> None:
+        if ack_phy_offset <= self._push2slave_max_offset:
+            return
+        self._push2slave_max_offset = ack_phy_offset
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= ack_phy_offset:
+            _offset, _seq, fut = heapq.heappop(waiters)
+            if fut.done():
+                self._stale_waiters = max(0, self._stale_waiters - 1)
+            else:
+                fut.set_result(True)
+
+    async def wait_for_slave_ack(self, end_phy_offset: int, timeout_ms: int) -> bool:
+        """True once some slave acked ``end_phy_offset`` (or beyond), False after ``timeout_ms``."""
+        if self._push2slave_max_offset >= end_phy_offset:
+            return True
+        if timeout_ms <= 0 or not self.started:
+            return False
+        if len(self._waiters) >= MAX_ACK_WAITERS:
+            self._compact_waiters()
+            if len(self._waiters) >= MAX_ACK_WAITERS:
+                log.warning("HA ack waiters at limit %d; failing a wait at once", MAX_ACK_WAITERS)
+                return False
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        heapq.heappush(self._waiters, (end_phy_offset, next(self._waiter_seq), fut))
+        timer = loop.call_later(timeout_ms / 1000.0, self._expire, fut)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+            if not fut.done():  # cancelled by our caller
+                fut.cancel()
+                self._note_stale()
+
+    def _expire(self, fut: asyncio.Future[bool]) -> None:
+        if not fut.done():
+            fut.set_result(False)
+            self._note_stale()
+
+    def _note_stale(self) -> None:
+        self._stale_waiters += 1
+        if self._stale_waiters > 1024 and self._stale_waiters * 2 > len(self._waiters):
+            self._compact_waiters()
+
+    def _compact_waiters(self) -> None:
+        self._waiters = [w for w in self._waiters if not w[2].done()]
+        heapq.heapify(self._waiters)
+        self._stale_waiters = 0
+
+    @property
+    def pending_ack_waiters(self) -> int:
+        return sum(1 for w in self._waiters if not w[2].done())
+
+    # ---- status --------------------------------------------------------------------------------
+    def slave_status(self) -> list[dict[str, Any]]:
+        master_max = self._view.max_phy_offset()
+        out: list[dict[str, Any]] = []
+        for link in sorted(self._links, key=lambda lk: lk.addr):
+            ack = link.proto.ack_offset
+            out.append(
+                {
+                    "addr": link.addr,
+                    "ackOffset": ack,
+                    "lagBytes": master_max - max(ack, 0),
+                    "connectedSinceMs": link.connected_since_ms,
+                    "requestOffset": link.proto.request_offset,
+                    "state": link.proto.state.value,
+                }
+            )
+        return out
+
+    async def _diff_log_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.diff_log_interval_ms / 1000.0)
+            try:
+                self.print_master_and_slave_diff()
+            except Exception:  # pragma: no cover - logging only
+                log.exception("HA diff log failed")
+
+    def print_master_and_slave_diff(self) -> None:
+        for status in self.slave_status():
+            log.info(
+                "HA slave %s ack offset %d, lag %d bytes",
+                status["addr"],
+                status["ackOffset"],
+                status["lagBytes"],
+            )
