@@ -1,0 +1,1 @@
+"""Consumers: pull (caller-driven), push (rebalanced, listener-driven), and their building blocks."""

@@ -1,0 +1,69 @@
+"""Client options (units in names). Shared by producers, consumers and the admin API."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+
+#: Java client default for the route refresh period.
+POLL_NAME_SERVER_INTERVAL_MS = 30_000
+#: Heartbeat period to every broker (Java/C++/ali-ons: 30 s).
+HEARTBEAT_BROKER_INTERVAL_MS = 30_000
+#: Default timeout of a request that is not a long poll.
+REQUEST_TIMEOUT_MS = 3_000
+CONNECT_TIMEOUT_MS = 3_000
+#: Capped exponential backoff (with jitter) between connection attempts to one address.
+RECONNECT_BACKOFF_BASE_MS = 100
+RECONNECT_BACKOFF_MAX_MS = 5_000
+#: Queue count used for a topic learned through the TBW102 fallback (clients' defaultTopicQueueNums).
+DEFAULT_TOPIC_QUEUE_NUMS = 4
+#: Bodies at least this large are zlib-compressed (sysFlag bit 0).
+COMPRESS_MSG_BODY_OVER_BYTES = 4 * 1024
+COMPRESS_LEVEL = 5
+#: Largest message body a producer accepts (broker maxMessageSize).
+MAX_MESSAGE_SIZE_BYTES = 4 * 1024 * 1024
+#: Version ordinal we announce (V4_9_7) and our language.
+CLIENT_VERSION = 407
+CLIENT_LANGUAGE = "PYTHON"
+
+
+def local_ip() -> str:
+    """Best-effort non-loopback IPv4 address of this host (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            ip: str = s.getsockname()[0]
+            return ip
+    except OSError:
+        return "127.0.0.1"
+
+
+def parse_name_servers(name_server: str | list[str] | tuple[str, ...]) -> list[str]:
+    """``"a:9876;b:9876"``, ``"a:9876,b:9876"`` or a list → list of addresses."""
+    if isinstance(name_server, str):
+        parts = name_server.replace(",", ";").split(";")
+    else:
+        parts = list(name_server)
+    addrs = [p.strip() for p in parts if p and p.strip()]
+    if not addrs:
+        raise ValueError("at least one name server address is required")
+    return addrs
+
+
+@dataclass(slots=True)
+class ClientConfig:
+    name_servers: list[str]
+    instance_name: str = field(default_factory=lambda: f"{os.getpid()}#{time.monotonic_ns()}")
+    client_ip: str = field(default_factory=local_ip)
+    poll_name_server_interval_ms: int = POLL_NAME_SERVER_INTERVAL_MS
+    heartbeat_broker_interval_ms: int = HEARTBEAT_BROKER_INTERVAL_MS
+    request_timeout_ms: int = REQUEST_TIMEOUT_MS
+    connect_timeout_ms: int = CONNECT_TIMEOUT_MS
+    reconnect_backoff_base_ms: int = RECONNECT_BACKOFF_BASE_MS
+    reconnect_backoff_max_ms: int = RECONNECT_BACKOFF_MAX_MS
+
+    @property
+    def client_id(self) -> str:
+        return f"{self.client_ip}@{self.instance_name}"

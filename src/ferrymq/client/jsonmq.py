@@ -1,0 +1,46 @@
+"""Reading fastjson maps keyed by MessageQueue objects.
+
+Java writes ``Map<MessageQueue, X>`` as ``{{"brokerName":"b","queueId":0,"topic":"t"}:X, ...}``, which is
+not JSON. We turn each object key into a string key first, then parse. The list shape
+``[{"brokerName","queueId","topic", ...value fields}]`` is accepted too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ferrymq.common.route import MessageQueue
+from ferrymq.remoting import jsonx
+
+_MQ_KEY = re.compile(
+    rb'\{\s*((?:"(?:brokerName|queueId|topic)"\s*:\s*(?:"(?:[^"\\]|\\.)*"|-?\d+)\s*,?\s*){3})\}\s*:')
+_MQ_PREFIX = "\x00mq:"
+
+
+def _key_sub(match: re.Match[bytes]) -> bytes:
+    inner = b"{" + match.group(1).rstrip(b", \t\r\n") + b"}"
+    return jsonx.dumps(_MQ_PREFIX + inner.decode("utf-8")) + b":"
+
+
+def loads_mq_keys(data: bytes) -> Any:
+    try:
+        return jsonx.loads(data)
+    except Exception:
+        return jsonx.loads(_MQ_KEY.sub(_key_sub, data))
+
+
+def mq_keyed_map(data: bytes, field: str) -> list[tuple[MessageQueue, Any]]:
+    obj = loads_mq_keys(data)
+    table = obj.get(field) if isinstance(obj, dict) else None
+    out: list[tuple[MessageQueue, Any]] = []
+    if isinstance(table, list):
+        for item in table:
+            out.append((MessageQueue.from_json(item), item))
+    elif isinstance(table, dict):
+        for key, value in table.items():
+            if key.startswith(_MQ_PREFIX):
+                out.append((MessageQueue.from_json(jsonx.loads(key[len(_MQ_PREFIX):])), value))
+            elif isinstance(value, dict) and {"topic", "brokerName", "queueId"} <= value.keys():
+                out.append((MessageQueue.from_json(value), value))
+    return out
