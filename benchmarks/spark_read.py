@@ -1,0 +1,287 @@
+"""Spark connector read throughput: rows/s of batch and streaming reads of a topic, beside the same
+pipeline reading the same rows from parquet, in the same run and the same SparkSession.
+
+    python benchmarks/spark_read.py                    # 1M x 100-byte messages, own namesrv + 2 brokers
+    python benchmarks/spark_read.py -n 100000          # fewer messages
+    python benchmarks/spark_read.py --name-server 127.0.0.1:9876 --topic Existing --no-produce
+
+Pipelines (each ends in a parquet write, so both sides do the same sink work):
+
+| row                        | source                                               |
+|----------------------------|------------------------------------------------------|
+| rocketmq batch → parquet   | spark.read.format("rocketmq")                        |
+| parquet batch → parquet    | spark.read.parquet(the rows the first pipeline wrote) |
+| rocketmq stream → parquet  | readStream, trigger(availableNow=True)               |
+| parquet stream → parquet   | readStream.parquet, trigger(availableNow=True)       |
+
+Not a test: it prints a table and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+#: Messages per SEND_BATCH_MESSAGE while filling the topic.
+PRODUCE_BATCH = 256
+PRODUCE_CONCURRENCY = 16
+QUEUES_PER_BROKER = 4
+START_TIMEOUT_S = 60.0
+
+
+def free_port(broker: bool = False) -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not broker:
+            return port
+        ok = True
+        for p in (port - 2, port + 1):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+        if ok:
+            return port
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open")
+
+
+class LocalCluster:
+    """namesrv + ``brokers`` masters as subprocesses in a temp dir; always stopped by ``close``."""
+
+    def __init__(self, brokers: int, base: Path) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.base = base
+        ns_port = free_port()
+        self.ns_addr = f"127.0.0.1:{ns_port}"
+        self._spawn("namesrv", ["namesrv", "--listen", self.ns_addr], ns_port)
+        self.brokers: list[str] = []
+        for i in range(brokers):
+            port = free_port(broker=True)
+            name = f"broker-{chr(ord('a') + i)}"
+            store = base / f"{name}-store"
+            store.mkdir(parents=True)
+            conf = base / f"{name}.conf"
+            conf.write_text(
+                "\n".join(
+                    [
+                        "brokerClusterName=DefaultCluster",
+                        f"brokerName={name}",
+                        "brokerId=0",
+                        f"namesrvAddr={self.ns_addr}",
+                        f"listenPort={port}",
+                        "brokerIP1=127.0.0.1",
+                        f"storePathRootDir={store}",
+                        "flushDiskType=ASYNC_FLUSH",
+                        "brokerRole=ASYNC_MASTER",
+                        "autoCreateTopicEnable=true",
+                    ]
+                )
+                + "\n"
+            )
+            self._spawn(name, ["broker", "-c", str(conf)], port)
+            self.brokers.append(f"127.0.0.1:{port}")
+
+    def _spawn(self, name: str, args: list[str], port: int) -> None:
+        log = open(self.base / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ferrymq.cli", *args], stdout=log, stderr=subprocess.STDOUT
+        )
+        self.procs.append(proc)
+        wait_port(port, proc)
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def create_topic(ns_addr: str, broker_addrs: list[str], topic: str) -> None:
+    from ferrymq.remoting.codec import RemotingCommand
+    from ferrymq.remoting.codes import RequestCode
+    from ferrymq.remoting.connection import connect
+
+    for addr in broker_addrs:
+        conn = await connect(addr)
+        try:
+            fields = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": QUEUES_PER_BROKER,
+                      "writeQueueNums": QUEUES_PER_BROKER, "perm": 6, "topicFilterType": "SINGLE_TAG",
+                      "topicSysFlag": 0, "order": False}  # fmt: skip
+            resp = await conn.invoke(
+                RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, fields), 5000
+            )
+            if resp.code != 0:
+                raise RuntimeError(f"create topic on {addr}: {resp.code} {resp.remark}")
+        finally:
+            conn.close()
+    from ferrymq.client.consumer.pull import PullConsumer
+
+    consumer = PullConsumer(ns_addr, "bench-wait")
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                mqs = await consumer.fetch_subscribe_message_queues(topic)
+                if len({mq.broker_name for mq in mqs}) == len(broker_addrs):
+                    return
+            except Exception:  # noqa: BLE001 - not routed yet
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {topic} not routed")
+            await asyncio.sleep(0.2)
+    finally:
+        await consumer.close()
+
+
+async def produce(ns_addr: str, topic: str, count: int, size: int) -> float:
+    from ferrymq.client.producer import Producer
+    from ferrymq.client.values import SendStatus, new_message
+
+    producer = Producer(ns_addr, "bench-spark-producer")
+    await producer.start()
+    sem = asyncio.Semaphore(PRODUCE_CONCURRENCY)
+    body = b"x" * size
+    started = time.perf_counter()
+
+    async def one(first: int, n: int) -> None:
+        async with sem:
+            msgs = [new_message(topic, body, keys=f"k{first + i}") for i in range(n)]
+            result = await producer.send_batch(msgs)
+            if result.status is not SendStatus.SEND_OK:
+                raise RuntimeError(f"send_batch: {result.status}")
+
+    try:
+        await asyncio.gather(*(one(i, min(PRODUCE_BATCH, count - i)) for i in range(0, count, PRODUCE_BATCH)))
+    finally:
+        await producer.close()
+    return time.perf_counter() - started
+
+
+def timed(fn: object) -> float:
+    started = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("-n", "--messages", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100, help="body bytes")
+    parser.add_argument("--brokers", type=int, default=2)
+    parser.add_argument("--name-server", help="use a running cluster instead of starting one")
+    parser.add_argument("--topic", default=None)
+    parser.add_argument("--no-produce", action="store_true", help="read what the topic already holds")
+    parser.add_argument("--partitions", type=int, default=None, help="minPartitions")
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="ferrymq-spark-bench-"))
+    cluster: LocalCluster | None = None
+    spark = None
+    try:
+        if args.name_server:
+            ns_addr = args.name_server
+        else:
+            cluster = LocalCluster(args.brokers, base)
+            ns_addr = cluster.ns_addr
+        topic = args.topic or f"SparkBench{int(time.time())}"
+        if cluster is not None:
+            asyncio.run(create_topic(ns_addr, cluster.brokers, topic))
+        if not args.no_produce:
+            secs = asyncio.run(produce(ns_addr, topic, args.messages, args.size))
+            print(
+                f"produced {args.messages:,} x {args.size} B in {secs:.1f} s ({args.messages / secs:,.0f} msg/s)"
+            )
+
+        from pyspark.sql import SparkSession
+
+        spark = (
+            SparkSession.builder.master(args.master)
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        opts = {"nameServer": ns_addr, "subscribe": topic}
+        if args.partitions:
+            opts["minPartitions"] = str(args.partitions)
+        results: list[tuple[str, int, float]] = []
+
+        def rocket_batch() -> None:
+            spark.read.format("rocketmq").options(**opts).load().write.mode("overwrite").parquet(
+                str(base / "rb")
+            )
+
+        spark.read.format("rocketmq").options(**opts).load().limit(10).collect()  # warm up workers
+        t = timed(rocket_batch)
+        rows = spark.read.parquet(str(base / "rb")).count()
+        results.append(("rocketmq batch  -> parquet", rows, t))
+
+        def parquet_batch() -> None:
+            spark.read.parquet(str(base / "rb")).write.mode("overwrite").parquet(str(base / "pb"))
+
+        results.append(("parquet  batch  -> parquet", rows, timed(parquet_batch)))
+
+        def stream(df: object, name: str) -> None:
+            q = (
+                df.writeStream.format("parquet")  # type: ignore[attr-defined]
+                .option("path", str(base / name))
+                .option("checkpointLocation", str(base / f"{name}-ck"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            q.awaitTermination()
+
+        rs = spark.readStream.format("rocketmq").options(startingOffsets="earliest", **opts).load()
+        t = timed(lambda: stream(rs, "rs"))
+        srows = spark.read.parquet(str(base / "rs")).count()
+        results.append(("rocketmq stream -> parquet", srows, t))
+        ps = spark.readStream.schema(spark.read.parquet(str(base / "rb")).schema).parquet(str(base / "rb"))
+        results.append(("parquet  stream -> parquet", rows, timed(lambda: stream(ps, "ps"))))
+
+        print(f"\n{'pipeline':<28} {'rows':>11} {'seconds':>9} {'rows/s':>12}")
+        for name, n, secs in results:
+            print(f"{name:<28} {n:>11,} {secs:>9.2f} {n / secs:>12,.0f}")
+        return 0
+    finally:
+        if spark is not None:
+            spark.stop()
+        if cluster is not None:
+            cluster.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

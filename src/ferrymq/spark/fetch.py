@@ -1,0 +1,176 @@
+"""Executor side: read exactly queue offsets [start, end) of one queue into Arrow record batches.
+
+The range is cut into chunks of ``pullBatchSize`` offsets. Up to ``pullPipelineDepth`` chunks are
+pulled concurrently on the process's loop thread (a broker answers at most 32 messages / 256 KiB per
+PULL, so one request at a time would be latency bound); the task thread decodes finished chunks in
+order, straight into column lists, and yields a RecordBatch every ``ARROW_BATCH_ROWS`` rows.
+
+One chunk [lo, hi) is pulled until ``nextBeginOffset >= hi``; only records with lo <= queueOffset < hi
+are kept, so overlapping answers never produce duplicates and tag-filtered (skipped) offsets still
+advance. Outcomes of one PULL:
+
+| status          | action                                                                          |
+|-----------------|---------------------------------------------------------------------------------|
+| FOUND           | keep records in [lo, hi) whose TAGS match (the broker filters by hash only)      |
+| NO_MATCHED_MSG  | nothing matched; continue at nextBeginOffset (retry later if it did not advance) |
+| NO_NEW_MSG      | offset not readable yet (slave behind): retry until pullTimeoutMs passes         |
+| OFFSET_ILLEGAL  | below the queue minimum → data loss (fail, or skip to the minimum); beyond max   |
+|                 | → data loss (the planned end no longer exists)                                   |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from ferrymq.client.consumer.pull import PullConsumer
+from ferrymq.client.values import PullStatus
+from ferrymq.common.route import MessageQueue
+from ferrymq.spark import runtime
+from ferrymq.spark.arrow import BatchBuilder
+from ferrymq.spark.options import ExecutorOptions, parse_sub_expression, queue_key
+from ferrymq.spark.planning import QueueRange, report_data_loss
+
+log = logging.getLogger("ferrymq.spark")
+
+#: Rows per yielded RecordBatch (Spark's own default arrow batch size is 10000).
+ARROW_BATCH_ROWS = 10_000
+#: Pause before re-pulling an offset that was not readable yet.
+RETRY_BACKOFF_S = 0.05
+#: Chunks decoded but not yet consumed, per pipeline slot (bounds executor memory).
+BUFFERED_CHUNKS_PER_SLOT = 2
+#: How often a paused pipeline checks whether the task thread caught up.
+BACKPRESSURE_POLL_S = 0.002
+
+
+class PullStalledError(TimeoutError):
+    """The broker kept answering without reaching the planned end offset."""
+
+
+@dataclass(slots=True)
+class Chunk:
+    lo: int
+    hi: int
+    bodies: list[bytes]
+
+
+async def pull_chunk(
+    consumer: PullConsumer, mq: MessageQueue, lo: int, hi: int, opts: ExecutorOptions
+) -> Chunk:
+    """Pull until every offset in [lo, hi) was covered; return the raw PULL bodies."""
+    bodies: list[bytes] = []
+    offset = lo
+    deadline = time.monotonic() + opts.pull_timeout_ms / 1000
+    where = f"{mq.topic}/{queue_key(mq.broker_name, mq.queue_id)}"
+    while offset < hi:
+        result = await consumer.pull(
+            mq, offset, min(hi - offset, opts.pull_batch_size), sub_expression=opts.sub_expression,
+            timeout_ms=opts.pull_timeout_ms, decode=False,
+        )  # fmt: skip
+        status = result.status
+        if status is PullStatus.FOUND:
+            if result.raw_body:
+                bodies.append(result.raw_body)
+            if result.next_begin_offset <= offset:
+                raise PullStalledError(
+                    f"{where}: FOUND at {offset} but nextBeginOffset {result.next_begin_offset}"
+                )
+            offset = result.next_begin_offset
+            deadline = time.monotonic() + opts.pull_timeout_ms / 1000
+            continue
+        if status is PullStatus.OFFSET_ILLEGAL:
+            if offset < result.min_offset:
+                report_data_loss(
+                    opts.fail_on_data_loss,
+                    f"{where}: offset {offset} is below the queue's minimum offset {result.min_offset}; "
+                    f"{min(hi, result.min_offset) - offset} planned messages are gone.",
+                )
+                offset = result.min_offset
+                continue
+            if offset >= result.max_offset:
+                report_data_loss(
+                    opts.fail_on_data_loss,
+                    f"{where}: planned offsets [{offset}, {hi}) are beyond the queue's maximum offset "
+                    f"{result.max_offset} (the queue was reset or truncated).",
+                )
+                break
+        elif status is PullStatus.NO_MATCHED_MSG and result.next_begin_offset > offset:
+            offset = result.next_begin_offset
+            deadline = time.monotonic() + opts.pull_timeout_ms / 1000
+            continue
+        # NO_NEW_MSG, or no progress: the data is planned, so it exists; the replica may be behind.
+        if time.monotonic() > deadline:
+            raise PullStalledError(
+                f"{where}: no progress at offset {offset} (planned end {hi}) for {opts.pull_timeout_ms} ms; "
+                f"last answer {status.name}, broker min {result.min_offset} max {result.max_offset}"
+            )
+        await asyncio.sleep(RETRY_BACKOFF_S)
+    return Chunk(lo, hi, bodies)
+
+
+async def _pipeline(
+    rng: QueueRange, opts: ExecutorOptions, out: queue.Queue[Chunk | BaseException | None]
+) -> None:
+    """Pull the chunks of ``rng`` with bounded concurrency; put them on ``out`` in offset order.
+
+    Back-pressure without cross-thread wake-ups: no new chunk starts while ``out`` holds more than
+    ``pull_pipeline_depth * BUFFERED_CHUNKS_PER_SLOT`` undecoded chunks.
+    """
+    try:
+        consumer = await runtime._started_consumer(opts)
+        mq = rng.queue
+        step = opts.pull_batch_size
+        max_buffered = opts.pull_pipeline_depth * BUFFERED_CHUNKS_PER_SLOT
+        pending: list[asyncio.Task[Chunk]] = []
+        lo = rng.start
+        try:
+            while lo < rng.end or pending:
+                while lo < rng.end and len(pending) < opts.pull_pipeline_depth:
+                    if out.qsize() > max_buffered and pending:
+                        break
+                    hi = min(lo + step, rng.end)
+                    pending.append(asyncio.ensure_future(pull_chunk(consumer, mq, lo, hi, opts)))
+                    lo = hi
+                while out.qsize() > max_buffered:
+                    await asyncio.sleep(BACKPRESSURE_POLL_S)
+                out.put(await pending.pop(0))
+        finally:
+            for task in pending:
+                task.cancel()
+        out.put(None)
+    except BaseException as exc:  # noqa: BLE001 - handed to the task thread, which re-raises
+        out.put(exc)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+
+
+def read_range(rng: QueueRange, opts: ExecutorOptions) -> Iterator[pa.RecordBatch]:
+    """Yield RecordBatches with exactly the messages of ``rng`` (tag filter applied)."""
+    if rng.end <= rng.start:
+        return
+    tags = parse_sub_expression(opts.sub_expression)
+    out: queue.Queue[Chunk | BaseException | None] = queue.Queue()
+    future = runtime.submit(_pipeline(rng, opts, out))
+    builder = BatchBuilder()
+    try:
+        while True:
+            item = out.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            for body in item.bodies:
+                builder.append_raw(body, rng.broker_name, item.lo, item.hi, tags)
+            if len(builder) >= ARROW_BATCH_ROWS:
+                yield builder.flush()
+        if len(builder):
+            yield builder.flush()
+    finally:
+        if not future.done():
+            future.cancel()

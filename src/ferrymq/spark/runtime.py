@@ -1,0 +1,213 @@
+"""Per-process client runtime: one asyncio loop thread, cached pull consumers and producers.
+
+Spark reuses Python workers across tasks and micro-batches, so a module-level cache (like Kafka's
+consumer pool) keeps broker connections and routes warm. Everything here runs in the *current*
+Python process: the driver-side planner, the streaming source runner, or an executor worker.
+
+| name                    | role                                                                   |
+|-------------------------|------------------------------------------------------------------------|
+| ``run(coro)``           | run a coroutine on the process's loop thread and wait for its result  |
+| ``pull_consumer(opts)`` | started ``PullConsumer`` cached by (nameServer, group, readFromSlave)  |
+| ``producer(opts)``      | started ``Producer`` cached by (nameServer, group, sendTimeoutMs)      |
+| ``ClusterMetadata``     | the driver's ``planning.Metadata``: topics, queues, min/max/search     |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from ferrymq.client.consumer.pull import PullConsumer
+from ferrymq.client.producer import Producer
+from ferrymq.common.route import MessageQueue
+from ferrymq.errors import BrokerError, ClientError, FerryError
+from ferrymq.remoting import jsonx
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode, ResponseCode
+from ferrymq.spark.options import ExecutorOptions, SinkOptions
+from ferrymq.spark.planning import OffsetMap
+
+log = logging.getLogger("ferrymq.spark")
+
+T = TypeVar("T")
+
+#: Extra seconds a blocking ``run`` waits beyond the request timeouts inside the coroutine.
+RUN_GRACE_S = 30.0
+#: Concurrent metadata requests (min/max/search offset) from the driver.
+METADATA_CONCURRENCY = 64
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid: int | None = None
+_consumers: dict[tuple[Any, ...], PullConsumer] = {}
+_producers: dict[tuple[Any, ...], Producer] = {}
+
+
+def loop() -> asyncio.AbstractEventLoop:
+    """The process's background event loop (re-created after a fork)."""
+    global _loop, _loop_pid
+    with _lock:
+        if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
+            if _loop_pid != os.getpid():
+                _consumers.clear()
+                _producers.clear()
+            new_loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=new_loop.run_forever, name="ferrymq-spark-loop", daemon=True)
+            thread.start()
+            _loop, _loop_pid = new_loop, os.getpid()
+        return _loop
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    return asyncio.run_coroutine_threadsafe(coro, loop())
+
+
+def run(coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+    """Run ``coro`` on the loop thread; block until done (cancelled on timeout)."""
+    future = submit(coro)
+    try:
+        return future.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"ferrymq call did not finish within {timeout_s} s") from None
+
+
+async def _started_consumer(opts: ExecutorOptions) -> PullConsumer:
+    key = opts.client_key
+    consumer = _consumers.get(key)
+    if consumer is None:
+        consumer = PullConsumer(
+            opts.name_server,
+            opts.group,
+            read_from_slave=opts.read_from_slave,
+            pull_timeout_ms=opts.pull_timeout_ms,
+        )
+        await consumer.start()
+        _consumers[key] = consumer
+    return consumer
+
+
+def pull_consumer(opts: ExecutorOptions) -> PullConsumer:
+    return run(_started_consumer(opts), opts.pull_timeout_ms / 1000 + RUN_GRACE_S)
+
+
+async def started_producer(opts: SinkOptions) -> Producer:
+    key = opts.producer_key
+    producer = _producers.get(key)
+    if producer is None:
+        producer = Producer(opts.name_server, opts.group, send_timeout_ms=opts.send_timeout_ms)
+        await producer.start()
+        _producers[key] = producer
+    return producer
+
+
+async def _close_all() -> None:
+    clients: list[PullConsumer | Producer] = [*_consumers.values(), *_producers.values()]
+    _consumers.clear()
+    _producers.clear()
+    for client in clients:
+        try:
+            await asyncio.wait_for(client.close(), 5)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+
+def shutdown() -> None:
+    """Close cached clients and stop the loop thread (also registered with atexit)."""
+    global _loop
+    if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(_close_all(), _loop).result(10)
+    except Exception:  # noqa: BLE001
+        pass
+    _loop.call_soon_threadsafe(_loop.stop)
+    _loop = None
+
+
+atexit.register(shutdown)
+
+
+async def _gather_limited(coros: Sequence[Awaitable[T]], limit: int = METADATA_CONCURRENCY) -> list[T]:
+    sem = asyncio.Semaphore(limit)
+
+    async def one(c: Awaitable[T]) -> T:
+        async with sem:
+            return await c
+
+    return list(await asyncio.gather(*(one(c) for c in coros)))
+
+
+def _is_missing_topic(exc: BaseException) -> bool:
+    if isinstance(exc, BrokerError) and exc.code == ResponseCode.TOPIC_NOT_EXIST:
+        return True
+    return isinstance(exc, ClientError) and ("no readable queue" in str(exc) or "not exist" in str(exc))
+
+
+class ClusterMetadata:
+    """``planning.Metadata`` backed by a cached PullConsumer of this process."""
+
+    def __init__(self, opts: ExecutorOptions) -> None:
+        self.opts = opts
+        self.timeout_s = opts.pull_timeout_ms / 1000 + RUN_GRACE_S
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return run(coro, self.timeout_s)
+
+    async def _consumer(self) -> PullConsumer:
+        return await _started_consumer(self.opts)
+
+    def topics(self) -> list[str]:
+        async def go() -> list[str]:
+            consumer = await self._consumer()
+            cmd = RemotingCommand.request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, {})
+            resp = await consumer.instance.invoke_namesrv(cmd, self.opts.pull_timeout_ms)
+            if resp.code != ResponseCode.SUCCESS:
+                raise FerryError(f"name server refused the topic list: code {resp.code} {resp.remark or ''}")
+            body = jsonx.loads(resp.body) if resp.body else {}
+            return sorted(str(t) for t in body.get("topicList") or [])
+
+        return self._run(go())
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        """Readable queues of ``topic``; [] when the topic does not exist (yet)."""
+
+        async def go() -> list[MessageQueue]:
+            consumer = await self._consumer()
+            try:
+                return sorted(await consumer.fetch_subscribe_message_queues(topic))
+            except FerryError as exc:
+                if _is_missing_topic(exc):
+                    return []
+                raise
+
+        return self._run(go())
+
+    def _offsets(self, queues: Sequence[MessageQueue], kind: str, timestamp_ms: int = 0) -> OffsetMap:
+        async def go() -> OffsetMap:
+            consumer = await self._consumer()
+            if kind == "min":
+                coros = [consumer.min_offset(mq) for mq in queues]
+            elif kind == "max":
+                coros = [consumer.max_offset(mq) for mq in queues]
+            else:
+                coros = [consumer.search_offset(mq, timestamp_ms) for mq in queues]
+            values = await _gather_limited(coros)
+            return dict(zip(queues, values, strict=True))
+
+        return self._run(go())
+
+    def min_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
+        return self._offsets(queues, "min")
+
+    def max_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
+        return self._offsets(queues, "max")
+
+    def search_offsets(self, queues: Sequence[MessageQueue], timestamp_ms: int) -> OffsetMap:
+        return self._offsets(queues, "search", timestamp_ms)

@@ -1,0 +1,232 @@
+"""Offset planning without a broker: a fake Metadata stands in for the cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+
+from ferrymq.common.route import MessageQueue
+from ferrymq.errors import ConfigError
+from ferrymq.spark.options import parse_source_options
+from ferrymq.spark.planning import (
+    DataLossError,
+    OffsetMap,
+    QueueRange,
+    TriggerGate,
+    offsets_from_json,
+    offsets_to_json,
+    split_by_lag,
+    split_ranges,
+)
+from ferrymq.spark.reader import StreamPlanner, plan_batch
+
+pytestmark = pytest.mark.spark
+
+A0, A1, B0 = (
+    MessageQueue("T", "broker-a", 0),
+    MessageQueue("T", "broker-a", 1),
+    MessageQueue("T", "broker-b", 0),
+)
+
+
+class FakeMeta:
+    def __init__(self, bounds: dict[MessageQueue, tuple[int, int]], topics: Sequence[str] = ("T",)) -> None:
+        self.bounds = dict(bounds)
+        self.topic_names = list(topics)
+        self.searched: list[int] = []
+
+    def topics(self) -> list[str]:
+        return self.topic_names
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        return sorted(mq for mq in self.bounds if mq.topic == topic)
+
+    def min_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
+        return {mq: self.bounds[mq][0] for mq in queues}
+
+    def max_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
+        return {mq: self.bounds[mq][1] for mq in queues}
+
+    def search_offsets(self, queues: Sequence[MessageQueue], timestamp_ms: int) -> OffsetMap:
+        self.searched.append(timestamp_ms)
+        return {mq: self.bounds[mq][0] + 3 for mq in queues}
+
+
+def opts(streaming: bool = False, **kw: str):
+    return parse_source_options({"nameServer": "h:1", "subscribe": "T", **kw}, streaming=streaming)
+
+
+# ---- pure helpers ---------------------------------------------------------------------------------
+
+
+def test_offsets_json_round_trip() -> None:
+    offsets = {A0: 5, A1: 7, B0: 0, MessageQueue("U", "broker-a", 2): 9}
+    obj = offsets_to_json(offsets)
+    assert obj == {"T": {"broker-a:0": 5, "broker-a:1": 7, "broker-b:0": 0}, "U": {"broker-a:2": 9}}
+    assert offsets_from_json(obj) == offsets
+
+
+def test_split_by_lag_is_proportional_and_exact() -> None:
+    start = {A0: 0, A1: 100, B0: 10}
+    latest = {A0: 600, A1: 400, B0: 10}  # lags 600, 300, 0
+    end = split_by_lag(start, latest, 90)
+    assert end == {A0: 60, A1: 130, B0: 10}
+    assert sum(end[q] - start[q] for q in start) == 90
+    # rounding: shares sum to the limit exactly and never exceed a lag
+    end = split_by_lag({A0: 0, A1: 0, B0: 0}, {A0: 1, A1: 1, B0: 1}, 2)
+    assert sum(end.values()) == 2 and all(v <= 1 for v in end.values())
+    # limit above the total lag: everything
+    assert split_by_lag(start, latest, 10_000) == latest
+
+
+def test_split_ranges_for_min_partitions() -> None:
+    ranges = [QueueRange("T", "broker-a", 0, 0, 90), QueueRange("T", "broker-a", 1, 5, 15)]
+    parts = split_ranges(ranges, 10)
+    assert len(parts) >= 10
+    for r in ranges:  # contiguous, covering exactly
+        mine = sorted(p for p in parts if p.queue_id == r.queue_id)
+        assert mine[0].start == r.start and mine[-1].end == r.end
+        assert all(a.end == b.start for a, b in zip(mine, mine[1:], strict=False))
+    assert split_ranges(ranges, None) == ranges
+    assert split_ranges([QueueRange("T", "b", 0, 0, 2)], 10) == [
+        QueueRange("T", "b", 0, 0, 1),
+        QueueRange("T", "b", 0, 1, 2),
+    ]
+
+
+def test_trigger_gate() -> None:
+    gate = TriggerGate(min_rows=100, max_delay_ms=1000)
+    assert not gate.should_fire(10, now_ms=0)
+    assert not gate.should_fire(10, now_ms=999)
+    assert gate.should_fire(10, now_ms=1000)  # delay passed
+    gate.fired(1000)
+    assert not gate.should_fire(50, now_ms=1500)
+    assert gate.should_fire(100, now_ms=1500)  # enough rows
+    assert not gate.should_fire(0, now_ms=10_000)  # nothing to read
+
+
+# ---- batch planning -------------------------------------------------------------------------------
+
+
+def test_batch_plan_default_is_earliest_to_latest() -> None:
+    meta = FakeMeta({A0: (0, 10), A1: (5, 5), B0: (2, 8)})
+    assert plan_batch(meta, opts()) == [
+        QueueRange("T", "broker-a", 0, 0, 10),
+        QueueRange("T", "broker-b", 0, 2, 8),
+    ]
+
+
+def test_batch_plan_specific_offsets_and_timestamp() -> None:
+    meta = FakeMeta({A0: (0, 10), A1: (0, 10), B0: (0, 10)})
+    o = opts(
+        startingOffsets='{"T": {"broker-a:0": 3, "broker-b:0": 10}}', endingOffsets='{"T": {"broker-a:0": 7}}'
+    )
+    assert plan_batch(meta, o) == [
+        QueueRange("T", "broker-a", 0, 3, 7),
+        QueueRange("T", "broker-a", 1, 0, 10),
+    ]
+    ts = plan_batch(meta, opts(startingTimestamp="1234"))
+    assert meta.searched == [1234] and {r.start for r in ts} == {3}
+
+
+def test_batch_plan_errors() -> None:
+    meta = FakeMeta({A0: (0, 10)})
+    with pytest.raises(ConfigError, match="^subscribe.*Missing"):
+        plan_batch(meta, opts(subscribe="T,Missing"))
+    with pytest.raises(ConfigError, match="^startingOffsets.*'U'"):
+        plan_batch(meta, opts(startingOffsets='{"U": {"broker-a:0": 1}}'))
+    with pytest.raises(ConfigError, match="^startingOffsets.*after its end"):
+        plan_batch(
+            meta, opts(startingOffsets='{"T": {"broker-a:0": 8}}', endingOffsets='{"T": {"broker-a:0": 4}}')
+        )
+
+
+def test_batch_plan_data_loss_both_ways() -> None:
+    meta = FakeMeta({A0: (50, 100)})
+    o = opts(startingOffsets='{"T": {"broker-a:0": 10}}')
+    with pytest.raises(DataLossError, match="below the queue's minimum offset 50.*failOnDataLoss=false"):
+        plan_batch(meta, o)
+    lenient = opts(startingOffsets='{"T": {"broker-a:0": 10}}', failOnDataLoss="false")
+    assert plan_batch(meta, lenient) == [QueueRange("T", "broker-a", 0, 50, 100)]
+
+
+def test_batch_plan_pattern_and_assign() -> None:
+    u0 = MessageQueue("Users", "broker-a", 0)
+    meta = FakeMeta({A0: (0, 1), u0: (0, 2), MessageQueue("%RETRY%g", "broker-a", 0): (0, 3)},
+                    topics=["T", "Users", "%RETRY%g"])  # fmt: skip
+    pat = parse_source_options({"nameServer": "h:1", "subscribePattern": "U.*|%RETRY%.*"}, streaming=False)
+    assert [r.topic for r in plan_batch(meta, pat)] == ["Users"]
+    meta = FakeMeta({A0: (0, 1), A1: (0, 2), B0: (0, 3)})
+    asg = parse_source_options({"nameServer": "h:1", "assign": '{"T": [1, "broker-b:0"]}'}, streaming=False)
+    assert [(r.broker_name, r.queue_id) for r in plan_batch(meta, asg)] == [("broker-a", 1), ("broker-b", 0)]
+
+
+# ---- streaming planning ---------------------------------------------------------------------------
+
+
+def test_stream_initial_offsets() -> None:
+    meta = FakeMeta({A0: (2, 10), B0: (0, 4)})
+    assert StreamPlanner(opts(True), meta).initial_offsets() == {A0: 10, B0: 4}
+    assert StreamPlanner(opts(True, startingOffsets="earliest"), meta).initial_offsets() == {A0: 2, B0: 0}
+    assert StreamPlanner(opts(True, startingTimestamp="5"), meta).initial_offsets() == {A0: 5, B0: 3}
+
+
+def test_stream_max_rows_and_new_queue_from_earliest() -> None:
+    meta = FakeMeta({A0: (0, 100), B0: (0, 100)})
+    planner = StreamPlanner(opts(True, maxOffsetsPerTrigger="50"), meta)
+    limit = planner.default_read_limit()
+    assert limit == ReadMaxRows(50)
+    end = planner.latest_offsets({A0: 0, B0: 0}, limit)
+    assert end == {A0: 25, B0: 25}
+    meta.bounds[A1] = (7, 27)  # a queue appears later: read from its earliest offset
+    end2 = planner.latest_offsets(end, ReadAllAvailable())
+    assert end2 == {A0: 100, A1: 27, B0: 100}
+    assert planner.plan(end, end2) == [
+        QueueRange("T", "broker-a", 0, 25, 100), QueueRange("T", "broker-a", 1, 7, 27),
+        QueueRange("T", "broker-b", 0, 25, 100),
+    ]  # fmt: skip
+
+
+def test_stream_available_now_target_is_fixed() -> None:
+    meta = FakeMeta({A0: (0, 30)})
+    planner = StreamPlanner(opts(True, maxOffsetsPerTrigger="20"), meta)
+    planner.prepare_available_now()
+    meta.bounds[A0] = (0, 1000)  # data arriving after the trigger started is not read
+    e1 = planner.latest_offsets({A0: 0}, ReadMaxRows(20))
+    e2 = planner.latest_offsets(e1, ReadMaxRows(20))
+    e3 = planner.latest_offsets(e2, ReadMaxRows(20))
+    assert (e1[A0], e2[A0], e3[A0]) == (20, 30, 30)
+
+
+def test_stream_min_trigger_waits_for_rows_or_delay() -> None:
+    now = [0]
+    meta = FakeMeta({A0: (0, 5)})
+    planner = StreamPlanner(
+        opts(True, minOffsetsPerTrigger="10", maxTriggerDelay="1s"), meta, clock_ms=lambda: now[0]
+    )
+    limit = planner.default_read_limit()
+    assert limit == ReadMinRows(10)
+    assert planner.latest_offsets({A0: 0}, limit) == {A0: 0}  # 5 < 10: hold back
+    now[0] = 500
+    assert planner.latest_offsets({A0: 0}, limit) == {A0: 0}
+    now[0] = 1000
+    assert planner.latest_offsets({A0: 0}, limit) == {A0: 5}  # delay passed
+    meta.bounds[A0] = (0, 20)
+    now[0] = 1001
+    assert planner.latest_offsets({A0: 5}, limit) == {A0: 20}  # 15 >= 10
+    assert planner.latest_offsets({A0: 5}, ReadAllAvailable()) == {A0: 20}  # trigger once: no gate
+
+
+def test_stream_data_loss_both_ways() -> None:
+    meta = FakeMeta({A0: (40, 100)})
+    strict = StreamPlanner(opts(True), meta)
+    with pytest.raises(DataLossError, match="below the queue's minimum offset 40"):
+        strict.latest_offsets({A0: 10}, ReadAllAvailable())
+    with pytest.raises(DataLossError):
+        strict.plan({A0: 10}, {A0: 100})
+    lenient = StreamPlanner(opts(True, failOnDataLoss="false"), meta)
+    assert lenient.latest_offsets({A0: 10}, ReadAllAvailable()) == {A0: 100}
+    assert lenient.plan({A0: 10}, {A0: 100}) == [QueueRange("T", "broker-a", 0, 40, 100)]
+    assert lenient.plan({A0: 10}, {A0: 30}) == []  # the whole range expired
