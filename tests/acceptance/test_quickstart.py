@@ -1,0 +1,138 @@
+"""``ferry quickstart --data-dir DIR`` as a real process: ready line, round trip, replication status,
+clean shutdown on SIGINT with exit 0 and no child process left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from procs import ProcessGroup, ferry_argv, wait_for
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180)]
+
+#: start-up of three processes + replication + demo round trip
+READY_TIMEOUT_S = 90.0
+#: SIGINT -> every child stopped (each gets SIGTERM, up to 10 s grace) -> exit
+SHUTDOWN_TIMEOUT_S = 40.0
+READY_RX = re.compile(
+    r"quickstart ready: namesrv (127\.0\.0\.1:\d+), master (127\.0\.0\.1:\d+), "
+    r"slave (127\.0\.0\.1:\d+) \(Ctrl-C to stop\)"
+)
+CHILD_RX = re.compile(r"started (namesrv|master|slave)\s+pid (\d+)")
+DEMO_MESSAGES = 5
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _procs_using(data_dir: Path) -> list[int]:
+    """Pids whose command line mentions ``data_dir`` (quickstart children carry their conf path there)."""
+    me = os.getpid()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            cmdline = (
+                Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+        except OSError:
+            continue
+        if str(data_dir) in cmdline and _alive(int(entry)):
+            out.append(int(entry))
+    return out
+
+
+def test_quickstart_round_trip_replication_and_clean_stop(procs: ProcessGroup, tmp_path: Path) -> None:
+    data_dir = tmp_path / "qs-data"
+    qs = procs.spawn("quickstart", ferry_argv("quickstart", "--data-dir", str(data_dir)))
+    child_pids: list[int] = []
+    try:
+        t0 = time.monotonic()
+        m = qs.wait_log(READY_RX.pattern, timeout_s=READY_TIMEOUT_S)
+        ready_s = time.monotonic() - t0
+        ns_addr, master_addr, slave_addr = m.group(1), m.group(2), m.group(3)
+        out = qs.log_text()
+        child_pids = [int(p) for _, p in CHILD_RX.findall(out)]
+        assert sorted(n for n, _ in CHILD_RX.findall(out)) == ["master", "namesrv", "slave"], out
+        assert len({ns_addr, master_addr, slave_addr}) == 3
+        # three separate processes, all alive while serving
+        assert all(_alive(p) for p in child_pids), out
+        assert qs.popen is not None and qs.popen.pid not in child_pids
+
+        # round trip: every demo message sent SEND_OK and consumed
+        assert len(re.findall(r"^sent\s+#\d+ -> SEND_OK", out, re.M)) == DEMO_MESSAGES, out
+        consumed = re.findall(r"^consumed\s+queue \d+ queueOffset \d+: (hello ferrymq \S+ #\d+)$", out, re.M)
+        assert len(set(consumed)) == DEMO_MESSAGES, out
+        assert f"round trip    {DEMO_MESSAGES}/{DEMO_MESSAGES} messages sent and consumed" in out
+
+        # replication status: the master's view with one slave, acked up to the master's max, no lag
+        rm = re.search(
+            r"replication   master (\S+) \(SYNC_MASTER\) commit log max offset (\d+), haSlaveCount (\d+)", out
+        )
+        assert rm is not None, out
+        assert rm.group(1) == master_addr and int(rm.group(3)) == 1
+        master_max = int(rm.group(2))
+        assert master_max > 0
+        sm = re.search(
+            r"^  slave (\S+)(?: \(HA link \S+\))?: acked offset (-?\d+), lag (-?\d+) bytes$", out, re.M
+        )
+        assert sm is not None, out
+        assert sm.group(1) == slave_addr
+        assert int(sm.group(2)) == master_max and int(sm.group(3)) == 0
+        assert ready_s < READY_TIMEOUT_S
+
+        # Ctrl-C: exit 0, every child stopped
+        qs.signal(signal.SIGINT)
+        code = qs.wait_exit(SHUTDOWN_TIMEOUT_S)
+        assert code == 0, qs.tail()
+        wait_for(
+            lambda: not any(_alive(p) for p in child_pids), timeout_s=5, what="quickstart children to be gone"
+        )
+        assert _procs_using(data_dir) == []
+        stopped = qs.log_text()
+        for name in ("slave", "master", "namesrv"):
+            assert re.search(rf"stopped {name} \(pid \d+, exit code 0\)", stopped), stopped
+    finally:
+        # also on failure: no quickstart child may outlive the test
+        qs.kill()
+        for pid in child_pids:
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_quickstart_sigterm_during_startup_leaves_nothing(procs: ProcessGroup, tmp_path: Path) -> None:
+    """A stop request while the processes are still starting stops the ones already started."""
+    data_dir = tmp_path / "qs-early"
+    qs = procs.spawn("quickstart-early", ferry_argv("quickstart", "--data-dir", str(data_dir)))
+    child_pids: list[int] = []
+    try:
+        qs.wait_log(r"started master\s+pid \d+", timeout_s=READY_TIMEOUT_S)
+        child_pids = [int(p) for _, p in CHILD_RX.findall(qs.log_text())]
+        qs.signal(signal.SIGTERM)
+        code = qs.wait_exit(SHUTDOWN_TIMEOUT_S)
+        assert code == 0, qs.tail()
+        child_pids = [int(p) for _, p in CHILD_RX.findall(qs.log_text())]
+        wait_for(
+            lambda: not any(_alive(p) for p in child_pids), timeout_s=5, what="quickstart children to be gone"
+        )
+        assert _procs_using(data_dir) == []
+    finally:
+        qs.kill()
+        for pid in child_pids:
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
