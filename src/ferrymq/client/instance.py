@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: Timeout of the UNREGISTER_CLIENT calls made while closing.
 UNREGISTER_TIMEOUT_MS = 1_000
+#: route poll period while a broker whose connection dropped is still listed by the name server
+DOWN_BROKER_ROUTE_RETRY_MS = 1_000
 
 
 class ConsumerHooks(Protocol):
@@ -104,6 +106,8 @@ class ClientInstance:
         self._backoff: dict[str, tuple[Backoff, float]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._refresh_now = asyncio.Event()
+        #: broker addresses whose connection dropped or failed while a route still lists them
+        self._down_brokers: set[str] = set()
         self._route_locks: dict[str, asyncio.Lock] = {}
         self.started = False
         self.closing = False
@@ -164,10 +168,25 @@ class ClientInstance:
             backoff = entry[0] if entry else Backoff(self.config.reconnect_backoff_base_ms,
                                                      self.config.reconnect_backoff_max_ms)
             self._backoff[addr] = (backoff, time.monotonic() + backoff.next_delay_ms() / 1000)
+            self._note_broker_down(addr)
             raise
         if entry is not None:
             del self._backoff[addr]
+        self._down_brokers.discard(addr)
         return conn
+
+    def is_suspect(self, addr: str) -> bool:
+        """True while the last attempt to reach ``addr`` failed (its reconnect backoff is running)."""
+        return addr in self._backoff
+
+    def _is_broker_addr(self, addr: str) -> bool:
+        return any(addr in addrs.values() for addrs in self.broker_addrs.values())
+
+    def _note_broker_down(self, addr: str) -> None:
+        if self.closing or not self._is_broker_addr(addr):
+            return
+        self._down_brokers.add(addr)
+        self._refresh_now.set()
 
     async def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int | None = None) -> RemotingCommand:
         conn = await self.connection(addr)
@@ -200,9 +219,9 @@ class ClientInstance:
     def _on_conn_closed(self, addr: str, conn: Connection) -> None:
         if self.closing:
             return
-        if any(addr in addrs.values() for addrs in self.broker_addrs.values()):
+        if self._is_broker_addr(addr):
             log.info("connection to broker %s dropped; refreshing routes", addr)
-            self._refresh_now.set()
+            self._note_broker_down(addr)
 
     # ---- routes ----------------------------------------------------------------------------------------
     async def fetch_route(self, topic: str) -> TopicRouteData:
@@ -245,12 +264,16 @@ class ClientInstance:
                 log.debug("route of %s not refreshed: %s", topic, exc)
 
     async def _route_loop(self) -> None:
-        interval_s = self.config.poll_name_server_interval_ms / 1000
+        """Poll routes every ``poll_name_server_interval_ms``; while a dropped broker is still listed (the
+        name server may not have noticed yet), poll every ``DOWN_BROKER_ROUTE_RETRY_MS`` instead."""
         while not self.closing:
+            interval_ms = (DOWN_BROKER_ROUTE_RETRY_MS if self._down_brokers
+                           else self.config.poll_name_server_interval_ms)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._refresh_now.wait(), interval_s)
+                await asyncio.wait_for(self._refresh_now.wait(), interval_ms / 1000)
             self._refresh_now.clear()
             await self.refresh_all_routes()
+            self._down_brokers = {a for a in self._down_brokers if self._is_broker_addr(a)}
 
     def trigger_route_refresh(self) -> None:
         self._refresh_now.set()

@@ -50,18 +50,28 @@ class ConsumerCore:
             if MASTER_ID not in addrs:
                 raise ClientError(f"broker {mq.broker_name} has no master and read_from_slave='never'")
             return addrs[MASTER_ID], MASTER_ID
-        if wanted in addrs:
+        if wanted in addrs and not self._avoid(addrs, wanted):
             return addrs[wanted], wanted
+        for broker_id in sorted(addrs):
+            if not self._avoid(addrs, broker_id):
+                return addrs[broker_id], broker_id
         lowest = min(addrs)
         return addrs[lowest], lowest
 
+    def _avoid(self, addrs: dict[int, str], broker_id: int) -> bool:
+        """Skip an address that just failed while another member of the group may answer (failover
+        before the name server's route shows the master gone)."""
+        return len(addrs) > 1 and self.instance.is_suspect(addrs[broker_id])
+
     async def admin_addr(self, broker_name: str, *, master_only: bool = False) -> str:
         addrs = await self._addrs(broker_name)
-        if MASTER_ID in addrs:
+        master_required = master_only or self.read_from_slave == "never"
+        if MASTER_ID in addrs and (master_required or not self._avoid(addrs, MASTER_ID)):
             return addrs[MASTER_ID]
-        if master_only or self.read_from_slave == "never":
+        if master_required:
             raise ClientError(f"broker {broker_name} has no master in the route")
-        return addrs[min(addrs)]
+        candidates = [i for i in sorted(addrs) if i != MASTER_ID and not self._avoid(addrs, i)]
+        return addrs[candidates[0] if candidates else min(i for i in addrs if i != MASTER_ID)]
 
     async def pull(
         self,
