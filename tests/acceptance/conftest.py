@@ -1,0 +1,109 @@
+"""Fixtures for acceptance tests: real ferrymq processes, real third-party clients.
+
+* ``procs``: a ProcessGroup under the test's tmp dir; every process it started is stopped at teardown,
+  and all their logs are printed when the test failed (shown in pytest's failure report).
+* ``cluster``: factory ``cluster(**broker_props) -> Cluster`` (one namesrv + one master broker;
+  keyword arguments are broker.conf properties, e.g. ``flushDiskType="SYNC_FLUSH"``).
+* ``run_script``: run a helper script (C++ client script or node script) in a subprocess with a
+  timeout, its stderr kept in a log file that is dumped on failure, and its last stdout line parsed
+  as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_HERE = str(Path(__file__).resolve().parent)
+# test modules here import the helpers as ``procs`` whatever pytest's import mode is
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from procs import (  # noqa: E402
+    CPP_SCRIPTS_DIR,
+    NODE_DIR,
+    Cluster,
+    ProcessGroup,
+    cpp_env,
+    start_broker,
+    start_namesrv,
+)
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    node = request.node
+    return any(getattr(getattr(node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
+
+
+@pytest.fixture
+def procs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcessGroup]:
+    group = ProcessGroup(tmp_path)
+    # librocketmq's own logs of the C++ client scripts (HOME points into tmp_path, see cpp_env)
+    group.extra_log_globs.append(str(tmp_path / "cpp-home" / "logs" / "rocketmq-cpp" / "*"))
+    try:
+        yield group
+    finally:
+        group.stop_all()
+        if _failed(request):
+            sys.stdout.write(f"\n===== process logs of {request.node.nodeid} =====\n{group.dump()}\n")
+
+
+@pytest.fixture
+def cluster(procs: ProcessGroup) -> Callable[..., Cluster]:
+    """Factory: ``cluster(**broker_props)`` starts a namesrv and a master broker and waits until the
+    namesrv lists the broker."""
+
+    def make(**broker_props: Any) -> Cluster:
+        ns = start_namesrv(procs)
+        broker = start_broker(procs, [ns.addr], **broker_props)
+        return Cluster(group=procs, namesrv=ns, broker=broker)
+
+    return make
+
+
+class ScriptError(AssertionError):
+    pass
+
+
+@pytest.fixture
+def run_script(procs: ProcessGroup, tmp_path: Path) -> Callable[..., dict[str, Any]]:
+    """``run_script(kind, name, args, timeout_s)`` runs ``cpp_scripts/<name>.py`` (kind "cpp") or
+    ``node/<name>.js`` (kind "node") with ``args`` as one JSON argument and returns the parsed last
+    stdout line. A crash, a non-zero exit or a timeout fails the test with the script's output."""
+    counter = [0]
+
+    def run(kind: str, name: str, args: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        counter[0] += 1
+        log_path = tmp_path / "logs" / f"{name}-{counter[0]}.stderr.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        procs.extra_logs.append(log_path)
+        if kind == "cpp":
+            argv = [sys.executable, str(CPP_SCRIPTS_DIR / f"{name}.py"), json.dumps(args)]
+            env = cpp_env(tmp_path)
+            cwd = CPP_SCRIPTS_DIR
+        elif kind == "node":
+            argv = ["node", str(NODE_DIR / f"{name}.js"), json.dumps(args)]
+            env = dict(os.environ)
+            cwd = NODE_DIR
+        else:
+            raise ValueError(kind)
+        with open(log_path, "wb") as err:
+            try:
+                cp = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=err, timeout=timeout_s, start_new_session=True)
+            except subprocess.TimeoutExpired as exc:
+                raise ScriptError(f"{name} did not finish within {timeout_s} s; stdout: {exc.stdout!r}") from None
+        stdout = cp.stdout.decode(errors="replace").strip()
+        if cp.returncode != 0 or not stdout:
+            raise ScriptError(f"{name} exited with {cp.returncode}; stdout: {stdout[-4000:]!r}")
+        return dict(json.loads(stdout.splitlines()[-1]))
+
+    return run
+
