@@ -1,0 +1,179 @@
+"""Limit workload: a request/response ceiling for Python with the RocketMQ remoting framing.
+
+Server (run as ``python -m ferrymq.cli.bench_impl.echo --port P``): an asyncio Protocol on uvloop that
+decodes every frame with ``ferrymq.remoting.codec.FrameDecoder`` (JSON header parse included) and answers
+each request with a send-like response (``msgId``/``queueId``/``queueOffset``) encoded with
+``codec.encode``: the cheapest possible "broker" that still speaks the wire format. ``--mode raw`` only
+splits frames by the length prefix and echoes a fixed small frame (the framing-free ceiling).
+
+Load generator (worker ``load``): N connections, one request in flight per connection (closed loop,
+like a producer doing sync sends), a pre-encoded SEND_MESSAGE_V2-shaped request with an X-byte body.
+It splits replies by the length prefix only, so it stays cheaper than the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import struct
+import time
+from typing import Any
+
+from ferrymq.remoting.codec import FrameDecoder, RemotingCommand, encode
+
+_LEN = struct.Struct(">i")
+
+
+class CodecEcho(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.decoder = FrameDecoder()
+        self.transport: asyncio.Transport | None = None
+        self.offset = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        out = []
+        for cmd in self.decoder.feed(data):
+            self.offset += 1
+            resp = cmd.response(0, {"msgId": "7F00000100002A9F0000000000000000", "queueId": cmd.get_str("e", "0"),
+                                    "queueOffset": self.offset})
+            out.append(encode(resp))
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+
+class RawEcho(asyncio.Protocol):
+    def __init__(self, reply: bytes) -> None:
+        self.buf = bytearray()
+        self.reply = reply
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos, n, count = 0, len(buf), 0
+        while n - pos >= 4:
+            (length,) = _LEN.unpack_from(buf, pos)
+            if n - pos - 4 < length:
+                break
+            pos += 4 + length
+            count += 1
+        if pos:
+            del buf[:pos]
+        if count and self.transport is not None:
+            self.transport.write(self.reply * count)
+
+
+def request_frame(body_bytes: int) -> bytes:
+    cmd = RemotingCommand.request(310, {
+        "a": "bench_pg", "b": "BenchTopic", "c": "TBW102", "d": 4, "e": 0, "f": 0,
+        "g": int(time.time() * 1000), "h": 0,
+        "i": "UNIQ_KEY\x01AC110002000078308DB13E1E6B2F0000\x02WAIT\x01true\x02TAGS\x01bench\x02",
+        "j": 0, "k": False,
+    }, body=b"x" * body_bytes)
+    return encode(cmd)
+
+
+async def serve(port: int, mode: str) -> None:
+    loop = asyncio.get_running_loop()
+    if mode == "raw":
+        reply = encode(RemotingCommand(code=0, opaque=1, flag=1))
+        server = await loop.create_server(lambda: RawEcho(reply), "127.0.0.1", port, backlog=1024)
+    else:
+        server = await loop.create_server(CodecEcho, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+class _Client(asyncio.Protocol):
+    def __init__(self, frame: bytes, stop_at: list[float]) -> None:
+        self.frame = frame
+        self.stop_at = stop_at
+        self.buf = bytearray()
+        self.count = 0
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.running = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def start(self) -> None:
+        self.running = True
+        assert self.transport is not None
+        self.transport.write(self.frame)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos, n, got = 0, len(buf), 0
+        while n - pos >= 4:
+            (length,) = _LEN.unpack_from(buf, pos)
+            if n - pos - 4 < length:
+                break
+            pos += 4 + length
+            got += 1
+        if pos:
+            del buf[:pos]
+        if not got:
+            return
+        self.count += got
+        if time.monotonic() < self.stop_at[0]:
+            assert self.transport is not None
+            self.transport.write(self.frame * got)
+        elif not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def load(spec: dict[str, Any], ctl: Any) -> dict[str, Any]:
+    """Worker: ``spec`` = {port, connections, body_bytes, duration_s, warmup_s}."""
+    loop = asyncio.get_running_loop()
+    frame = request_frame(spec["body_bytes"])
+    stop_at = [float("inf")]
+    clients = []
+    for _ in range(spec["connections"]):
+        _, proto = await loop.create_connection(lambda: _Client(frame, stop_at), "127.0.0.1", spec["port"])
+        clients.append(proto)
+    await ctl.ready()
+    t0 = time.monotonic()
+    stop_at[0] = t0 + spec["warmup_s"] + spec["duration_s"]
+    for c in clients:
+        c.start()
+    await asyncio.sleep(spec["warmup_s"])
+    c0 = sum(c.count for c in clients)
+    t1 = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(*(c.done for c in clients)), spec["duration_s"] + 30)
+    t2 = time.monotonic()
+    c2 = sum(c.count for c in clients)
+    for c in clients:
+        if c.transport is not None:
+            c.transport.close()
+    return {"count": c2 - c0, "elapsed_s": t2 - t1}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--mode", choices=("codec", "raw"), default="codec")
+    args = ap.parse_args()
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:  # pragma: no cover
+        runner = asyncio.Runner()
+    with runner:
+        runner.run(serve(args.port, args.mode))
+
+
+if __name__ == "__main__":
+    main()

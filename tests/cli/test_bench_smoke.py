@@ -1,0 +1,50 @@
+"""Smoke runs of ``ferry bench --quick``: it runs, stops what it started and prints the table.
+No timing assertions (figures from --quick are meaningless)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+SMOKE_TIMEOUT_S = 240
+
+
+def _bench(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ferrymq.cli", "bench", "--quick", "--json", str(out_json), "--dir",
+         str(tmp_path / "work"), *args],
+        capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, json.loads(out_json.read_text())
+
+
+def test_bench_quick_limits_prints_table(tmp_path):
+    proc, data = _bench(tmp_path, "--only", "11", "--producers", "2", "--client-procs", "1")
+    assert "ferry bench" in proc.stdout
+    for wid in ("11a", "11b", "11c", "11d", "11e"):
+        assert f" {wid} " in proc.stdout
+    assert data["machine"]["cores"] >= 1
+    rows = {r["wid"]: r for r in data["rows"]}
+    assert rows["11a"]["median"] is not None and rows["11a"]["error"] is None
+    # everything it started is gone, its work dir removed
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def _stack_available() -> bool:
+    return all(importlib.util.find_spec(m) is not None
+               for m in ("ferrymq.cli.broker", "ferrymq.cli.namesrv", "ferrymq.client.producer"))
+
+
+@pytest.mark.acceptance
+@pytest.mark.skipif(not _stack_available(), reason="broker/name server CLI not available yet")
+def test_bench_quick_broker_workloads(tmp_path):
+    proc, data = _bench(tmp_path, "--only", "1,2,3,4,6,8", "--producers", "2", "--client-procs", "1")
+    for wid in ("1", "2", "3a", "3b", "4a", "4b", "6", "8"):
+        assert f" {wid} " in proc.stdout
+    assert {r["wid"] for r in data["rows"]} >= {"1", "2", "3a", "3b", "4a", "4b", "6", "8"}
+    assert list((tmp_path / "work").iterdir()) == []
