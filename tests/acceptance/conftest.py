@@ -32,6 +32,7 @@ from procs import (  # noqa: E402
     Cluster,
     ProcessGroup,
     cpp_env,
+    cpp_script_argv,
     start_broker,
     start_namesrv,
 )
@@ -85,7 +86,7 @@ def run_script(procs: ProcessGroup, tmp_path: Path) -> Callable[..., dict[str, A
         log_path.parent.mkdir(parents=True, exist_ok=True)
         procs.extra_logs.append(log_path)
         if kind == "cpp":
-            argv = [sys.executable, str(CPP_SCRIPTS_DIR / f"{name}.py"), json.dumps(args)]
+            argv = cpp_script_argv(name, args)
             env = cpp_env(tmp_path)
             cwd = CPP_SCRIPTS_DIR
         elif kind == "node":

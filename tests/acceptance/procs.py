@@ -1,4 +1,5 @@
-"""Process helpers for acceptance tests: free ports, ferrymq subprocesses, raw remoting requests.
+"""Process helpers for acceptance tests: ferrymq subprocesses, raw remoting requests (free ports come from
+``support.ports`` and are re-exported here).
 
 Rules kept here (docs/CONTRIBUTING-agents.md):
 
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,12 +34,15 @@ from typing import Any, TypeVar
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import connect
+from support.ports import LOOPBACK as LOOPBACK
+from support.ports import free_port as free_port
+from support.ports import port_answers as port_answers
+from support.ports import port_free
 
 ACCEPTANCE_DIR = Path(__file__).resolve().parent
 CPP_SCRIPTS_DIR = ACCEPTANCE_DIR / "cpp_scripts"
 NODE_DIR = ACCEPTANCE_DIR / "node"
 
-LOOPBACK = "127.0.0.1"
 #: Polling period of every wait loop.
 POLL_INTERVAL_S = 0.05
 #: Grace period between SIGTERM and SIGKILL when stopping a process.
@@ -51,55 +55,12 @@ BROKER_START_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_MS = 3000
 #: Bytes of each log shown when a test fails.
 LOG_TAIL_BYTES = 20_000
-#: Attempts at finding a free port (group) before giving up.
-FREE_PORT_ATTEMPTS = 200
 
 T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------
 # ports and waiting
-
-
-def _port_free(port: int, host: str = LOOPBACK) -> bool:
-    if not 0 < port < 65536:
-        return False
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-_handed_out: set[int] = set()
-
-
-def free_port(*, broker: bool = False, host: str = LOOPBACK) -> int:
-    """A free TCP port on ``host``. With ``broker=True`` also port-2 (fast channel) and port+1 (HA) are free.
-
-    Ports handed out by this process are not handed out again (the OS may reuse an ephemeral port
-    before the process we started binds it)."""
-    for _ in range(FREE_PORT_ATTEMPTS):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        group = [port - 2, port, port + 1] if broker else [port]
-        if any(p in _handed_out for p in group):
-            continue
-        if all(_port_free(p, host) for p in group):
-            _handed_out.update(group)
-            return port
-    raise RuntimeError("no free port found on 127.0.0.1")
-
-
-def port_answers(port: int, host: str = LOOPBACK, timeout_s: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def wait_for(
@@ -274,6 +235,18 @@ class ProcessGroup:
                 text = path.read_text(errors="replace")
                 parts.append(f"----- {path} -----\n{text[-LOG_TAIL_BYTES:]}")
         return "\n".join(parts)
+
+
+def cpp_script_argv(name: str, args: Mapping[str, Any]) -> list[str]:
+    """argv running ``cpp_scripts/<name>.py`` with ``args`` as its one JSON argument (cwd: CPP_SCRIPTS_DIR,
+    environment: ``cpp_env``)."""
+    return [sys.executable, str(CPP_SCRIPTS_DIR / f"{name}.py"), json.dumps(dict(args))]
+
+
+def spawn_cpp_script(group: ProcessGroup, tmp_path: Path, proc_name: str, script: str,
+                     args: Mapping[str, Any]) -> ManagedProcess:
+    """``cpp_scripts/<script>.py`` in the background, a member of ``group`` (stopped at teardown)."""
+    return group.spawn(proc_name, cpp_script_argv(script, args), cwd=CPP_SCRIPTS_DIR, env=cpp_env(tmp_path))
 
 
 def cpp_env(tmp_path: Path) -> dict[str, str]:
@@ -496,7 +469,7 @@ class Broker:
             self.kill()
         else:
             self.stop()
-        wait_for(lambda: _port_free(self.port), timeout_s=timeout_s,
+        wait_for(lambda: port_free(self.port), timeout_s=timeout_s,
                  what=f"port {self.port} to be released by {self.name}")
         return self.start(timeout_s=timeout_s)
 

@@ -209,6 +209,14 @@ def target(request: pytest.FixtureRequest, shared_cluster: Cluster) -> Iterator[
         good.stop()
 
 
+def _await_served(t: Target, count: int) -> None:
+    """Poll (deadline VERDICT_TIMEOUT_S) until the good client was served ``count`` times in all or has
+    failed; the caller asserts on the outcome."""
+    deadline = time.monotonic() + VERDICT_TIMEOUT_S
+    while t.good.served < count and time.monotonic() < deadline and not t.good.failures:
+        time.sleep(GOOD_CLIENT_PERIOD_S)
+
+
 def _assert_still_serving(t: Target) -> None:
     for p in t.cluster.alive:
         assert not p.exited, f"{p.name} died (exit code {p.returncode})"
@@ -226,9 +234,7 @@ def test_bad_bytes_are_answered_or_closed(target: Target, name: str) -> None:
         conn.close()
     assert v == "closed" or v.startswith("answered:"), v
     # the process is up and the good client keeps being served after the bad connection
-    deadline = time.monotonic() + VERDICT_TIMEOUT_S
-    while target.good.served < served_before + 3 and time.monotonic() < deadline and not target.good.failures:
-        time.sleep(GOOD_CLIENT_PERIOD_S)
+    _await_served(target, served_before + 3)
     _assert_still_serving(target)
     assert target.good.served >= served_before + 3, "well-behaved client not served after the bad input"
 
@@ -257,9 +263,7 @@ def test_stalled_partial_frames_do_not_block_others(target: Target) -> None:
         for s in stalled:
             s.send(struct.pack(">iI", 1024 * 1024, 20) + b"0123456789")
         served_before = target.good.served
-        deadline = time.monotonic() + VERDICT_TIMEOUT_S
-        while target.good.served < served_before + 10 and time.monotonic() < deadline and not target.good.failures:
-            time.sleep(GOOD_CLIENT_PERIOD_S)
+        _await_served(target, served_before + 10)
         assert target.good.served >= served_before + 10, "well-behaved client starved by stalled connections"
     finally:
         for s in stalled:
@@ -273,7 +277,5 @@ def test_truncated_frame_then_close(target: Target) -> None:
     conn.send(good[: len(good) // 2])
     conn.close()
     served_before = target.good.served
-    deadline = time.monotonic() + VERDICT_TIMEOUT_S
-    while target.good.served < served_before + 3 and time.monotonic() < deadline and not target.good.failures:
-        time.sleep(GOOD_CLIENT_PERIOD_S)
+    _await_served(target, served_before + 3)
     _assert_still_serving(target)

@@ -11,7 +11,6 @@ tell SYNC_FLUSH from ASYNC_FLUSH; only a machine crash could.
 
 from __future__ import annotations
 
-import json
 import sys
 import uuid
 from collections import Counter
@@ -20,7 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import CPP_SCRIPTS_DIR, Cluster, ProcessGroup, cpp_env, query_consumer_offset, route, wait_for
+from procs import (
+    CPP_SCRIPTS_DIR,
+    Cluster,
+    ProcessGroup,
+    query_consumer_offset,
+    route,
+    spawn_cpp_script,
+    wait_for,
+)
+
+from support.jsonl import read_jsonl
 
 pytestmark = pytest.mark.acceptance
 
@@ -36,20 +45,6 @@ DELAY_LEVEL_2_MS = 5000
 
 def uniq(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by SIGKILL
-                continue
-    return out
 
 
 def produce(run_script: RunScript, c: Cluster, tmp: Path, *, topic: str, prefix: str, count: int,
@@ -186,8 +181,7 @@ def test_sync_flush_broker_sigkill_keeps_every_acknowledged_message(
     out_a = tmp_path / "produce-a.jsonl"
     args = {"namesrv": c.ns_addr, "topic": topic, "group": uniq("pg"), "count": 20_000, "prefix": "k",
             "tags": tags, "out": str(out_a), "deadline_s": 120, "timeout_ms": 3000}
-    producer_a = procs.spawn("cpp-producer-a", [sys.executable, str(CPP_SCRIPTS_DIR / "produce.py"),
-                                                json.dumps(args)], cwd=CPP_SCRIPTS_DIR, env=cpp_env(tmp_path))
+    producer_a = spawn_cpp_script(procs, tmp_path, "cpp-producer-a", "produce", args)
 
     def acked() -> list[dict[str, Any]]:
         return [r for r in read_jsonl(out_a) if r.get("ok")]

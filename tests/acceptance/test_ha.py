@@ -22,14 +22,17 @@ import pytest
 from ha_support import (
     HAPair,
     commit_log_bytes,
+    create_routed_topic,
     first_segment_offset,
     pull_queue,
     queue_max_offsets,
     runtime_info,
+    send_messages,
+    slave_knows_topic,
     start_ha_pair,
-    wait_slave_caught_up,
+    wait_caught_up,
 )
-from procs import create_topic, query_consumer_offset, request, wait_for, wait_route
+from procs import query_consumer_offset, request, wait_for
 
 from ferrymq.client import Producer, SendStatus, new_message
 from ferrymq.remoting.codes import RequestCode, ResponseCode
@@ -41,21 +44,17 @@ QUEUES = 4
 REPLICA_WAIT_BOUND_S = 3.0 + 4.0
 #: SlaveSynchronize period (10 s) + its first delay/slack
 SLAVE_SYNC_BOUND_S = 10.0 + 10.0
-
-
-def _slave_has_topic(pair: HAPair, topic: str) -> bool:
-    body = request(pair.slave.addr, RequestCode.GET_ALL_TOPIC_CONFIG).body or b"{}"
-    return topic in (json.loads(body).get("topicConfigTable") or {})
+#: slave catch-up with the master's commit log
+CATCH_UP_TIMEOUT_S = 60.0
 
 
 def _topic(pair: HAPair, name: str, *, on_slave: bool = True) -> str:
     """Create ``name`` on the master; wait for its route and (``on_slave``) for SlaveSynchronize to copy it
     (a slave serves pulls only for topics it knows)."""
-    create_topic(pair.master.addr, name, queues=QUEUES)
-    wait_route(pair.ns_addr, name, timeout_s=45, broker_name=pair.master.broker_name, alive=pair.alive)
+    create_routed_topic(pair.ns_addr, pair.master, name, queues=QUEUES, timeout_s=45, alive=pair.alive)
     if on_slave:
         wait_for(
-            lambda: _slave_has_topic(pair, name),
+            lambda: slave_knows_topic(pair.slave.addr, name),
             timeout_s=SLAVE_SYNC_BOUND_S,
             what=f"topic {name} on the slave",
             alive=pair.alive,
@@ -63,15 +62,9 @@ def _topic(pair: HAPair, name: str, *, on_slave: bool = True) -> str:
     return name
 
 
-async def _send_many(ns: str, topic: str, start: int, n: int, concurrency: int = 64) -> list[Any]:
-    sem = asyncio.Semaphore(concurrency)
-    async with Producer(ns, "ha-acceptance-producer") as producer:
-
-        async def one(i: int) -> Any:
-            async with sem:
-                return await producer.send(new_message(topic, f"m-{i:07d}", keys=f"k{i}"))
-
-        return list(await asyncio.gather(*(one(i) for i in range(start, start + n))))
+def _send_many(ns: str, topic: str, start: int, n: int) -> list[Any]:
+    messages = [new_message(topic, f"m-{i:07d}", keys=f"k{i}") for i in range(start, start + n)]
+    return send_messages(ns, "ha-acceptance-producer", messages)
 
 
 def _bodies_on(addr: str, topic: str) -> list[bytes]:
@@ -102,9 +95,9 @@ def test_a_10k_messages_identical_logs_and_pullable_from_slave(procs: Any) -> No
     pair = start_ha_pair(procs, role="SYNC_MASTER")
     topic = _topic(pair, "HaTopicA")
     n = 10_000
-    results = asyncio.run(_send_many(pair.ns_addr, topic, 0, n))
+    results = _send_many(pair.ns_addr, topic, 0, n)
     assert all(r.status is SendStatus.SEND_OK for r in results), {r.status for r in results}
-    end = wait_slave_caught_up(pair)
+    end = wait_caught_up(pair, timeout_s=CATCH_UP_TIMEOUT_S)
     assert end > 1024 * 1024  # crosses a 1 MiB segment boundary
     _wait_slave_dispatched(pair)
     _assert_logs_identical(pair, end)
@@ -174,11 +167,13 @@ def zero_loss_trial(procs: Any, seed: int) -> tuple[int, int]:
     pair = start_ha_pair(procs, role="SYNC_MASTER")
     topic = _topic(pair, "HaZeroLoss")
     loop = _Loop(pair.ns_addr, topic).start()
-    wait_for(lambda: len(loop.ok) >= 50, timeout_s=60, what="first SEND_OKs", alive=pair.alive)
-    time.sleep(rng.uniform(0.0, 1.5))  # the random moment of the crash (not a wait on a condition)
-    pair.master.kill()
-    wait_for(lambda: not loop.thread.is_alive() or len(loop.statuses) > 0, timeout_s=5, what="producer")
-    loop.halt()
+    try:
+        wait_for(lambda: len(loop.ok) >= 50, timeout_s=60, what="first SEND_OKs", alive=pair.alive)
+        time.sleep(rng.uniform(0.0, 1.5))  # the random moment of the crash (not a wait on a condition)
+        pair.master.kill()
+        wait_for(lambda: not loop.thread.is_alive() or len(loop.statuses) > 0, timeout_s=5, what="producer")
+    finally:
+        loop.halt()
     ok = set(loop.ok)
     _wait_slave_dispatched(pair)
     on_slave = set(_bodies_on(pair.slave.addr, topic))
@@ -195,7 +190,7 @@ def test_b_sync_master_zero_loss_on_master_sigkill(procs: Any, seed: int) -> Non
 def test_c_slave_killed_then_back(procs: Any) -> None:
     pair = start_ha_pair(procs, role="SYNC_MASTER")
     topic = _topic(pair, "HaTopicC", on_slave=False)
-    assert all(r.status is SendStatus.SEND_OK for r in asyncio.run(_send_many(pair.ns_addr, topic, 0, 20)))
+    assert all(r.status is SendStatus.SEND_OK for r in _send_many(pair.ns_addr, topic, 0, 20))
     pair.slave.kill()
 
     async def send_one(i: int) -> tuple[SendStatus, float]:
@@ -217,7 +212,7 @@ def test_c_slave_killed_then_back(procs: Any) -> None:
         return status is SendStatus.SEND_OK
 
     wait_for(send_ok, timeout_s=60, what="SEND_OK after the slave returned", alive=pair.alive)
-    end = wait_slave_caught_up(pair)
+    end = wait_caught_up(pair, timeout_s=CATCH_UP_TIMEOUT_S)
     _assert_logs_identical(pair, end)
 
 
@@ -237,7 +232,7 @@ def test_e_slave_restarted_mid_stream(procs: Any) -> None:
         wait_for(lambda: len(loop.ok) >= n_at_start + 300, timeout_s=60, what="traffic after restart")
     finally:
         loop.halt()
-    end = wait_slave_caught_up(pair)
+    end = wait_caught_up(pair, timeout_s=CATCH_UP_TIMEOUT_S)
     _wait_slave_dispatched(pair)
     _assert_logs_identical(pair, end)
     master_max = queue_max_offsets(pair.master.addr, topic, QUEUES)
@@ -261,7 +256,7 @@ def test_g_metadata_reaches_the_slave_within_one_sync_period(procs: Any) -> None
     assert resp.code == ResponseCode.SUCCESS
     t0 = time.monotonic()
     wait_for(
-        lambda: _slave_has_topic(pair, topic),
+        lambda: slave_knows_topic(pair.slave.addr, topic),
         timeout_s=SLAVE_SYNC_BOUND_S,
         what="topic on the slave",
         alive=pair.alive,

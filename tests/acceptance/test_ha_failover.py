@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ha_failover_support import (
+from ha_support import (
     HA_HOUSEKEEPING_INTERVAL_MS,
     SYNC_FLUSH_TIMEOUT_MS,
     PyPushConsumer,
@@ -32,9 +32,8 @@ from ha_failover_support import (
     commit_log_max,
     consumer_offsets,
     ha_slave_count,
-    queue_offsets,
+    queue_max_offsets,
     raw_send,
-    read_jsonl,
     route_broker_ids,
     runtime_info,
     send_backlog,
@@ -45,7 +44,8 @@ from ha_failover_support import (
 from procs import ProcessGroup, wait_for
 
 from ferrymq.client import SendStatus
-from ferrymq.remoting.codes import RequestCode, ResponseCode
+from ferrymq.remoting.codes import ResponseCode
+from support.jsonl import read_jsonl
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(170)]
 
@@ -86,6 +86,22 @@ def _cpp_summary(log_text: str) -> dict[str, Any] | None:
     return None
 
 
+def _start_py_consumer(ns_addr: str, group: str, topic: str, **options: Any) -> PyPushConsumer:
+    """ferrymq's PushConsumer with the pull limits the (d) proofs count on, consuming 10 ms per message."""
+    return PyPushConsumer(
+        ns_addr,
+        group,
+        topic,
+        consume_delay_s=0.01,
+        options={
+            "pull_threshold_for_queue": PY_PULL_THRESHOLD,
+            "pull_batch_size": PY_PULL_BATCH,
+            "consume_concurrency": 2,
+            **options,
+        },
+    ).start()
+
+
 def _largest_gap_after(times: list[float], t0: float) -> float:
     """Longest stretch without a delivery from ``t0`` on (``t0`` counts as a delivery)."""
     ts = sorted([t0, *(t for t in times if t >= t0)])
@@ -101,11 +117,11 @@ def test_d_master_killed_mid_consumption_consumers_continue_on_slave(
     results = send_backlog(pair.ns_addr, topic, TOTAL, prefix="fo")
     assert all(r.status is SendStatus.SEND_OK for r in results), {r.status for r in results}
     wait_caught_up(pair)
-    master_max = queue_offsets(pair.master.addr, RequestCode.GET_MAX_OFFSET, topic, QUEUES_D)
+    master_max = queue_max_offsets(pair.master.addr, topic, QUEUES_D)
     assert sum(master_max) == TOTAL
     slave_max = wait_for(
         lambda: (
-            (q := queue_offsets(pair.slave.addr, RequestCode.GET_MAX_OFFSET, topic, QUEUES_D)) == master_max
+            (q := queue_max_offsets(pair.slave.addr, topic, QUEUES_D)) == master_max
             and q
         ),
         timeout_s=30,
@@ -129,18 +145,7 @@ def test_d_master_killed_mid_consumption_consumers_continue_on_slave(
             "delay_ms": 5,
         },
     )
-    py = PyPushConsumer(
-        pair.ns_addr,
-        py_group,
-        topic,
-        consume_delay_s=0.01,
-        options={
-            "pull_threshold_for_queue": PY_PULL_THRESHOLD,
-            "pull_batch_size": PY_PULL_BATCH,
-            "consume_concurrency": 2,
-            "persist_offset_interval_ms": 1000,
-        },
-    ).start()
+    py = _start_py_consumer(pair.ns_addr, py_group, topic, persist_offset_interval_ms=1000)
     try:
 
         def cpp_seqs() -> set[int]:
@@ -275,13 +280,13 @@ def test_c_slave_killed_then_back(procs: ProcessGroup) -> None:
         alive=pair.alive,
     )
     wait_caught_up(pair)
-    master_max = queue_offsets(pair.master.addr, RequestCode.GET_MAX_OFFSET, topic, QUEUES_C)
+    master_max = queue_max_offsets(pair.master.addr, topic, QUEUES_C)
     assert sum(master_max) == 1 + 1 + 3 + len(
         after_restart
     )  # before, first after the kill, while down, after
     assert set(after_restart[:-1]) <= {ResponseCode.SLAVE_NOT_AVAILABLE, ResponseCode.FLUSH_SLAVE_TIMEOUT}
     wait_for(
-        lambda: queue_offsets(pair.slave.addr, RequestCode.GET_MAX_OFFSET, topic, QUEUES_C) == master_max,
+        lambda: queue_max_offsets(pair.slave.addr, topic, QUEUES_C) == master_max,
         timeout_s=30,
         what="the slave's consume queues to match the master's",
         alive=pair.alive,
@@ -305,17 +310,7 @@ def test_d2_ferrymq_consumer_fails_over_without_waiting_for_the_route_poll(procs
     results = send_backlog(pair.ns_addr, topic, TOTAL_D2, prefix="fp")
     assert all(r.status is SendStatus.SEND_OK for r in results), {r.status for r in results}
     wait_caught_up(pair)
-    py = PyPushConsumer(
-        pair.ns_addr,
-        group,
-        topic,
-        consume_delay_s=0.01,
-        options={
-            "pull_threshold_for_queue": PY_PULL_THRESHOLD,
-            "pull_batch_size": PY_PULL_BATCH,
-            "consume_concurrency": 2,
-        },
-    ).start()
+    py = _start_py_consumer(pair.ns_addr, group, topic)
     try:
         wait_for(
             lambda: py.error is None and len(py.bodies) >= KILL_AFTER,

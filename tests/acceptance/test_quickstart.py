@@ -8,10 +8,11 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from procs import ProcessGroup, ferry_argv, wait_for
+from procs import ManagedProcess, ProcessGroup, ferry_argv, wait_for
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(180)]
 
@@ -55,84 +56,96 @@ def _procs_using(data_dir: Path) -> list[int]:
     return out
 
 
-def test_quickstart_round_trip_replication_and_clean_stop(procs: ProcessGroup, tmp_path: Path) -> None:
-    data_dir = tmp_path / "qs-data"
-    qs = procs.spawn("quickstart", ferry_argv("quickstart", "--data-dir", str(data_dir)))
-    child_pids: list[int] = []
+def _child_pids(qs: ManagedProcess) -> list[int]:
+    """Pids of the children quickstart logged as started."""
+    return [int(p) for _, p in CHILD_RX.findall(qs.log_text())]
+
+
+StartQuickstart = Callable[[str, Path], ManagedProcess]
+
+
+@pytest.fixture
+def quickstart(procs: ProcessGroup) -> Iterator[StartQuickstart]:
+    """``quickstart(name, data_dir)`` spawns ``ferry quickstart --data-dir DIR``. At teardown, also on failure,
+    it and every child it started (logged, or carrying ``data_dir`` in its command line) are SIGKILLed."""
+    started: list[tuple[ManagedProcess, Path]] = []
+
+    def start(name: str, data_dir: Path) -> ManagedProcess:
+        qs = procs.spawn(name, ferry_argv("quickstart", "--data-dir", str(data_dir)))
+        started.append((qs, data_dir))
+        return qs
+
     try:
-        t0 = time.monotonic()
-        m = qs.wait_log(READY_RX.pattern, timeout_s=READY_TIMEOUT_S)
-        ready_s = time.monotonic() - t0
-        ns_addr, master_addr, slave_addr = m.group(1), m.group(2), m.group(3)
-        out = qs.log_text()
-        child_pids = [int(p) for _, p in CHILD_RX.findall(out)]
-        assert sorted(n for n, _ in CHILD_RX.findall(out)) == ["master", "namesrv", "slave"], out
-        assert len({ns_addr, master_addr, slave_addr}) == 3
-        # three separate processes, all alive while serving
-        assert all(_alive(p) for p in child_pids), out
-        assert qs.popen is not None and qs.popen.pid not in child_pids
-
-        # round trip: every demo message sent SEND_OK and consumed
-        assert len(re.findall(r"^sent\s+#\d+ -> SEND_OK", out, re.M)) == DEMO_MESSAGES, out
-        consumed = re.findall(r"^consumed\s+queue \d+ queueOffset \d+: (hello ferrymq \S+ #\d+)$", out, re.M)
-        assert len(set(consumed)) == DEMO_MESSAGES, out
-        assert f"round trip    {DEMO_MESSAGES}/{DEMO_MESSAGES} messages sent and consumed" in out
-
-        # replication status: the master's view with one slave, acked up to the master's max, no lag
-        rm = re.search(
-            r"replication   master (\S+) \(SYNC_MASTER\) commit log max offset (\d+), haSlaveCount (\d+)", out
-        )
-        assert rm is not None, out
-        assert rm.group(1) == master_addr and int(rm.group(3)) == 1
-        master_max = int(rm.group(2))
-        assert master_max > 0
-        sm = re.search(
-            r"^  slave (\S+)(?: \(HA link \S+\))?: acked offset (-?\d+), lag (-?\d+) bytes$", out, re.M
-        )
-        assert sm is not None, out
-        assert sm.group(1) == slave_addr
-        assert int(sm.group(2)) == master_max and int(sm.group(3)) == 0
-        assert ready_s < READY_TIMEOUT_S
-
-        # Ctrl-C: exit 0, every child stopped
-        qs.signal(signal.SIGINT)
-        code = qs.wait_exit(SHUTDOWN_TIMEOUT_S)
-        assert code == 0, qs.tail()
-        wait_for(
-            lambda: not any(_alive(p) for p in child_pids), timeout_s=5, what="quickstart children to be gone"
-        )
-        assert _procs_using(data_dir) == []
-        stopped = qs.log_text()
-        for name in ("slave", "master", "namesrv"):
-            assert re.search(rf"stopped {name} \(pid \d+, exit code 0\)", stopped), stopped
+        yield start
     finally:
-        # also on failure: no quickstart child may outlive the test
-        qs.kill()
-        for pid in child_pids:
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        for qs, data_dir in started:
+            qs.kill()
+            for pid in {*_child_pids(qs), *_procs_using(data_dir)}:
+                if _alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
 
 
-def test_quickstart_sigterm_during_startup_leaves_nothing(procs: ProcessGroup, tmp_path: Path) -> None:
+def _assert_children_gone(child_pids: list[int], data_dir: Path) -> None:
+    wait_for(
+        lambda: not any(_alive(p) for p in child_pids), timeout_s=5, what="quickstart children to be gone"
+    )
+    assert _procs_using(data_dir) == []
+
+
+def test_quickstart_round_trip_replication_and_clean_stop(quickstart: StartQuickstart, tmp_path: Path) -> None:
+    data_dir = tmp_path / "qs-data"
+    qs = quickstart("quickstart", data_dir)
+    t0 = time.monotonic()
+    m = qs.wait_log(READY_RX.pattern, timeout_s=READY_TIMEOUT_S)
+    ready_s = time.monotonic() - t0
+    ns_addr, master_addr, slave_addr = m.group(1), m.group(2), m.group(3)
+    out = qs.log_text()
+    child_pids = _child_pids(qs)
+    assert sorted(n for n, _ in CHILD_RX.findall(out)) == ["master", "namesrv", "slave"], out
+    assert len({ns_addr, master_addr, slave_addr}) == 3
+    # three separate processes, all alive while serving
+    assert all(_alive(p) for p in child_pids), out
+    assert qs.popen is not None and qs.popen.pid not in child_pids
+
+    # round trip: every demo message sent SEND_OK and consumed
+    assert len(re.findall(r"^sent\s+#\d+ -> SEND_OK", out, re.M)) == DEMO_MESSAGES, out
+    consumed = re.findall(r"^consumed\s+queue \d+ queueOffset \d+: (hello ferrymq \S+ #\d+)$", out, re.M)
+    assert len(set(consumed)) == DEMO_MESSAGES, out
+    assert f"round trip    {DEMO_MESSAGES}/{DEMO_MESSAGES} messages sent and consumed" in out
+
+    # replication status: the master's view with one slave, acked up to the master's max, no lag
+    rm = re.search(
+        r"replication   master (\S+) \(SYNC_MASTER\) commit log max offset (\d+), haSlaveCount (\d+)", out
+    )
+    assert rm is not None, out
+    assert rm.group(1) == master_addr and int(rm.group(3)) == 1
+    master_max = int(rm.group(2))
+    assert master_max > 0
+    sm = re.search(
+        r"^  slave (\S+)(?: \(HA link \S+\))?: acked offset (-?\d+), lag (-?\d+) bytes$", out, re.M
+    )
+    assert sm is not None, out
+    assert sm.group(1) == slave_addr
+    assert int(sm.group(2)) == master_max and int(sm.group(3)) == 0
+    assert ready_s < READY_TIMEOUT_S
+
+    # Ctrl-C: exit 0, every child stopped
+    qs.signal(signal.SIGINT)
+    code = qs.wait_exit(SHUTDOWN_TIMEOUT_S)
+    assert code == 0, qs.tail()
+    _assert_children_gone(child_pids, data_dir)
+    stopped = qs.log_text()
+    for name in ("slave", "master", "namesrv"):
+        assert re.search(rf"stopped {name} \(pid \d+, exit code 0\)", stopped), stopped
+
+
+def test_quickstart_sigterm_during_startup_leaves_nothing(quickstart: StartQuickstart, tmp_path: Path) -> None:
     """A stop request while the processes are still starting stops the ones already started."""
     data_dir = tmp_path / "qs-early"
-    qs = procs.spawn("quickstart-early", ferry_argv("quickstart", "--data-dir", str(data_dir)))
-    child_pids: list[int] = []
-    try:
-        qs.wait_log(r"started master\s+pid \d+", timeout_s=READY_TIMEOUT_S)
-        child_pids = [int(p) for _, p in CHILD_RX.findall(qs.log_text())]
-        qs.signal(signal.SIGTERM)
-        code = qs.wait_exit(SHUTDOWN_TIMEOUT_S)
-        assert code == 0, qs.tail()
-        child_pids = [int(p) for _, p in CHILD_RX.findall(qs.log_text())]
-        wait_for(
-            lambda: not any(_alive(p) for p in child_pids), timeout_s=5, what="quickstart children to be gone"
-        )
-        assert _procs_using(data_dir) == []
-    finally:
-        qs.kill()
-        for pid in child_pids:
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+    qs = quickstart("quickstart-early", data_dir)
+    qs.wait_log(r"started master\s+pid \d+", timeout_s=READY_TIMEOUT_S)
+    qs.signal(signal.SIGTERM)
+    code = qs.wait_exit(SHUTDOWN_TIMEOUT_S)
+    assert code == 0, qs.tail()
+    _assert_children_gone(_child_pids(qs), data_dir)

@@ -1,9 +1,8 @@
-"""Helpers shared by the broker tests: config, polling, a raw remoting client, request builders."""
+"""Helpers shared by the broker tests: config, a raw remoting client, request builders (``wait_for`` is
+``support.aio.wait_for``, re-exported)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ferrymq.broker.config import BrokerConfig
@@ -11,38 +10,20 @@ from ferrymq.common.message import MessageExt
 from ferrymq.common.message_codec import iter_records
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.connection import Connection, Dispatcher, connect
+from support.aio import wait_for as wait_for
+from support.inproc import broker_config
+
+#: the broker suite's BrokerConfig values on top of ``support.inproc.broker_config`` (also the ``broker`` fixture's)
+BROKER_SETTINGS: dict[str, Any] = {
+    "broker_name": "broker-t",
+    "mapped_file_size_commit_log": 4 * 1024 * 1024,
+    "mapped_file_size_consume_queue": 20 * 1000,
+}
 
 
 def make_config(data_dir: str, namesrv: str | None = None, **overrides: Any) -> BrokerConfig:
-    cfg = BrokerConfig(
-        broker_name="broker-t",
-        listen_port=0,
-        listen_host="127.0.0.1",
-        broker_ip1="127.0.0.1",
-        store_path_root_dir=data_dir,
-        namesrv_addr=[namesrv] if namesrv else [],
-        mapped_file_size_commit_log=4 * 1024 * 1024,
-        mapped_file_size_consume_queue=20 * 1000,
-        fast_listen_enable=False,
-    )
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
+    cfg: BrokerConfig = broker_config(data_dir, namesrv, **{**BROKER_SETTINGS, **overrides})
     return cfg
-
-
-async def wait_for(cond: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.01) -> Any:
-    """Poll a condition (not a bare sleep: returns as soon as it holds)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = cond()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(interval_s)
 
 
 class Client:

@@ -1,4 +1,5 @@
-"""Fixtures: an in-process NameServer + BrokerController on 127.0.0.1 free ports, tmp_path data."""
+"""Fixtures: the in-process NameServer + BrokerController of ``support.inproc`` (broker suite settings), and a
+raw remoting client of the broker."""
 
 from __future__ import annotations
 
@@ -6,30 +7,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from broker_helpers import Client, make_config
+from broker_helpers import BROKER_SETTINGS, Client
 
 from ferrymq.broker.app import BrokerController
-from ferrymq.namesrv.app import NameServer
 
 
 @pytest.fixture
-async def namesrv() -> AsyncIterator[NameServer]:
-    ns = NameServer("127.0.0.1", 0)
-    await ns.start()
-    try:
-        yield ns
-    finally:
-        await ns.stop()
-
-
-@pytest.fixture
-async def broker(tmp_path: Any, namesrv: NameServer) -> AsyncIterator[BrokerController]:
-    ctl = BrokerController(make_config(str(tmp_path / "store"), namesrv.addr))
-    await ctl.start()
-    try:
-        yield ctl
-    finally:
-        await ctl.stop()
+def broker_settings() -> dict[str, Any]:
+    return dict(BROKER_SETTINGS)
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from client_helpers import wait_for
 
-from conftest import needs_cluster
 from ferrymq.client import Admin, ConsumeStatus, MessageExt, Producer, PushConsumer, new_message
-from support import wait_for
+from support.inproc import needs_cluster
 
 pytestmark = [needs_cluster, pytest.mark.acceptance]
 
@@ -32,13 +32,12 @@ def _cpp_available() -> bool:
 cpp_only = pytest.mark.skipif(not _cpp_available(), reason="PyPI rocketmq==0.4.4 not installed")
 
 
-async def run_script(name: str, args: dict[str, Any]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
+async def run_script(name: str, args: dict[str, Any]) -> tuple[int, list[dict[str, Any]], str]:
+    """Run ``cpp/<name>`` with ``args`` (one JSON argument) to its end; killed on a timeout or any failure.
+    Returns (exit code, its JSON stdout lines, the tail of its stderr)."""
+    proc = await asyncio.create_subprocess_exec(
         sys.executable, str(SCRIPTS / name), json.dumps(args),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-
-
-async def finish(proc: asyncio.subprocess.Process) -> tuple[int, list[dict[str, Any]], str]:
     try:
         out, err = await asyncio.wait_for(proc.communicate(), SUBPROCESS_TIMEOUT_S)
     except BaseException:
@@ -63,9 +62,8 @@ async def test_our_producer_to_cpp_consumer(ns_addr: str) -> None:
             r = await p.send(new_message("InteropA", f"py-body-{i}", tags="PyTag", keys=[f"pykey-{i}", "common"],
                                          properties={"myprop": f"p{i}"}))
             sent[f"py-body-{i}"] = r
-    proc = await run_script("cpp_consume.py", {"namesrv": ns_addr, "topic": "InteropA", "group": "cpp-cg",
-                                               "count": 5, "timeout_s": 60})
-    code, lines, err = await finish(proc)
+    code, lines, err = await run_script("cpp_consume.py", {"namesrv": ns_addr, "topic": "InteropA",
+                                                           "group": "cpp-cg", "count": 5, "timeout_s": 60})
     assert code == 0, err
     got = {rec["body"]: rec for rec in lines}
     assert set(got) == set(sent)
@@ -89,8 +87,7 @@ async def test_cpp_producer_to_our_consumer(ns_addr: str) -> None:
     c.register_message_listener(listener)
     await c.start()
     try:
-        proc = await run_script("cpp_produce.py", {"namesrv": ns_addr, "topic": "InteropB", "count": 5})
-        code, lines, err = await finish(proc)
+        code, lines, err = await run_script("cpp_produce.py", {"namesrv": ns_addr, "topic": "InteropB", "count": 5})
         assert code == 0, err
         assert len(lines) == 5
         await wait_for(lambda: len({m.body for m in got}) >= 5, timeout_s=30)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import needs_cluster
+from support.inproc import needs_cluster
 
 pytestmark = needs_cluster
 

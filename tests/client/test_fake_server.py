@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from client_helpers import wait_for
 
 from ferrymq.client import Producer, new_message
 from ferrymq.client.config import ClientConfig
@@ -18,7 +19,7 @@ from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.connection import Connection, Dispatcher
 from ferrymq.remoting.server import RemotingServer
-from support import free_port, wait_for
+from support.ports import free_port
 
 
 class Fake:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from client_helpers import wait_for
 
-from conftest import needs_cluster
 from ferrymq.client import (
     Admin,
     ConsumeStatus,
@@ -23,7 +23,7 @@ from ferrymq.client import (
     select_by_hash,
 )
 from ferrymq.client.sync import SyncAdmin, SyncProducer, SyncPullConsumer
-from support import wait_for
+from support.inproc import needs_cluster
 
 pytestmark = needs_cluster
 
@@ -92,12 +92,12 @@ async def _pull_n(c: PullConsumer, topic: str, n: int) -> list[MessageExt] | Non
     return msgs if len(msgs) >= n else None
 
 
-async def test_blocking_pull_wakes_on_new_message(ns_addr: str) -> None:
+async def test_blocking_pull_wakes_on_new_message(ns_addr: str, broker: Any) -> None:
     await create(ns_addr, "LP", 1)
     async with PullConsumer(ns_addr, "lp-cg") as c, Producer(ns_addr, "pg") as p:
         mq = (await c.fetch_subscribe_message_queues("LP"))[0]
         pending = asyncio.create_task(c.pull(mq, 0, 32, block=True))
-        await asyncio.sleep(0.2)
+        await wait_for(lambda: broker.long_polling.parked_count == 1)  # the broker holds the pull
         assert not pending.done()
         await p.send(new_message("LP", "wake"))
         r = await asyncio.wait_for(pending, 10)

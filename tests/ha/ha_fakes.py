@@ -1,13 +1,15 @@
-"""In-memory commit log, fake clock and in-memory wire for the sans-IO HA protocol tests."""
+"""In-memory commit log and in-memory wire (clock: ``support.clock.ManualClock`` from ``T0_MS``) for the sans-IO HA protocol tests."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 from ferrymq.ha.codec import TransferDecoder
 from ferrymq.ha.master_conn import AckReceived, CloseConnection, MasterConnection, SendBytes
 from ferrymq.ha.slave_conn import Appended, SlaveConnection
+from support.clock import ManualClock
 
 
 class FakeCommitLog:
@@ -52,16 +54,8 @@ class FakeCommitLog:
         return bytes(self.data[start - self.base : end - self.base])
 
 
-class FakeClock:
-    def __init__(self, now_ms: int = 1_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, ms: int) -> int:
-        self.now_ms += ms
-        return self.now_ms
+#: start of the manual clock of the HA protocol tests
+T0_MS = 1_000_000
 
 
 Chunker = Callable[[bytes], list[bytes]]
@@ -90,7 +84,7 @@ class Wire:
     """Joins a MasterConnection and a SlaveConnection with in-memory byte pipes."""
 
     def __init__(
-        self, master: MasterConnection, slave: SlaveConnection, clock: FakeClock, chunker: Chunker = whole
+        self, master: MasterConnection, slave: SlaveConnection, clock: ManualClock, chunker: Chunker = whole
     ) -> None:
         self.master = master
         self.slave = slave
@@ -106,24 +100,22 @@ class Wire:
         self.sent_to_master = bytearray()
 
     def _from_master(self, outs: list[object]) -> None:
-        for o in outs:
-            if isinstance(o, SendBytes):
-                self.to_slave.append(o.data)
-                self.sent_to_slave += o.data
-            elif isinstance(o, AckReceived):
-                self.acks.append(o)
-            elif isinstance(o, CloseConnection):
-                self.master_closed = o.reason
+        self._take(outs, self.to_slave, self.sent_to_slave, AckReceived, self.acks, "master_closed")
 
     def _from_slave(self, outs: list[object]) -> None:
+        self._take(outs, self.to_master, self.sent_to_master, Appended, self.appended, "slave_closed")
+
+    def _take(self, outs: list[object], pipe: list[bytes], sent: bytearray, event_type: type,
+              events: list[Any], closed_attr: str) -> None:
+        """One side's outputs: bytes into the pipe to the other side, its events recorded, a close noted."""
         for o in outs:
             if isinstance(o, SendBytes):
-                self.to_master.append(o.data)
-                self.sent_to_master += o.data
-            elif isinstance(o, Appended):
-                self.appended.append(o)
+                pipe.append(o.data)
+                sent += o.data
+            elif isinstance(o, event_type):
+                events.append(o)
             elif isinstance(o, CloseConnection):
-                self.slave_closed = o.reason
+                setattr(self, closed_attr, o.reason)
 
     def connect(self) -> None:
         self._from_slave(self.slave.connection_made(self.clock()))

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from ferrymq.common.message import MessageExtBrokerInner, properties_to_string
@@ -75,11 +72,3 @@ def read_queue_bodies(store: MessageStore, queue_id: int, start: int, end: int) 
         assert res.status is GetMessageStatus.FOUND, (queue_id, qoff, res.status)
         bodies.append(decode_record(res.buffers[0]).body)
     return bodies
-
-
-async def wait_until(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)

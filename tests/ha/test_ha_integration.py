@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,6 @@ from ha_store_support import (
     open_store,
     put_n,
     read_queue_bodies,
-    wait_until,
 )
 
 from ferrymq.ha.client import HAClient
@@ -22,6 +22,7 @@ from ferrymq.ha.codec import encode_report
 from ferrymq.ha.service import HAService
 from ferrymq.store.config import BrokerRole
 from ferrymq.store.message_store import MessageStore
+from support.aio import wait_for
 
 QUEUES = 4
 
@@ -82,15 +83,15 @@ class Pair:
     async def caught_up(self, timeout_s: float = 20.0) -> None:
         assert self.slave is not None
         slave = self.slave
-        await wait_until(
+        await wait_for(
             lambda: (
                 slave.max_phy_offset == self.master.max_phy_offset
                 and self.service.push2slave_max_offset == self.master.max_phy_offset
             ),
             timeout_s,
-            "slave catch-up",
+            what="slave catch-up",
         )
-        await wait_until(lambda: slave.reput_phy_offset == slave.max_phy_offset, timeout_s, "slave reput")
+        await wait_for(lambda: slave.reput_phy_offset == slave.max_phy_offset, timeout_s, what="slave reput")
 
     async def close(self) -> None:
         await self.stop_slave()
@@ -167,7 +168,7 @@ async def test_slave_restart_resumes_without_gap_or_duplicate(pair: Pair) -> Non
     pair.put(0, 1000)
     await pair.caught_up()
     await pair.stop_slave()
-    await wait_until(lambda: pair.service.connection_count == 0, 5, "master notices the slave left")
+    await wait_for(lambda: pair.service.connection_count == 0, 5, what="master notices the slave left")
     pair.put(1000, 3000)  # crosses into the next segment while the slave is down
     await pair.start_slave()
     await pair.caught_up()
@@ -216,7 +217,7 @@ async def test_stopped_slave_waiters_time_out(pair: Pair) -> None:
     more = pair.put(10, 10)
     waits = [asyncio.create_task(pair.service.wait_for_slave_ack(e, 300)) for e in more]
     assert await asyncio.gather(*waits) == [False] * len(more)
-    await wait_until(lambda: pair.service.connection_count == 0, 5, "master drops the slave")
+    await wait_for(lambda: pair.service.connection_count == 0, 5, what="master drops the slave")
     assert not pair.service.is_slave_ok(more[-1])
 
 
@@ -226,7 +227,7 @@ async def test_fallbehind_limit(tmp_path: Path) -> None:
     await service.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", service.port)
-        await wait_until(lambda: service.connection_count == 1, 5, "accept")
+        await wait_for(lambda: service.connection_count == 1, 5, what="accept")
         assert service.is_slave_ok(999)
         assert not service.is_slave_ok(1000)
         writer.close()
@@ -247,7 +248,7 @@ async def test_master_drops_a_silent_connection(tmp_path: Path) -> None:
     await service.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", service.port)
-        await wait_until(lambda: service.connection_count == 1, 5, "accept")
+        await wait_for(lambda: service.connection_count == 1, 5, what="accept")
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by housekeeping
         assert service.connection_count == 0
         writer.close()
@@ -263,7 +264,7 @@ async def test_idle_link_heartbeats_and_stays_up(pair: Pair) -> None:
     proto = client._proto
     assert proto is not None
     # 200 ms heartbeats, 2 s housekeeping: wait for 12 heartbeats (> housekeeping span)
-    await wait_until(lambda: proto.heartbeats_received >= 12, 15, "heartbeats")
+    await wait_for(lambda: proto.heartbeats_received >= 12, 15, what="heartbeats")
     assert client.connected and client.sessions == 1
     assert pair.service.connection_count == 1
 
@@ -274,21 +275,32 @@ async def test_master_refuses_a_slave_ahead_of_it(pair: Pair) -> None:
     writer.write(encode_report(pair.master.max_phy_offset + 1))
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
-    await wait_until(lambda: pair.service.connection_count == 0, 5, "drop")
+    await wait_for(lambda: pair.service.connection_count == 0, 5, what="drop")
 
 
 async def test_update_master_address_switches_and_none_disconnects(pair: Pair) -> None:
     client = await pair.start_slave()
-    await wait_until(lambda: pair.service.connection_count == 1, 5, "connect")
+    await wait_for(lambda: pair.service.connection_count == 1, 5, what="connect")
     client.update_master_address(None)
-    await wait_until(lambda: pair.service.connection_count == 0 and not client.connected, 5, "disconnect")
+    await wait_for(lambda: pair.service.connection_count == 0 and not client.connected, 5, what="disconnect")
     client.update_master_address(f"127.0.0.1:{pair.service.port}")
     pair.put(0, 50)
     await pair.caught_up()
     assert client.sessions == 2
 
 
-async def test_slave_waits_for_a_master_that_starts_later(tmp_path: Path) -> None:
+HA_CLIENT_LOGGER = "ferrymq.ha.client"
+FEW_FAILED_CONNECTS = 3
+
+
+def _failed_connects(caplog: pytest.LogCaptureFixture) -> int:
+    """Connect attempts the HAClient logged as failed."""
+    return sum(r.name == HA_CLIENT_LOGGER and r.getMessage().startswith("HA connect to master")
+               and "failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_slave_waits_for_a_master_that_starts_later(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=HA_CLIENT_LOGGER)
     master = open_store(tmp_path / "m", BrokerRole.ASYNC_MASTER)
     slave = open_store(tmp_path / "s", BrokerRole.SLAVE)
     probe = HAService(master, listen_host="127.0.0.1", listen_port=0)
@@ -301,12 +313,12 @@ async def test_slave_waits_for_a_master_that_starts_later(tmp_path: Path) -> Non
     await client.start()
     service = HAService(master, listen_host="127.0.0.1", listen_port=port)
     try:
-        await asyncio.sleep(0.2)  # a few failed attempts
+        await wait_for(lambda: _failed_connects(caplog) >= FEW_FAILED_CONNECTS, 10, what="a few failed attempts")
         assert not client.connected
         put_n(master, 0, 100)
         await service.start()
         service.notify_data_appended()
-        await wait_until(lambda: slave.max_phy_offset == master.max_phy_offset, 10, "catch-up")
+        await wait_for(lambda: slave.max_phy_offset == master.max_phy_offset, 10, what="catch-up")
     finally:
         await client.stop()
         await service.stop()

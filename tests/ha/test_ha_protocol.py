@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from ha_fakes import FakeClock, FakeCommitLog, Wire, random_chunker
+from ha_fakes import T0_MS, FakeCommitLog, Wire, random_chunker
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +20,7 @@ from ferrymq.ha.master_conn import (
     SendBytes,
 )
 from ferrymq.ha.slave_conn import SlaveConnection, SlaveState
+from support.clock import ManualClock
 
 SEG = 4096
 BATCH = 1000
@@ -27,7 +28,7 @@ CFG = HAConfig(heartbeat_interval_ms=5000, housekeeping_interval_ms=20000, trans
 
 
 def make(master_bytes: bytes, slave: FakeCommitLog | None = None, chunker=None, report_on_connect=True):
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     mlog = FakeCommitLog(SEG, data=master_bytes)
     slog = slave if slave is not None else FakeCommitLog(SEG)
     m = MasterConnection(mlog, segment_size=SEG, now_ms=clock(), config=CFG)
@@ -111,7 +112,7 @@ def test_master_trims_an_overdelivering_source_to_the_segment() -> None:
         def read_from(self, phy_offset: int, max_bytes: int) -> bytes:
             return bytes(self.data[phy_offset : phy_offset + 10 * SEG])
 
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     mlog = Greedy(SEG, data=os.urandom(2 * SEG))
     m = MasterConnection(mlog, segment_size=SEG, now_ms=clock(), config=CFG)
     m.receive_data(encode_report(SEG - 10), clock())
@@ -121,7 +122,7 @@ def test_master_trims_an_overdelivering_source_to_the_segment() -> None:
 
 
 def test_slave_disconnects_on_offset_mismatch() -> None:
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     slog = FakeCommitLog(SEG, base=0, data=b"z" * 100)
     s = SlaveConnection(slog, now_ms=clock(), config=CFG)
     s.connection_made(clock())
@@ -137,7 +138,7 @@ def test_slave_disconnects_on_offset_mismatch() -> None:
 
 
 def test_empty_slave_accepts_any_pushed_offset() -> None:
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     slog = FakeCommitLog(SEG)
     s = SlaveConnection(slog, now_ms=clock(), config=CFG)
     s.connection_made(clock())
@@ -152,14 +153,14 @@ def test_slave_closes_when_store_refuses_append() -> None:
         def append_at(self, phy_offset: int, chunk: bytes) -> bool:
             return False
 
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     s = SlaveConnection(Refusing(SEG), now_ms=clock(), config=CFG)
     s.connection_made(clock())
     assert isinstance(s.receive_data(encode_transfer(0, b"x"), clock())[-1], CloseConnection)
 
 
 def test_master_drops_ack_beyond_its_max() -> None:
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     mlog = FakeCommitLog(SEG, data=b"q" * 500)
     m = MasterConnection(mlog, segment_size=SEG, now_ms=clock(), config=CFG)
     assert m.receive_data(encode_report(100), clock()) == [AckReceived(100, True)]
@@ -172,7 +173,7 @@ def test_master_drops_ack_beyond_its_max() -> None:
 
 
 def test_master_uses_only_last_complete_report() -> None:
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     mlog = FakeCommitLog(SEG, data=b"q" * 500)
     m = MasterConnection(mlog, segment_size=SEG, now_ms=clock(), config=CFG)
     blob = encode_report(10) + encode_report(20) + encode_report(30)[:5]
@@ -243,7 +244,7 @@ def test_no_housekeeping_while_both_sides_heartbeat() -> None:
 
 
 def test_slave_housekeeping_closes_on_a_silent_master() -> None:
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     s = SlaveConnection(FakeCommitLog(SEG), now_ms=clock(), config=CFG)
     s.connection_made(clock())
     closed = None
@@ -257,7 +258,7 @@ def test_slave_housekeeping_closes_on_a_silent_master() -> None:
 
 
 def test_slave_reports_periodically() -> None:
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     slog = FakeCommitLog(SEG, base=0, data=b"y" * 7)
     s = SlaveConnection(slog, now_ms=clock(), config=CFG)
     assert s.connection_made(clock()) == [SendBytes(encode_report(7))]
@@ -268,7 +269,7 @@ def test_slave_reports_periodically() -> None:
 
 
 def test_rocketmq_mode_first_report_after_heartbeat_interval() -> None:
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     slog = FakeCommitLog(SEG, base=0, data=b"y" * 7)
     s = SlaveConnection(slog, now_ms=clock(), config=CFG, report_on_connect=False)
     assert s.connection_made(clock()) == []
@@ -279,7 +280,7 @@ def test_rocketmq_mode_first_report_after_heartbeat_interval() -> None:
 
 
 def test_unknown_transition_is_an_error_and_closed_ignores_input() -> None:
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     s = SlaveConnection(FakeCommitLog(SEG), now_ms=clock(), config=CFG)
     with pytest.raises(ProtocolStateError):
         s.receive_data(b"x", clock())  # before connection_made
@@ -296,7 +297,7 @@ def test_unknown_transition_is_an_error_and_closed_ignores_input() -> None:
 
 
 def test_bad_transfer_header_closes_the_slave() -> None:
-    clock = FakeClock()
+    clock = ManualClock(T0_MS)
     s = SlaveConnection(FakeCommitLog(SEG), now_ms=clock(), config=CFG, max_body_size=1024)
     s.connection_made(clock())
     import struct

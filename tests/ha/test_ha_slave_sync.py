@@ -19,6 +19,7 @@ from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Dispatcher
 from ferrymq.remoting.pool import ConnectionPool
 from ferrymq.remoting.server import RemotingServer
+from support.aio import wait_for
 
 
 def clock() -> int:
@@ -103,8 +104,6 @@ async def test_sync_all_copies_master_metadata(master: tuple[str, SimpleNamespac
 async def test_periodic_sync_and_unreachable_master(
     master: tuple[str, SimpleNamespace], tmp_path: Path
 ) -> None:
-    from ha_store_support import wait_until
-
     addr, m = master
     s = managers(tmp_path / "slave")
     ctrl = SimpleNamespace(pool=ConnectionPool(), broker_addr="127.0.0.1:1", config=None, **vars(s))
@@ -113,13 +112,13 @@ async def test_periodic_sync_and_unreachable_master(
     try:
         sync.master_addr = "127.0.0.1:1"  # own address: nothing happens
         sync.master_addr = addr
-        await wait_until(lambda: sync.sync_count >= 2, 10, "two sync rounds")
+        await wait_for(lambda: sync.sync_count >= 2, 10, what="two sync rounds")
         from ferrymq.common.topic import TopicConfig
 
         m.topics.update(TopicConfig("Later", 4, 4))
-        await wait_until(lambda: s.topics.get("Later") is not None, 10, "new topic on slave")
+        await wait_for(lambda: s.topics.get("Later") is not None, 10, what="new topic on slave")
         sync.master_addr = "127.0.0.1:9"  # nothing listens: steps fail, loop survives
-        await wait_until(lambda: sync.last_error is not None, 10, "failure noted")
+        await wait_for(lambda: sync.last_error is not None, 10, what="failure noted")
     finally:
         await sync.stop()
         await ctrl.pool.close()

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -16,25 +15,15 @@ from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Connection, connect
+from support.aio import wait_for
+from support.clock import ManualClock
 
 CLUSTER = "DefaultCluster"
 WAIT_S = 5.0
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_ms = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-
-async def wait_for(cond: Callable[[], Awaitable[bool]], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
+#: start of the namesrv tests' manual clock
+T0_MS = 1_700_000_000_000
 
 
 def register_body_json(topics: dict[str, int], counter: int = 1) -> bytes:
@@ -62,12 +51,12 @@ def register_cmd(name: str, addr: str, broker_id: int, body: bytes, **extra: obj
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock(T0_MS)
 
 
 @pytest.fixture
-async def namesrv(clock: FakeClock) -> AsyncIterator[NameServer]:
+async def namesrv(clock: ManualClock) -> AsyncIterator[NameServer]:
     server = NameServer(host="127.0.0.1", port=0, clock_ms=clock)
     await server.start()
     try:
@@ -120,13 +109,13 @@ async def test_register_route_and_connection_close(namesrv: NameServer, client: 
             assert r.code == ResponseCode.SUCCESS  # the route survives with the slave
             return bool(orjson.loads(r.body)["brokerDatas"][0]["brokerAddrs"] == {"1": "127.0.0.1:11911"})
 
-        await wait_for(slave_only)
+        await wait_for(slave_only, WAIT_S)
         slave.close()
 
         async def gone() -> bool:
             return (await route(client, "TopicTest")).code == ResponseCode.TOPIC_NOT_EXIST
 
-        await wait_for(gone)
+        await wait_for(gone, WAIT_S)
         resp = await route(client, "TopicTest")
         assert resp.remark == "No topic route info in name server for the topic: TopicTest"
     finally:
@@ -211,7 +200,7 @@ async def test_kv_config(namesrv: NameServer, client: Connection) -> None:
     assert orjson.loads((await route(client, "O")).body)["orderTopicConf"] == "b:4"
 
 
-async def test_expiry_scan_closes_silent_broker(namesrv: NameServer, client: Connection, clock: FakeClock) -> None:
+async def test_expiry_scan_closes_silent_broker(namesrv: NameServer, client: Connection, clock: ManualClock) -> None:
     broker = await connect(namesrv.addr)
     try:
         assert (await broker.invoke(register_cmd("b", "127.0.0.1:10911", 0, register_body_json({"E": 6})))).code == 0

@@ -6,28 +6,22 @@ import pytest
 
 from ferrymq.common.topic import PERM_INHERIT, PERM_READ, PERM_WRITE, DataVersion, TopicConfig
 from ferrymq.namesrv.route_table import BROKER_CHANNEL_EXPIRED_MS, RouteTable
+from support.clock import ManualClock
 
 RW = PERM_READ | PERM_WRITE
 
 
-class FakeClock:
-    def __init__(self, now_ms: int = 1_700_000_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
+#: start of the namesrv tests' manual clock
+T0_MS = 1_700_000_000_000
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock(T0_MS)
 
 
 @pytest.fixture
-def table(clock: FakeClock) -> RouteTable:
+def table(clock: ManualClock) -> RouteTable:
     return RouteTable(clock_ms=clock)
 
 
@@ -104,7 +98,7 @@ def test_closing_unknown_or_stale_channel_is_harmless(table: RouteTable) -> None
     assert table.get_topic_route("T") is None
 
 
-def test_expiry_after_120_s_of_silence(table: RouteTable, clock: FakeClock) -> None:
+def test_expiry_after_120_s_of_silence(table: RouteTable, clock: ManualClock) -> None:
     register_pair(table)
     clock.advance(60_000)
     # only the slave refreshes
@@ -209,7 +203,7 @@ def test_address_switching_broker_id_loses_old_entry(table: RouteTable) -> None:
     assert table.get_topic_route("T9") is not None
 
 
-def test_new_process_taking_an_id_replaces_old_addr(table: RouteTable, clock: FakeClock) -> None:
+def test_new_process_taking_an_id_replaces_old_addr(table: RouteTable, clock: ManualClock) -> None:
     table.register_broker("c", "old:1", "b", 0, "", topic_configs=topics("T"), channel="o")
     table.register_broker("c", "new:1", "b", 0, "", topic_configs=topics("T"), channel="n")
     assert table.live_addrs() == ["new:1"]
@@ -228,7 +222,7 @@ def test_unregister(table: RouteTable) -> None:
     assert table.get_topic_route("T1") is None and table.clusters() == {}
 
 
-def test_query_data_version_refreshes_liveness(table: RouteTable, clock: FakeClock) -> None:
+def test_query_data_version_refreshes_liveness(table: RouteTable, clock: ManualClock) -> None:
     table.register_broker("c", "m:1", "b", 0, "", data_version=DataVersion(3, 9), topic_configs=topics("T"))
     clock.advance(100_000)
     changed, held = table.query_data_version("m:1", DataVersion(3, 9))

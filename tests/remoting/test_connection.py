@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -13,15 +14,58 @@ from ferrymq.remoting.codes import ResponseCode
 from ferrymq.remoting.connection import Connection, Dispatcher, connect
 from ferrymq.remoting.pool import ConnectionPool
 from ferrymq.remoting.server import RemotingServer
+from support.aio import wait_for
 
 
-async def _server(dispatcher: Dispatcher) -> RemotingServer:
-    server = RemotingServer(dispatcher, "127.0.0.1", 0)
-    await server.start()
-    return server
+class Loopback:
+    """Servers on 127.0.0.1 (port 0) and client connections to them, all closed at teardown."""
+
+    def __init__(self) -> None:
+        self.servers: list[RemotingServer] = []
+        self.conns: list[Connection] = []
+
+    async def serve(self, dispatcher: Dispatcher) -> RemotingServer:
+        server = RemotingServer(dispatcher, "127.0.0.1", 0)
+        self.servers.append(server)
+        await server.start()
+        return server
+
+    async def connect(self, server: RemotingServer, dispatcher: Dispatcher | None = None) -> Connection:
+        conn = await connect(server.addr, dispatcher)
+        self.conns.append(conn)
+        return conn
+
+    async def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        for server in self.servers:
+            await server.stop()
 
 
-async def test_requests_on_one_connection_are_served_concurrently() -> None:
+@pytest.fixture
+async def loopback() -> AsyncIterator[Loopback]:
+    lb = Loopback()
+    try:
+        yield lb
+    finally:
+        await lb.close()
+
+
+def hanging(dispatcher: Dispatcher, code: int) -> list[RemotingCommand]:
+    """Register a handler for ``code`` that never answers; returns the requests it got."""
+    arrived: list[RemotingCommand] = []
+    never = asyncio.Event()
+
+    async def hang(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        arrived.append(cmd)
+        await never.wait()
+        return cmd.response(0)
+
+    dispatcher.register(code, hang)
+    return arrived
+
+
+async def test_requests_on_one_connection_are_served_concurrently(loopback: Loopback) -> None:
     release = asyncio.Event()
     d = Dispatcher()
 
@@ -34,93 +78,66 @@ async def test_requests_on_one_connection_are_served_concurrently() -> None:
 
     d.register(1, slow)
     d.register(2, fast)
-    server = await _server(d)
-    try:
-        conn = await connect(server.addr)
-        slow_call = asyncio.ensure_future(conn.invoke(RemotingCommand.request(1), 5000))
-        fast_resp = await conn.invoke(RemotingCommand.request(2), 5000)
-        assert fast_resp.ext_fields["who"] == "fast"
-        assert not slow_call.done()
-        release.set()
-        assert (await slow_call).ext_fields["who"] == "slow"
-        conn.close()
-    finally:
-        await server.stop()
+    conn = await loopback.connect(await loopback.serve(d))
+    slow_call = asyncio.ensure_future(conn.invoke(RemotingCommand.request(1), 5000))
+    fast_resp = await conn.invoke(RemotingCommand.request(2), 5000)
+    assert fast_resp.ext_fields["who"] == "fast"
+    assert not slow_call.done()
+    release.set()
+    assert (await slow_call).ext_fields["who"] == "slow"
 
 
-async def test_unknown_code_and_handler_fault() -> None:
+async def test_unknown_code_and_handler_fault(loopback: Loopback) -> None:
     d = Dispatcher()
 
     def boom(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         raise RuntimeError("kaput")
 
     d.register(5, boom)
-    server = await _server(d)
-    try:
-        conn = await connect(server.addr)
-        r = await conn.invoke(RemotingCommand.request(999), 3000)
-        assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
-        assert r.remark == " request type 999 not supported"
-        r = await conn.invoke(RemotingCommand.request(5), 3000)
-        assert r.code == ResponseCode.SYSTEM_ERROR and "kaput" in (r.remark or "")
-        conn.close()
-    finally:
-        await server.stop()
+    conn = await loopback.connect(await loopback.serve(d))
+    r = await conn.invoke(RemotingCommand.request(999), 3000)
+    assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    assert r.remark == " request type 999 not supported"
+    r = await conn.invoke(RemotingCommand.request(5), 3000)
+    assert r.code == ResponseCode.SYSTEM_ERROR and "kaput" in (r.remark or "")
 
 
-async def test_closing_connection_fails_pending_calls_with_cause() -> None:
+async def test_closing_connection_fails_pending_calls_with_cause(loopback: Loopback) -> None:
     d = Dispatcher()
-    never = asyncio.Event()
-
-    async def hang(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        await never.wait()
-        return cmd.response(0)
-
-    d.register(1, hang)
-    server = await _server(d)
-    try:
-        conn = await connect(server.addr)
-        calls = [asyncio.ensure_future(conn.invoke(RemotingCommand.request(1), 10000)) for _ in range(5)]
-        await asyncio.sleep(0)
-        for c in list(server.connections):
-            c.close()
-        for call in calls:
-            with pytest.raises(ConnectionClosedError):
-                await call
-    finally:
-        await server.stop()
+    arrived = hanging(d, 1)
+    server = await loopback.serve(d)
+    conn = await loopback.connect(server)
+    calls = [asyncio.ensure_future(conn.invoke(RemotingCommand.request(1), 10000)) for _ in range(5)]
+    await wait_for(lambda: len(arrived) == len(calls), what="every request to reach the handler")
+    for c in list(server.connections):
+        c.close()
+    for call in calls:
+        with pytest.raises(ConnectionClosedError):
+            await call
 
 
-async def test_timeout_and_garbage_closes_only_that_connection() -> None:
+async def test_timeout_and_garbage_closes_only_that_connection(loopback: Loopback) -> None:
     d = Dispatcher()
-    never = asyncio.Event()
-
-    async def hang(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        await never.wait()
-        return cmd.response(0)
-
-    d.register(1, hang)
+    hanging(d, 1)
     d.register(2, lambda conn, cmd: cmd.response(0))
-    server = await _server(d)
+    server = await loopback.serve(d)
+    good = await loopback.connect(server)
+    with pytest.raises(RemotingTimeoutError):
+        await good.invoke(RemotingCommand.request(1), 50)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
-        good = await connect(server.addr)
-        with pytest.raises(RemotingTimeoutError):
-            await good.invoke(RemotingCommand.request(1), 50)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(struct.pack(">i", 2**31 - 1) + b"garbage")
         await writer.drain()
         assert await reader.read() == b""  # server closed the bad connection
-        writer.close()
-        assert (await good.invoke(RemotingCommand.request(2), 3000)).code == 0
-        good.close()
     finally:
-        await server.stop()
+        writer.close()
+    assert (await good.invoke(RemotingCommand.request(2), 3000)).code == 0
 
 
-async def test_pool_reuses_and_reconnects() -> None:
+async def test_pool_reuses_and_reconnects(loopback: Loopback) -> None:
     d = Dispatcher()
     d.register(2, lambda conn, cmd: cmd.response(0))
-    server = await _server(d)
+    server = await loopback.serve(d)
     pool = ConnectionPool()
     try:
         c1 = await pool.get(server.addr)
@@ -131,10 +148,9 @@ async def test_pool_reuses_and_reconnects() -> None:
         assert (await pool.invoke(server.addr, RemotingCommand.request(2))).code == 0
     finally:
         await pool.close()
-        await server.stop()
 
 
-async def test_server_can_call_client_on_same_connection() -> None:
+async def test_server_can_call_client_on_same_connection(loopback: Loopback) -> None:
     """Brokers send requests (e.g. NOTIFY_CONSUMER_IDS_CHANGED) back over the client's connection."""
     got = asyncio.get_running_loop().create_future()
     server_d = Dispatcher()
@@ -151,11 +167,6 @@ async def test_server_can_call_client_on_same_connection() -> None:
         return cmd.response(0, {"x": "hi"})
 
     client_d.register(307, on_307)
-    server = await _server(server_d)
-    try:
-        conn = await connect(server.addr, client_d)
-        r = await conn.invoke(RemotingCommand.request(1), 3000)
-        assert r.ext_fields["client_said"] == "hi" and got.done()
-        conn.close()
-    finally:
-        await server.stop()
+    conn = await loopback.connect(await loopback.serve(server_d), client_d)
+    r = await conn.invoke(RemotingCommand.request(1), 3000)
+    assert r.ext_fields["client_said"] == "hi" and got.done()
