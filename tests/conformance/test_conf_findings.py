@@ -18,7 +18,7 @@ from ferrymq.remoting.connection import connect
 BEYOND_LONG = 2**64
 
 
-@pytest.mark.xfail(strict=True, reason="CONF-01")
+
 async def test_conf01_out_of_range_commit_offset_does_not_break_offset_persistence(tmp_path) -> None:
     """One UPDATE_CONSUMER_OFFSET with commitOffset > Long.MAX poisons the offset table: persisting
     consumerOffset.json (every 5 s and at stop) raises from then on, GET_ALL_CONSUMER_OFFSET (slave sync)
@@ -38,7 +38,7 @@ async def test_conf01_out_of_range_commit_offset_does_not_break_offset_persisten
             b.offsets.table.pop("T@bad", None)  # let the fixture's stop() complete while unfixed
 
 
-@pytest.mark.xfail(strict=True, reason="CONF-02")
+
 async def test_conf02_out_of_range_queue_nums_do_not_break_topic_table(tmp_path, namesrv) -> None:
     """UPDATE_AND_CREATE_TOPIC with readQueueNums > Long.MAX is stored as is: topics.json can no longer be
     written, every later topic create/auto-create answers SYSTEM_ERROR, GET_ALL_TOPIC_CONFIG fails and the
@@ -56,7 +56,7 @@ async def test_conf02_out_of_range_queue_nums_do_not_break_topic_table(tmp_path,
             b.topics.table.pop("Big", None)
 
 
-@pytest.mark.xfail(strict=True, reason="CONF-03")
+
 async def test_conf03_out_of_range_group_config_does_not_break_group_auto_create(tmp_path) -> None:
     """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP with retryMaxTimes > Long.MAX is stored; afterwards every
     auto-created group fails to persist, so PULL / HEART_BEAT of any new consumer group answer SYSTEM_ERROR."""
@@ -72,7 +72,7 @@ async def test_conf03_out_of_range_group_config_does_not_break_group_auto_create
             b.groups.table.pop("G", None)
 
 
-@pytest.mark.xfail(strict=True, reason="CONF-04")
+
 async def test_conf04_sql92_subscription_is_refused_not_tag_matched(broker, client: Client) -> None:
     """§2.7 PULL: a non-TAG expressionType on a broker without property filtering is refused (Java: code 1,
     "The broker does not support consumer to filter message by SQL92"; a bad expression: 23). ferrymq
@@ -82,7 +82,7 @@ async def test_conf04_sql92_subscription_is_refused_not_tag_matched(broker, clie
     assert got.code in (R.SYSTEM_ERROR, R.SUBSCRIPTION_PARSE_FAILED)
 
 
-@pytest.mark.xfail(strict=True, reason="CONF-05")
+
 async def test_conf05_send_back_without_group_is_an_error(broker, client: Client) -> None:
     """CONSUMER_SEND_MSG_BACK without the required ``group``: Java fails (SYSTEM_ERROR). ferrymq
     auto-creates a group named "" and the topics "%DLQ%" / "%RETRY%", registers them with the name
@@ -94,7 +94,7 @@ async def test_conf05_send_back_without_group_is_an_error(broker, client: Client
     assert "%DLQ%" not in broker.topics.table and "%RETRY%" not in broker.topics.table
 
 
-@pytest.mark.xfail(strict=True, reason="CONF-06")
+
 async def test_conf06_send_back_origin_message_id_is_the_offset_msg_id(broker, client: Client) -> None:
     """§2.7 CONSUMER_SEND_MSG_BACK step 3: ORIGIN_MESSAGE_ID keeps the stored message's value, else the
     looked-up message's offset msgId. ferrymq takes the request's originMsgId header instead (a Java

@@ -29,12 +29,22 @@ V2_TO_V1 = {
     "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch", "n": "brokerName",
 }
 CLIENT_DEFAULT_TOPIC_QUEUE_NUMS = 4
+_SEND_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_SEND_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
 
 
 def parse_bool(value: str | None, default: bool = False) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() in ("true", "1")
+
+
+#: header integers are Java longs (Long.parseLong refuses anything outside this range)
+JAVA_LONG_MIN = -(2**63)
+JAVA_LONG_MAX = 2**63 - 1
+#: int fields of topic and group configs are Java ints
+JAVA_INT_MIN = -(2**31)
+JAVA_INT_MAX = 2**31 - 1
 
 
 def _int(fields: dict[str, str], key: str, default: int | None = None) -> int:
@@ -44,12 +54,15 @@ def _int(fields: dict[str, str], key: str, default: int | None = None) -> int:
             raise ProtocolError(f"missing header field {key!r}")
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         try:
-            return int(float(raw))
-        except ValueError:
+            value = int(float(raw))
+        except (ValueError, OverflowError):
             raise ProtocolError(f"header field {key!r} is not an integer: {raw[:40]!r}") from None
+    if not JAVA_LONG_MIN <= value <= JAVA_LONG_MAX:
+        raise ProtocolError(f"header field {key!r} is out of the 64-bit range: {raw[:40]!r}")
+    return value
 
 
 @dataclass(slots=True)
@@ -71,7 +84,13 @@ class SendHeader:
     @classmethod
     def parse(cls, cmd: RemotingCommand) -> SendHeader:
         f = cmd.ext_fields
-        if cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE) or ("b" in f and "topic" not in f):
+        code = cmd.code
+        v2 = code == _SEND_V2 or code == _SEND_BATCH or ("b" in f and "topic" not in f)
+        if v2 and "topic" not in f:
+            fast = cls._parse_v2(f, code)
+            if fast is not None:
+                return fast
+        if v2:
             f = {V2_TO_V1.get(k, k): v for k, v in f.items()}
         topic = f.get("topic")
         if not topic:
@@ -92,6 +111,38 @@ class SendHeader:
             max_reconsume_times=_int(f, "maxReconsumeTimes") if max_rt not in (None, "") else None,
             batch=cmd.code == RequestCode.SEND_BATCH_MESSAGE or parse_bool(f.get("batch")),
         )
+
+    @classmethod
+    def _parse_v2(cls, f: dict[str, str], code: int) -> SendHeader | None:
+        """Single-letter header without its V1 names: read the letters directly (the hot path).
+        None when a field needs the general parser's fallbacks (missing, float-like, ...)."""
+        topic = f.get("b")
+        if not topic:
+            return None
+        get = f.get
+        try:
+            d = get("d")
+            e = get("e")
+            fl = get("f")
+            g = get("g")
+            h = get("h")
+            j = get("j")
+            l_ = get("l")
+            return cls(
+                get("a", ""), topic, get("c") or "TBW102",
+                int(d) if d else CLIENT_DEFAULT_TOPIC_QUEUE_NUMS,
+                int(e) if e else -1,
+                int(fl) if fl else 0,
+                int(g) if g else 0,
+                int(h) if h else 0,
+                get("i", ""),
+                int(j) if j else 0,
+                parse_bool(get("k")),
+                int(l_) if l_ else None,
+                code == _SEND_BATCH or parse_bool(get("m")),
+            )
+        except ValueError:
+            return None
 
 
 # PullSysFlag bits (§2.7 PULL)

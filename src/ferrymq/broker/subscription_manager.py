@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ferrymq.broker.config_file import JsonConfigFile
+from ferrymq.broker.headers import JAVA_INT_MAX, JAVA_INT_MIN
 from ferrymq.common.topic import DataVersion
 
 DEFAULT_RETRY_MAX_TIMES = 16
@@ -45,7 +46,10 @@ class SubscriptionGroupConfig:
                 value = obj[key]
                 if typ is bool and isinstance(value, str):
                     value = value.lower() == "true"
-                setattr(cfg, attr, typ(value))
+                value = typ(value)
+                if typ is int and not JAVA_INT_MIN <= value <= JAVA_INT_MAX:
+                    raise ValueError(f"{key} {value} is outside the int range")
+                setattr(cfg, attr, value)
         return cfg
 
 

@@ -49,6 +49,24 @@ def _bad(cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
     return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
 
 
+#: most queues one topic may have on one broker
+TOPIC_QUEUE_NUMS_MAX = 1024
+#: every permission bit set (PRIORITY | READ | WRITE | INHERIT)
+PERM_ALL_BITS = 0xF
+
+
+def _validate_queue_config(read_q: int, write_q: int, perm: int, sys_flag: int) -> str | None:
+    """None when the numbers make a usable topic config, else the reason."""
+    for name, value in (("readQueueNums", read_q), ("writeQueueNums", write_q)):
+        if not 0 <= value <= TOPIC_QUEUE_NUMS_MAX:
+            return f"{name} {value} is outside [0, {TOPIC_QUEUE_NUMS_MAX}]"
+    if not 0 <= perm <= PERM_ALL_BITS:
+        return f"perm {perm} is outside [0, {PERM_ALL_BITS}]"
+    if not 0 <= sys_flag <= 0x7FFFFFFF:
+        return f"topicSysFlag {sys_flag} is outside the int range"
+    return None
+
+
 class AdminProcessor:
     def __init__(self, ctx: BrokerController) -> None:
         self.ctx = ctx
@@ -80,7 +98,7 @@ class AdminProcessor:
             sys_flag = get_int(cmd, "topicSysFlag", 0)
         except ProtocolError as exc:
             return _bad(cmd, exc)
-        reason = validate_topic(topic)
+        reason = validate_topic(topic) or _validate_queue_config(read_q, write_q, perm, sys_flag)
         if reason is not None:
             return cmd.response(R.SYSTEM_ERROR, remark=reason)
         if topic == DEFAULT_TOPIC:

@@ -68,6 +68,9 @@ class PullProcessor:
             return cmd.response(R.SYSTEM_ERROR, remark=f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
                                                        f"topicConfig.readQueueNums:[{tc.read_queue_nums}] "
                                                        f"consumer:[{conn.peer_addr if conn else ''}]")
+        if h.expression_type.upper() != "TAG":
+            return cmd.response(R.SYSTEM_ERROR, remark=f"The broker does not support consumer to filter message "
+                                                       f"by {h.expression_type}")
         if h.has_subscription:
             message_filter = TagFilter(h.subscription)
         else:

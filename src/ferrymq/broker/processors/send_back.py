@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ferrymq.broker.headers import get_int
+from ferrymq.broker.headers import get_int, get_str
 from ferrymq.broker.processors.send import index_keys
 from ferrymq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
@@ -51,7 +51,7 @@ class SendBackProcessor:
             return cmd.response(R.SYSTEM_ERROR, remark="SERVICE_NOT_AVAILABLE")
         try:
             phy_offset = get_int(cmd, "offset")
-            group = cmd.ext_fields.get("group") or ""
+            group = get_str(cmd, "group")
             delay_level = get_int(cmd, "delayLevel", 0)
         except ProtocolError as exc:
             return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
@@ -81,7 +81,8 @@ class SendBackProcessor:
             level = min(level, ctx.schedule_max_level)
             props[PROPERTY_DELAY_TIME_LEVEL] = str(level)
         props[PROPERTY_WAIT_STORE_MSG_OK] = "false"
-        props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, cmd.ext_fields.get("originMsgId") or msg.offset_msg_id)
+        if not props.get(PROPERTY_ORIGIN_MESSAGE_ID):
+            props[PROPERTY_ORIGIN_MESSAGE_ID] = msg.offset_msg_id
         store_topic, store_qid = topic, queue_id
         if PROPERTY_DELAY_TIME_LEVEL in props:
             props[PROPERTY_REAL_TOPIC] = topic
