@@ -16,7 +16,7 @@ from ferrymq.common.message import (
     properties_to_string,
 )
 from ferrymq.common.message_codec import RecordFormatError, decode_record, encode_record
-from ferrymq.spark.arrow import ARROW_SCHEMA, BatchBuilder, batch_from_records
+from ferrymq.spark.arrow import ARROW_SCHEMA, BatchBuilder, RowBuilder, batch_from_records
 from ferrymq.spark.source import source_schema
 
 pytestmark = pytest.mark.spark
@@ -113,3 +113,78 @@ def test_junk_is_rejected() -> None:
         batch_from_records([record(1)[:-3]], "b")
     with pytest.raises(RecordFormatError):
         batch_from_records([b"\x00" * 100], "b")
+
+
+def _raw_record(qoff: int, props: str | bytes, body: bytes = b"b") -> bytes:
+    """A record with a verbatim properties string (trailing separators, junk, repeats, bad UTF-8)."""
+    raw = record(qoff, body)
+    msg = decode_record(raw)
+    props_bytes = props if isinstance(props, bytes) else props.encode()
+    inner = MessageExtBrokerInner(
+        topic=msg.topic, queue_id=msg.queue_id, body=body, properties_string="", sys_flag=0,
+        born_timestamp=msg.born_timestamp, store_host=STORE_HOST,
+    )  # fmt: skip
+    plain = encode_record(
+        inner, queue_offset=qoff, phy_offset=msg.phy_offset, store_timestamp=msg.store_timestamp
+    )
+    assert plain.endswith(b"\x00\x00")  # empty properties: patch in the verbatim string
+    import struct
+
+    head = struct.pack(">i", len(plain) + len(props_bytes)) + plain[4:-2]
+    return head + struct.pack(">h", len(props_bytes)) + props_bytes
+
+
+Body = tuple[bytes, int, int, frozenset[str] | None]
+
+
+def _rows_of(builder: BatchBuilder | RowBuilder, bodies: list[Body]) -> list:
+    for raw, lo, hi, tags in bodies:
+        builder.append_raw(raw, "broker-a", lo, hi, tags)
+    batch = builder.flush()
+    assert batch.schema.equals(ARROW_SCHEMA)
+    rows = batch.to_pylist()
+    for r in rows:
+        r["properties"] = sorted(r["properties"])
+    return rows
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        "TAGS\x01A\x02KEYS\x01k1 k2\x02UNIQ_KEY\x01U1\x02",  # Java clients end with a separator
+        "TAGS\x01B\x02\x02\x01nokey\x02x\x02KEYS\x01\x02a\x01b\x01c",  # junk items, empty value, '\x01' in value
+        "",
+        "UNIQ_KEY\x01\x02TAGS\x01A",  # empty UNIQ_KEY: offset msgId
+    ],
+)
+def test_columnar_path_matches_row_decoder(props: str) -> None:
+    bodies: list[Body] = [
+        (b"".join(_raw_record(i, props, f"v{i}".encode()) for i in range(0, 40)), 5, 30, None),
+        (b"".join(_raw_record(i, "TAGS\x01A") for i in range(40, 50)), 0, 100, frozenset({"A"})),
+        (b"".join(_raw_record(i, props) for i in range(50, 60)), 0, 100, frozenset({"A", "B"})),
+    ]
+    fast, slow = BatchBuilder(), RowBuilder()
+    counts = [fast.append_raw(raw, "broker-a", lo, hi, tags) for raw, lo, hi, tags in bodies]
+    assert counts == [slow.append_raw(raw, "broker-a", lo, hi, tags) for raw, lo, hi, tags in bodies]
+    assert len(fast) == len(slow) == sum(counts)
+    assert _rows_of(BatchBuilder(), bodies) == _rows_of(RowBuilder(), bodies)
+
+
+@pytest.mark.parametrize("props", ["TAGS\x01A\x02TAGS\x01B\x02KEYS\x01k", b"TAGS\x01\xff\xfe\x02KEYS\x01k"])
+def test_repeated_names_and_bad_utf8_fall_back_to_the_row_decoder(props: str | bytes) -> None:
+    bodies: list[Body] = [(b"".join(_raw_record(i, props) for i in range(3)), 0, 10, None)]
+    rows = _rows_of(BatchBuilder(), bodies)
+    assert rows == _rows_of(RowBuilder(), bodies)
+    assert [r["queueOffset"] for r in rows] == [0, 1, 2]
+    if isinstance(props, str):
+        assert rows[0]["tags"] == "B" and dict(rows[0]["properties"])["TAGS"] == "B"  # last one wins
+
+
+def test_builder_reuse_after_flush_and_multiple_bodies() -> None:
+    builder = BatchBuilder()
+    for start in (0, 100):
+        builder.append_raw(b"".join(record(i) for i in range(start, start + 5)), "a", start, start + 5)
+        builder.append_raw(b"".join(record(i) for i in range(start + 5, start + 9)), "b", 0, 10**9)
+        batch = builder.flush()
+        assert batch.column("queueOffset").to_pylist() == list(range(start, start + 9))
+        assert batch.column("brokerName").to_pylist() == ["a"] * 5 + ["b"] * 4

@@ -17,16 +17,20 @@ Source row schema (Spark DDL ``SOURCE_SCHEMA_DDL``; Arrow form ``ARROW_SCHEMA`` 
 | storeTimestamp | timestamp           | timestamp[us, UTC]    | STORETIMESTAMP (ms)                           |
 | properties     | map<string,string>  | map<string, string>   | all properties                                |
 
-The IPv4 fast path unpacks the fixed head with one struct call per record and appends to column
-lists; records with IPv6 hosts go through ``message_codec.decode_record``.
+``BatchBuilder`` (the fast path) does one ``struct.unpack_from`` per record in Python and builds every
+column with Arrow kernels over the concatenated PULL bodies; ``RowBuilder`` decodes record by record
+(IPv6 hosts, compressed bodies, repeated property names, invalid UTF-8).
 """
 
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections.abc import Iterable
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ferrymq.common.message import (
     PROPERTY_KEYS,
@@ -70,8 +74,10 @@ _V6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
 _US_PER_MS = 1000
 
 
-class BatchBuilder:
-    """Accumulates decoded rows of one Spark task; ``flush()`` returns a RecordBatch."""
+class RowBuilder:
+    """Row-at-a-time decoder: the fallback for IPv6 hosts, compressed bodies and odd properties.
+
+    Same interface as ``BatchBuilder``; every record becomes Python values first (slow, but general)."""
 
     __slots__ = (
         "_key", "_value", "_topic", "_broker", "_qid", "_qoff", "_tags", "_msgid", "_born", "_store",
@@ -216,6 +222,252 @@ class BatchBuilder:
             schema=ARROW_SCHEMA,
         )
         self._reset()
+        return batch
+
+
+#: Records with any of these sysFlag bits are decoded by ``RowBuilder`` (rare on the wire).
+_SLOW_FLAGS = _V6 | SYSFLAG_COMPRESSED
+#: Segment boundaries kept per record (see ``BatchBuilder``): head, body, topic length, topic,
+#: properties length, properties.
+_SEGMENTS = 6
+_SEG_BODY = 1
+_SEG_TOPIC = 3
+_SEG_PROPS = 5
+_PROPERTY_SEPARATOR = "\x02"
+_NAME_VALUE_SEPARATOR = "\x01"
+
+_stride_cache: list[pa.Array] = [pa.array([], pa.int64())]
+
+
+def _stride(n: int) -> pa.Array:
+    """[0, 6, 12, ...] of length n (cached, grown on demand): index of each record's first segment."""
+    cached = _stride_cache[0]
+    if len(cached) < n:
+        cached = pa.array(range(0, _SEGMENTS * max(n, 2 * len(cached)), _SEGMENTS), pa.int64())
+        _stride_cache[0] = cached
+    return cached.slice(0, n)
+
+
+class _OddProperties(Exception):
+    """Properties the vectorised path does not decode exactly like ``string_to_properties``."""
+
+
+def _properties_map(props: pa.Array) -> pa.MapArray:
+    """``string_to_properties`` for a whole string column: ``k\\x01v`` items split on ``\\x02``.
+
+    Items without a name (``\\x01v``), empty items (a trailing separator) and junk are dropped as in
+    ``string_to_properties``. Raises ``_OddProperties`` when a row repeats a name (a dict keeps only
+    the last value, a map would keep both), so the caller can fall back to the row decoder.
+    """
+    split = pc.split_pattern(props, _PROPERTY_SEPARATOR)
+    items = split.flatten()
+    offsets = split.offsets
+    name_end = pc.find_substring(items, _NAME_VALUE_SEPARATOR)
+    valid = pc.greater(name_end, 0)
+    if not pc.all(valid).as_py():
+        counted = pc.cumulative_sum(valid.cast(pa.int32()))
+        offsets = pc.take(pa.concat_arrays([pa.array([0], pa.int32()), counted]), offsets)
+        items = items.filter(valid)
+    pairs = pc.split_pattern(items, _NAME_VALUE_SEPARATOR, max_splits=1)
+    keys = pc.list_element(pairs, 0)
+    values = pc.list_element(pairs, 1)
+    result = pa.MapArray.from_arrays(offsets, keys, values).cast(_MAP)
+    if len(keys) > len(props) and _has_repeated_names(offsets, keys):
+        raise _OddProperties
+    return result
+
+
+def _has_repeated_names(offsets: pa.Array, keys: pa.Array) -> bool:
+    """True when some row names a property twice: fewer distinct (row, name) pairs than entries."""
+    rows = pc.list_parent_indices(pa.ListArray.from_arrays(offsets, keys))
+    pairs = pa.table({"row": rows, "name": keys})
+    return pairs.group_by(["row", "name"]).aggregate([]).num_rows != len(pairs)
+
+
+class BatchBuilder:
+    """Accumulates the raw PULL bodies of one Spark task; ``flush()`` returns a RecordBatch.
+
+    The per-record Python work is one ``struct.unpack_from`` of the fixed 88-byte head plus the
+    topic-length byte. Each record is cut into six contiguous segments (head, body, topic length,
+    topic, properties length, properties) whose boundaries, together with the concatenated bodies,
+    form one zero-copy Arrow binary array; ``flush`` then builds every column with Arrow kernels
+    (``take`` of the body / topic / properties segments, vectorised properties parsing,
+    ``map_lookup`` for KEYS / TAGS / UNIQ_KEY). Records with IPv6 hosts or compressed bodies, and
+    properties with repeated names, switch the builder to ``RowBuilder`` until the next flush.
+    """
+
+    __slots__ = ("_bufs", "_size", "_heads", "_segs", "_drops", "_brokers", "_calls", "_rows")
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._bufs: list[bytes] = []
+        self._size = 0
+        self._heads: list[tuple[Any, ...]] = []
+        self._segs: list[int] = []
+        self._drops: list[int] = []
+        self._brokers: list[tuple[str, int]] = []
+        self._calls: list[tuple[bytes, str, int, int, frozenset[str] | None]] = []
+        self._rows: RowBuilder | None = None
+
+    def __len__(self) -> int:
+        if self._rows is not None:
+            return len(self._rows)
+        return len(self._heads) - len(self._drops)
+
+    @property
+    def nbytes(self) -> int:
+        """Raw bytes held (the caller flushes well before Arrow's 2 GiB binary limit)."""
+        return self._size
+
+    def append_raw(
+        self,
+        raw: bytes | memoryview,
+        broker_name: str,
+        start: int,
+        end: int,
+        tags: frozenset[str] | None = None,
+    ) -> int:
+        """Add every record of a PULL body; keep those with start <= queueOffset < end whose TAGS
+        is in ``tags`` (None = all). Returns the number of rows kept."""
+        if isinstance(raw, memoryview):
+            raw = bytes(raw)
+        self._calls.append((raw, broker_name, start, end, tags))
+        if self._rows is not None:
+            return self._rows.append_raw(raw, broker_name, start, end, tags)
+        heads = self._heads
+        segs = self._segs
+        drops = self._drops
+        first = len(heads)
+        n_segs = len(segs)
+        n_drops = len(drops)
+        base = self._size
+        unpack = HEAD_V4.unpack_from
+        size = len(raw)
+        pos = 0
+        while pos < size:
+            if pos + _HEAD_SIZE > size:
+                raise RecordFormatError(f"truncated record header at {pos} of a {size}-byte pull body")
+            head = unpack(raw, pos)
+            total = head[0]
+            record_end = pos + total
+            if head[1] != MESSAGE_MAGIC_CODE or total < _HEAD_SIZE or record_end > size:
+                raise RecordFormatError(
+                    f"bad record at {pos} of a pull body (magic {head[1] & 0xFFFFFFFF:#x}, size {total})"
+                )
+            if head[7] & _SLOW_FLAGS:
+                del heads[first:], segs[n_segs:], drops[n_drops:]
+                return self._to_rows()
+            body_end = pos + _HEAD_SIZE + head[14]
+            if head[14] < 0 or body_end >= record_end:
+                raise RecordFormatError(f"record at {pos}: TOTALSIZE {total} does not match its fields")
+            topic_end = body_end + 1 + raw[body_end]
+            props_start = topic_end + 2
+            if props_start > record_end:
+                raise RecordFormatError(f"record at {pos}: TOTALSIZE {total} does not match its fields")
+            b = base + pos
+            segs.extend((b, b + _HEAD_SIZE, base + body_end, base + body_end + 1, base + topic_end,
+                         base + props_start))  # fmt: skip
+            queue_offset = head[5]
+            if not start <= queue_offset < end or (
+                tags is not None
+                and string_to_properties(raw[props_start:record_end].decode("utf-8", "replace")).get(
+                    PROPERTY_TAGS
+                )
+                not in tags
+            ):
+                drops.append(len(heads))
+            heads.append(head)
+            pos = record_end
+        count = len(heads) - first
+        if count:
+            self._bufs.append(raw)
+            self._size += size
+            if self._brokers and self._brokers[-1][0] == broker_name:
+                self._brokers[-1] = (broker_name, self._brokers[-1][1] + count)
+            else:
+                self._brokers.append((broker_name, count))
+        return count - (len(drops) - n_drops)
+
+    def _to_rows(self) -> int:
+        """Switch to the row decoder: replay every body since the last flush; return the last's count."""
+        rows = self._rows = RowBuilder()
+        kept = 0
+        for call in self._calls:
+            kept = rows.append_raw(*call)
+        return kept
+
+    def append_message(self, msg: MessageExt, broker_name: str) -> None:
+        """Append one decoded message (switches this batch to the row decoder)."""
+        if self._rows is None:
+            self._to_rows()
+        assert self._rows is not None
+        self._rows.append_message(msg, broker_name)
+
+    def flush(self) -> pa.RecordBatch:
+        """The rows appended since the last flush, as one RecordBatch of ``ARROW_SCHEMA``."""
+        try:
+            if self._rows is not None:
+                return self._rows.flush()
+            try:
+                return self._columnar()
+            except (_OddProperties, pa.ArrowInvalid):
+                # e.g. invalid UTF-8 in a topic or properties: decode like the row path ("replace")
+                self._to_rows()
+                assert self._rows is not None
+                return self._rows.flush()
+        finally:
+            self._reset()
+
+    def _columnar(self) -> pa.RecordBatch:
+        n = len(self._heads)
+        if n == 0:
+            return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+        segs = self._segs
+        segs.append(self._size)
+        data = self._bufs[0] if len(self._bufs) == 1 else b"".join(self._bufs)
+        cut = pa.Array.from_buffers(
+            pa.large_binary(), _SEGMENTS * n, [None, pa.py_buffer(array("q", segs)), pa.py_buffer(data)]
+        )
+        first = _stride(n)
+        value = pc.take(cut, pc.add(first, _SEG_BODY)).cast(pa.binary())
+        topic = pc.take(cut, pc.add(first, _SEG_TOPIC)).cast(pa.string())
+        props = _properties_map(pc.take(cut, pc.add(first, _SEG_PROPS)).cast(pa.string()))
+        (_total, _magic, _crc, queue_id, _flag, queue_offset, phy_offset, _sys_flag, born_ms, _born_host,
+         store_ms, store_host, _reconsume, _prepared, _body_len) = zip(*self._heads, strict=True)  # fmt: skip
+        uniq = pc.map_lookup(props, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "last")
+        if uniq.null_count or not pc.all(pc.greater(pc.binary_length(uniq), 0)).as_py():
+            ids = uniq.to_pylist()
+            for i, v in enumerate(ids):
+                if not v:  # no UNIQ_KEY: the offset msgId (store host + commit log offset, §4.5)
+                    ids[i] = (store_host[i] + phy_offset[i].to_bytes(8, "big", signed=True)).hex().upper()
+            uniq = pa.array(ids, pa.string())
+        if len(self._brokers) == 1:
+            broker = pa.repeat(pa.scalar(self._brokers[0][0], pa.string()), n)
+        else:
+            broker = pa.array([name for name, count in self._brokers for _ in range(count)], pa.string())
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pc.map_lookup(props, PROPERTY_KEYS, "last"),
+                value,
+                topic,
+                broker,
+                pa.array(queue_id, pa.int32()),
+                pa.array(queue_offset, pa.int64()),
+                pc.map_lookup(props, PROPERTY_TAGS, "last"),
+                uniq,
+                pc.multiply(pa.array(born_ms, pa.int64()), _US_PER_MS).view(_TS),
+                pc.multiply(pa.array(store_ms, pa.int64()), _US_PER_MS).view(_TS),
+                props,
+            ],
+            schema=ARROW_SCHEMA,
+        )
+        if self._drops:
+            keep = [True] * n
+            for i in self._drops:
+                keep[i] = False
+            batch = batch.filter(pa.array(keep, pa.bool_()))
         return batch
 
 

@@ -2,8 +2,10 @@
 
 The range is cut into chunks of ``pullBatchSize`` offsets. Up to ``pullPipelineDepth`` chunks are
 pulled concurrently on the process's loop thread (a broker answers at most 32 messages / 256 KiB per
-PULL, so one request at a time would be latency bound); the task thread decodes finished chunks in
-order, straight into column lists, and yields a RecordBatch every ``ARROW_BATCH_ROWS`` rows.
+PULL by default, so one request at a time would be latency bound). Finished chunks cross to the task
+thread in offset order, every chunk that is already done in one hand-over (one thread wake-up per
+group, not per PULL); the task thread cuts the raw bodies into Arrow columns (``arrow.BatchBuilder``)
+and yields a RecordBatch every ``ARROW_BATCH_ROWS`` rows or ``ARROW_BATCH_BYTES`` raw bytes.
 
 One chunk [lo, hi) is pulled until ``nextBeginOffset >= hi``; only records with lo <= queueOffset < hi
 are kept, so overlapping answers never produce duplicates and tag-filtered (skipped) offsets still
@@ -39,8 +41,11 @@ from ferrymq.spark.planning import QueueRange, report_data_loss
 
 log = logging.getLogger("ferrymq.spark")
 
-#: Rows per yielded RecordBatch (Spark's own default arrow batch size is 10000).
-ARROW_BATCH_ROWS = 10_000
+#: Rows per yielded RecordBatch (Spark's own default arrow batch size is 10000; bigger batches
+#: spread the fixed cost of the Arrow kernels in ``BatchBuilder.flush``).
+ARROW_BATCH_ROWS = 32_768
+#: Raw PULL bytes per RecordBatch at most (large bodies; keeps a batch far below Arrow's 2 GiB).
+ARROW_BATCH_BYTES = 64 * 1024 * 1024
 #: Pause before re-pulling an offset that was not readable yet.
 RETRY_BACKOFF_S = 0.05
 #: Chunks decoded but not yet consumed, per pipeline slot (bounds executor memory).
@@ -115,12 +120,13 @@ async def pull_chunk(
 
 
 async def _pipeline(
-    rng: QueueRange, opts: ExecutorOptions, out: queue.Queue[Chunk | BaseException | None]
+    rng: QueueRange, opts: ExecutorOptions, out: queue.Queue[list[Chunk] | BaseException | None]
 ) -> None:
-    """Pull the chunks of ``rng`` with bounded concurrency; put them on ``out`` in offset order.
+    """Pull the chunks of ``rng`` with bounded concurrency; put them on ``out`` in offset order,
+    each put carrying every leading chunk that is already finished.
 
     Back-pressure without cross-thread wake-ups: no new chunk starts while ``out`` holds more than
-    ``pull_pipeline_depth * BUFFERED_CHUNKS_PER_SLOT`` undecoded chunks.
+    ``pull_pipeline_depth * BUFFERED_CHUNKS_PER_SLOT`` undecoded groups.
     """
     try:
         consumer = await runtime._started_consumer(opts)
@@ -139,7 +145,10 @@ async def _pipeline(
                     lo = hi
                 while out.qsize() > max_buffered:
                     await asyncio.sleep(BACKPRESSURE_POLL_S)
-                out.put(await pending.pop(0))
+                ready = [await pending.pop(0)]
+                while pending and pending[0].done():
+                    ready.append(pending.pop(0).result())
+                out.put(ready)
         finally:
             for task in pending:
                 task.cancel()
@@ -155,7 +164,7 @@ def read_range(rng: QueueRange, opts: ExecutorOptions) -> Iterator[pa.RecordBatc
     if rng.end <= rng.start:
         return
     tags = parse_sub_expression(opts.sub_expression)
-    out: queue.Queue[Chunk | BaseException | None] = queue.Queue()
+    out: queue.Queue[list[Chunk] | BaseException | None] = queue.Queue()
     future = runtime.submit(_pipeline(rng, opts, out))
     builder = BatchBuilder()
     try:
@@ -165,10 +174,11 @@ def read_range(rng: QueueRange, opts: ExecutorOptions) -> Iterator[pa.RecordBatc
                 break
             if isinstance(item, BaseException):
                 raise item
-            for body in item.bodies:
-                builder.append_raw(body, rng.broker_name, item.lo, item.hi, tags)
-            if len(builder) >= ARROW_BATCH_ROWS:
-                yield builder.flush()
+            for chunk in item:
+                for body in chunk.bodies:
+                    builder.append_raw(body, rng.broker_name, chunk.lo, chunk.hi, tags)
+                if len(builder) >= ARROW_BATCH_ROWS or builder.nbytes >= ARROW_BATCH_BYTES:
+                    yield builder.flush()
         if len(builder):
             yield builder.flush()
     finally:
