@@ -82,6 +82,10 @@ def store_config_of(cfg: BrokerConfig) -> StoreConfig:
         max_message_size=cfg.max_message_size,
         access_message_in_memory_max_ratio=cfg.access_message_in_memory_max_ratio,
         message_delay_level=cfg.message_delay_level,
+        max_transfer_count_on_message_in_memory=cfg.max_transfer_count_on_message_in_memory,
+        max_transfer_bytes_on_message_in_memory=cfg.max_transfer_bytes_on_message_in_memory,
+        max_transfer_count_on_message_in_disk=cfg.max_transfer_count_on_message_in_disk,
+        max_transfer_bytes_on_message_in_disk=cfg.max_transfer_bytes_on_message_in_disk,
     )
 
 

@@ -100,6 +100,14 @@ class BrokerConfig:
         "haTransferBatchSize", "Largest HA transfer body in bytes"))
     ha_slave_fallbehind_max: int = field(default=256 * 1024 * 1024, metadata=_meta(
         "haSlaveFallbehindMax", "SYNC_MASTER: a slave further behind than this is not OK"))
+    max_transfer_count_on_message_in_memory: int = field(default=32, metadata=_meta(
+        "maxTransferCountOnMessageInMemory", "Most messages one pull returns when the data is hot"))
+    max_transfer_bytes_on_message_in_memory: int = field(default=256 * 1024, metadata=_meta(
+        "maxTransferBytesOnMessageInMemory", "Most bytes one pull returns when the data is hot"))
+    max_transfer_count_on_message_in_disk: int = field(default=8, metadata=_meta(
+        "maxTransferCountOnMessageInDisk", "Most messages one pull returns when the data is cold"))
+    max_transfer_bytes_on_message_in_disk: int = field(default=64 * 1024, metadata=_meta(
+        "maxTransferBytesOnMessageInDisk", "Most bytes one pull returns when the data is cold"))
     slave_sync_interval_ms: int = field(default=10_000, metadata=_meta(
         "slaveSyncInterval", "SLAVE: period of copying topics/offsets/delay offsets/groups from the master, ms"))
     slave_read_enable: bool = field(default=False, metadata=_meta(
@@ -168,7 +176,11 @@ class BrokerConfig:
             raise ConfigError("mappedFileSizeConsumeQueue", "must be a multiple of 20")
         for key, value in (("maxMessageSize", self.max_message_size),
                            ("mappedFileSizeCommitLog", self.mapped_file_size_commit_log),
-                           ("defaultTopicQueueNums", self.default_topic_queue_nums)):
+                           ("defaultTopicQueueNums", self.default_topic_queue_nums),
+                           ("maxTransferCountOnMessageInMemory", self.max_transfer_count_on_message_in_memory),
+                           ("maxTransferBytesOnMessageInMemory", self.max_transfer_bytes_on_message_in_memory),
+                           ("maxTransferCountOnMessageInDisk", self.max_transfer_count_on_message_in_disk),
+                           ("maxTransferBytesOnMessageInDisk", self.max_transfer_bytes_on_message_in_disk)):
             if value <= 0:
                 raise ConfigError(key, f"must be positive, got {value}")
         parse_delay_levels(self.message_delay_level)
