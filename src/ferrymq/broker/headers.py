@@ -128,21 +128,22 @@ class SendHeader:
             h = get("h")
             j = get("j")
             l_ = get("l")
-            return cls(
-                get("a", ""), topic, get("c") or "TBW102",
-                int(d) if d else CLIENT_DEFAULT_TOPIC_QUEUE_NUMS,
-                int(e) if e else -1,
-                int(fl) if fl else 0,
-                int(g) if g else 0,
-                int(h) if h else 0,
-                get("i", ""),
-                int(j) if j else 0,
-                parse_bool(get("k")),
-                int(l_) if l_ else None,
-                code == _SEND_BATCH or parse_bool(get("m")),
-            )
+            queue_nums = int(d) if d else CLIENT_DEFAULT_TOPIC_QUEUE_NUMS
+            queue_id = int(e) if e else -1
+            sys_flag = int(fl) if fl else 0
+            born = int(g) if g else 0
+            flag = int(h) if h else 0
+            reconsume = int(j) if j else 0
+            max_rt = int(l_) if l_ else None
         except ValueError:
             return None
+        ints = (queue_nums, queue_id, sys_flag, born, flag, reconsume, 0 if max_rt is None else max_rt)
+        if min(ints) < JAVA_LONG_MIN or max(ints) > JAVA_LONG_MAX:
+            return None  # the general parser refuses it with its message
+        return cls(
+            get("a", ""), topic, get("c") or "TBW102", queue_nums, queue_id, sys_flag, born, flag,
+            get("i", ""), reconsume, parse_bool(get("k")), max_rt, code == _SEND_BATCH or parse_bool(get("m")),
+        )
 
 
 # PullSysFlag bits (§2.7 PULL)

@@ -89,6 +89,10 @@ _I16 = struct.Struct(">h")
 _Q64 = struct.Struct(">q")
 _FRONT = struct.Struct(">iiiiiqqiq")  # fields 1..9 (40 bytes)
 _BATCH_HEAD = struct.Struct(">iiiii")
+# IPv4 record fields 1..15 minus what dispatch ignores: TOTALSIZE, MAGIC, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET,
+# SYSFLAG, STORETIMESTAMP, BODYLENGTH (88 bytes)
+_META_V4 = struct.Struct(">ii4xi4xqqi8x8xq8x4x8xi")
+assert _META_V4.size == 88
 _BLANK = struct.Struct(">ii")
 
 _HOST_V6_EXTRA = 12
@@ -294,6 +298,69 @@ def decode_record_meta(buf: Buffer, pos: int) -> RecordMeta:
     return RecordMeta(phy_offset, total, topic, queue_id, queue_offset, store_ts, sys_flag, props)
 
 
+def check_record_meta(buf: Buffer, pos: int, end: int) -> tuple[RecordCheck, int, RecordMeta | None]:
+    """``check_record(buf, pos, False, end)`` and, for OK, ``decode_record_meta(buf, pos)`` in one pass
+    over the header (the dispatch path of replicated or re-dispatched records)."""
+    if pos + 88 <= end:
+        # IPv4 hosts (the usual record): every fixed field dispatch needs in one unpack
+        total, magic, queue_id, queue_offset, phy_offset, sys_flag, store_ts, body_len = _META_V4.unpack_from(
+            buf, pos)
+        if (magic == MESSAGE_MAGIC_CODE and not sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+                and RECORD_MIN_SIZE <= total and pos + total <= end):
+            record_end = pos + total
+            p = pos + 88 + body_len
+            if body_len < 0 or p + 3 > record_end:
+                return RecordCheck.CORRUPT, 0, None
+            topic_len = buf[p]
+            if topic_len > 127 or p + 1 + topic_len + 2 > record_end:
+                return RecordCheck.CORRUPT, 0, None
+            topic = bytes(buf[p + 1 : p + 1 + topic_len]).decode("utf-8", "replace")
+            p += 1 + topic_len
+            (props_len,) = _I16.unpack_from(buf, p)
+            if props_len < 0 or p + 2 + props_len != record_end:
+                return RecordCheck.CORRUPT, 0, None
+            props = bytes(buf[p + 2 : record_end]).decode("utf-8", "replace") if props_len > 0 else ""
+            return RecordCheck.OK, total, RecordMeta(phy_offset, total, topic, queue_id, queue_offset, store_ts,
+                                                     sys_flag, props)
+    if pos + 8 > end:
+        return RecordCheck.INCOMPLETE, 0, None
+    total, magic = _PREFIX.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        if total >= END_FILE_MIN_BLANK_LENGTH:
+            return RecordCheck.BLANK, total, None
+        return RecordCheck.CORRUPT, 0, None
+    if magic != MESSAGE_MAGIC_CODE:
+        if total == 0 and magic == 0:
+            return RecordCheck.END, 0, None
+        return RecordCheck.CORRUPT, 0, None
+    if total < RECORD_MIN_SIZE:
+        return RecordCheck.CORRUPT, 0, None
+    if pos + total > end:
+        return RecordCheck.INCOMPLETE, 0, None
+    (_t, _m, _crc, queue_id, _flag, queue_offset, phy_offset, sys_flag, _born) = _FRONT.unpack_from(buf, pos)
+    born_len = 20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8
+    store_len = 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
+    ts_pos = pos + 48 + born_len
+    p = ts_pos + 8 + store_len + 12
+    (body_len,) = _I32.unpack_from(buf, p)
+    record_end = pos + total
+    if body_len < 0 or p + 4 + body_len + 3 > record_end:
+        return RecordCheck.CORRUPT, 0, None
+    p += 4 + body_len
+    topic_len = buf[p]
+    if topic_len > 127 or p + 1 + topic_len + 2 > record_end:
+        return RecordCheck.CORRUPT, 0, None
+    topic = bytes(buf[p + 1 : p + 1 + topic_len]).decode("utf-8", "replace")
+    p += 1 + topic_len
+    (props_len,) = _I16.unpack_from(buf, p)
+    if props_len < 0 or p + 2 + props_len != record_end:
+        return RecordCheck.CORRUPT, 0, None
+    props = bytes(buf[p + 2 : record_end]).decode("utf-8", "replace") if props_len > 0 else ""
+    (store_ts,) = _Q64.unpack_from(buf, ts_pos)
+    return RecordCheck.OK, total, RecordMeta(phy_offset, total, topic, queue_id, queue_offset, store_ts, sys_flag,
+                                             props)
+
+
 def store_timestamp_of(buf: Buffer, pos: int) -> int:
     """STORETIMESTAMP of the record at ``pos`` (IPv4 or IPv6 born host)."""
     (sys_flag,) = _I32.unpack_from(buf, pos + OFFSET_SYS_FLAG)
@@ -399,6 +466,7 @@ __all__ = [
     "blank_filler",
     "body_crc",
     "check_record",
+    "check_record_meta",
     "decode_batch_body",
     "decode_record",
     "decode_record_meta",

@@ -61,6 +61,46 @@ def _peer(writer: asyncio.StreamWriter) -> str:
     return str(peer)
 
 
+class _AckCallback:
+    """A heap waiter that calls ``fn(ok)`` instead of resolving a future (no task per SYNC_MASTER send).
+
+    Quacks like the ``asyncio.Future[bool]`` entries of ``HAService._waiters``: ``done()``,
+    ``set_result()``, ``cancel()``.
+    """
+
+    __slots__ = ("_done", "fn", "timer")
+
+    def __init__(self, fn: Callable[[bool], None]) -> None:
+        self.fn = fn
+        self._done = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, ok: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        try:
+            self.fn(ok)
+        except Exception:  # pragma: no cover - the callback guards itself
+            log.exception("HA ack callback failed")
+
+    def cancel(self) -> bool:
+        self._done = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        return True
+
+
+_Waiter = asyncio.Future[bool] | _AckCallback
+
+
 class _SlaveLink:
     def __init__(
         self, service: HAService, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -78,6 +118,8 @@ class _SlaveLink:
         )
         self._dirty = True
         self._wake: asyncio.Future[None] | None = None
+        #: the timer the parked pump waits for (ms, service clock)
+        self._parked_due = 0
         self.closed = False
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -91,7 +133,24 @@ class _SlaveLink:
         self._dirty = True
         fut = self._wake
         if fut is not None and not fut.done():
+            if self._push_inline():
+                return  # everything new is on its way; the pump stays parked on its timer
             fut.set_result(None)
+
+    def _push_inline(self) -> bool:
+        """Send what is new right here (the pump is parked): no task switch on the SYNC_MASTER path.
+        False when the pump must run (more than one step of data, a full write buffer, closed)."""
+        if self.closed or self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
+            return False
+        due = self.proto.next_timer_ms()
+        if due is None or due < self._parked_due:
+            return False  # the pump's timer is stale (e.g. streaming just started): let it re-arm
+        outs = self.proto.data_available(self.service._clock_ms(), PUMP_BATCHES_PER_STEP)
+        self._handle(outs)
+        if self.closed or len(outs) >= PUMP_BATCHES_PER_STEP:
+            return False
+        self._dirty = False
+        return True
 
     def _handle(self, outputs: list[Any]) -> None:
         for out in outputs:
@@ -150,6 +209,7 @@ class _SlaveLink:
                 delay_s = max(0.0, (due - clock()) / 1000.0)
                 fut: asyncio.Future[None] = loop.create_future()
                 self._wake = fut
+                self._parked_due = due
                 timer = loop.call_later(delay_s, _resolve, fut)
                 try:
                     await fut
@@ -210,9 +270,10 @@ class HAService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread_id: int | None = None
         self._push2slave_max_offset = 0
-        self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
+        self._waiters: list[tuple[int, int, _Waiter]] = []
         self._waiter_seq = itertools.count()
         self._stale_waiters = 0
+        self._wake_scheduled = False
         self.started = False
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -273,11 +334,15 @@ class HAService:
         if loop is None:
             return
         if threading.get_ident() == self._loop_thread_id:
-            self._wake_links()
+            # once per loop iteration: all sends of this iteration leave in one transfer
+            if not self._wake_scheduled:
+                self._wake_scheduled = True
+                loop.call_soon(self._wake_links)
         else:
             loop.call_soon_threadsafe(self._wake_links)
 
     def _wake_links(self) -> None:
+        self._wake_scheduled = False
         for link in self._links:
             link.wakeup()
 
@@ -328,7 +393,28 @@ class HAService:
                 fut.cancel()
                 self._note_stale()
 
-    def _expire(self, fut: asyncio.Future[bool]) -> None:
+    def on_slave_ack(self, end_phy_offset: int, timeout_ms: int, fn: Callable[[bool], None]) -> None:
+        """Callback form of ``wait_for_slave_ack``: ``fn(True)`` once some slave acked
+        ``end_phy_offset``, ``fn(False)`` after ``timeout_ms`` (or at stop). May call ``fn`` at once.
+        Runs on the event loop thread; ``fn`` runs inline in the ack handling (keep it short)."""
+        if self._push2slave_max_offset >= end_phy_offset:
+            fn(True)
+            return
+        if timeout_ms <= 0 or not self.started:
+            fn(False)
+            return
+        if len(self._waiters) >= MAX_ACK_WAITERS:
+            self._compact_waiters()
+            if len(self._waiters) >= MAX_ACK_WAITERS:
+                log.warning("HA ack waiters at limit %d; failing a wait at once", MAX_ACK_WAITERS)
+                fn(False)
+                return
+        waiter = _AckCallback(fn)
+        heapq.heappush(self._waiters, (end_phy_offset, next(self._waiter_seq), waiter))
+        loop = self._loop or asyncio.get_running_loop()
+        waiter.timer = loop.call_later(timeout_ms / 1000.0, self._expire, waiter)
+
+    def _expire(self, fut: _Waiter) -> None:
         if not fut.done():
             fut.set_result(False)
             self._note_stale()

@@ -51,9 +51,14 @@ SERIALIZE_JSON = 0
 SERIALIZE_ROCKETMQ = 1
 
 _INT = struct.Struct(">i")
+_UINT = struct.Struct(">I")
+#: bodies at least this large are copied out of the receive buffer through a memoryview (one copy)
+_BODY_VIEW_MIN_BYTES = 4096
 _PREFIX = struct.Struct(">iI")
 _BIN_FIXED = struct.Struct(">hbhii")
 _LANG_BY_CODE = {m.value: m.name for m in LanguageCode}
+_STR_ONLY = {str}
+_LANG_NAMES = frozenset(m.name for m in LanguageCode)
 
 
 @dataclass(slots=True)
@@ -178,6 +183,8 @@ def _coerce_ext(raw: Any) -> dict[str, str]:
         return {}
     if not isinstance(raw, dict):
         raise ProtocolError("extFields is not an object")
+    if not raw or set(map(type, raw.values())) == _STR_ONLY:
+        return raw  # the usual case: every value already a string (no None, no numbers)
     out: dict[str, str] = {}
     for k, v in raw.items():
         if v is None:
@@ -193,34 +200,31 @@ def _coerce_ext(raw: Any) -> dict[str, str]:
     return out
 
 
-def decode_json_header(header: bytes, body: bytes) -> RemotingCommand:
+def decode_json_header(header: bytes | bytearray, body: bytes) -> RemotingCommand:
     try:
         obj = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(f"header is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("header is not a JSON object")
-    try:
-        code = int(obj.get("code", 0))
-        opaque = int(obj.get("opaque", 0))
-        flag = int(obj.get("flag", 0))
-        version = int(obj.get("version", 0))
-    except (TypeError, ValueError):
-        raise ProtocolError("header has a non-integer code/opaque/flag/version") from None
-    language = obj.get("language", "OTHER")
-    if isinstance(language, int):
-        language = _LANG_BY_CODE.get(language, "OTHER")
-    remark = obj.get("remark")
+    get = obj.get
+    code = get("code", 0)
+    opaque = get("opaque", 0)
+    flag = get("flag", 0)
+    version = get("version", 0)
+    if type(code) is not int or type(opaque) is not int or type(flag) is not int or type(version) is not int:
+        try:
+            code, opaque, flag, version = int(code), int(opaque), int(flag), int(version)
+        except (TypeError, ValueError):
+            raise ProtocolError("header has a non-integer code/opaque/flag/version") from None
+    language = get("language", "OTHER")
+    if type(language) is not str:
+        language = _LANG_BY_CODE.get(language, "OTHER") if isinstance(language, int) else str(language)
+    remark = get("remark")
+    # positional: RemotingCommand(code, ext_fields, body, opaque, flag, remark, language, version, type)
     return RemotingCommand(
-        code=code,
-        ext_fields=_coerce_ext(obj.get("extFields")),
-        body=body,
-        opaque=opaque,
-        flag=flag,
-        remark=remark if isinstance(remark, str) else None,
-        language=str(language),
-        version=version,
-        serialize_type=SERIALIZE_JSON,
+        code, _coerce_ext(get("extFields")), body, opaque, flag,
+        remark if type(remark) is str else None, language, version, SERIALIZE_JSON,
     )
 
 
@@ -316,12 +320,27 @@ class FrameDecoder:
                 raise ProtocolError(f"invalid frame length {length}")
             if n - pos - 4 < length:
                 break
-            frame = memoryview(buf)[pos + 4 : pos + 4 + length]
-            try:
-                out.append(decode_frame(frame))
-            finally:
-                frame.release()
-            pos += 4 + length
+            start = pos + 4
+            (word,) = _UINT.unpack_from(buf, start)
+            hlen = word & 0xFFFFFF
+            if word >> 24 == SERIALIZE_JSON and hlen <= length - 4 and hlen <= MAX_HEADER_BYTES:
+                # decode_frame() inlined for the usual JSON frame: one copy of header and body each
+                hstart = start + 4
+                bstart = hstart + hlen
+                bend = start + length
+                if bend - bstart >= _BODY_VIEW_MIN_BYTES:
+                    with memoryview(buf) as view:
+                        body = bytes(view[bstart:bend])
+                else:
+                    body = bytes(buf[bstart:bend])
+                out.append(decode_json_header(buf[hstart:bstart], body))
+            else:
+                frame = memoryview(buf)[start : start + length]
+                try:
+                    out.append(decode_frame(frame))
+                finally:
+                    frame.release()
+            pos = start + length
         if pos:
             del buf[:pos]
         return out

@@ -135,25 +135,34 @@ class CommitLog:
         total = RECORD_FIXED_SIZE + len(inner.body) + len(topic_bytes) + len(props)
         if total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
             return _illegal()
-        key = (inner.topic, inner.queue_id)
-        in_cq = (inner.sys_flag & SYSFLAG_TRANSACTION_MASK) not in _NO_CQ
+        topic = inner.topic
+        queue_id = inner.queue_id
+        sys_flag = inner.sys_flag
+        key = (topic, queue_id)
+        in_cq = (sys_flag & SYSFLAG_TRANSACTION_MASK) not in _NO_CQ
         queue_offset = self.topic_queue_table.get(key, 0) if in_cq else 0
-        try:
-            mf = self._segment_with_room(total)
-        except (StoreError, OSError) as exc:
-            log.error("cannot create commit log segment: %s", exc)
-            return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
-        phy_offset = mf.file_from_offset + mf.wrote_position
+        files = self.mfq.files
+        mf = files[-1] if files else None
+        if mf is None or total + END_FILE_MIN_BLANK_LENGTH > mf.file_size - mf.wrote_position:
+            try:
+                mf = self._segment_with_room(total)
+            except (StoreError, OSError) as exc:
+                log.error("cannot create commit log segment: %s", exc)
+                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        pos = mf.wrote_position
+        phy_offset = mf.file_from_offset + pos
         store_ts = self.clock_ms()
         inner.store_timestamp = store_ts
         record = encode_record_parts(inner, topic_bytes, props, queue_offset, phy_offset, store_ts)
-        mf.append(record)
+        mf.mm[pos : pos + total] = record  # MappedFile.append without the call
+        mf.wrote_position = pos + total
         if in_cq:
             self.topic_queue_table[key] = queue_offset + 1
-        self._queue_dispatch(
-            RecordMeta(phy_offset, total, inner.topic, inner.queue_id, queue_offset, store_ts,
-                       inner.sys_flag, inner.properties_string)
-        )  # fmt: skip
+        pending = self.pending
+        if len(pending) >= self.config.dispatch_pending_max:
+            pending.clear()  # reput falls back to parsing the commit log
+        pending.append(RecordMeta(phy_offset, total, topic, queue_id, queue_offset, store_ts, sys_flag,
+                                  inner.properties_string))
         self.last_store_timestamp = store_ts
         self.put_message_times_total += 1
         self.put_message_size_total += total
@@ -190,22 +199,26 @@ class CommitLog:
         except (StoreError, OSError) as exc:
             log.error("cannot create commit log segment: %s", exc)
             return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
-        base = mf.file_from_offset + mf.wrote_position
+        start_pos = mf.wrote_position
+        base = mf.file_from_offset + start_pos
         store_ts = self.clock_ms()
-        parts: list[bytes] = []
         offsets: list[int] = []
         phy = base
+        mm = mf.mm
+        pos = start_pos
         for i, (inner, topic_bytes, props) in enumerate(checked):
             inner.store_timestamp = store_ts
             record = encode_record_parts(inner, topic_bytes, props, queue_offset + i, phy, store_ts)
-            parts.append(record)
+            size = len(record)
+            mm[pos : pos + size] = record  # straight into the segment: no joined copy of the batch
+            pos += size
             offsets.append(phy)
             self._queue_dispatch(
-                RecordMeta(phy, len(record), inner.topic, inner.queue_id, queue_offset + i, store_ts,
+                RecordMeta(phy, size, inner.topic, inner.queue_id, queue_offset + i, store_ts,
                            inner.sys_flag, inner.properties_string)
             )  # fmt: skip
-            phy += len(record)
-        mf.append(b"".join(parts))
+            phy += size
+        mf.wrote_position = pos  # published once, like MappedFile.append of the whole batch
         self.topic_queue_table[key] = queue_offset + len(checked)
         self.last_store_timestamp = store_ts
         self.put_message_times_total += len(checked)

@@ -20,7 +20,7 @@ from ferrymq.common.message import (
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
 )
-from ferrymq.common.message_codec import RecordCheck, RecordMeta, check_record, decode_record_meta
+from ferrymq.common.message_codec import RecordCheck, RecordMeta, check_record_meta
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
 from ferrymq.store.index import IndexService, java_hash_fast
@@ -98,22 +98,32 @@ class Dispatcher:
         return code
 
     def dispatch(self, meta: RecordMeta, phy_offset: int) -> None:
-        tran = meta.sys_flag & SYSFLAG_TRANSACTION_MASK
-        topic = meta.topic
+        _phy, size, topic, queue_id, queue_offset, store_ts, sys_flag, properties = meta
+        tran = sys_flag & SYSFLAG_TRANSACTION_MASK
         if tran not in _NO_CQ and topic_dir_name_ok(topic):
-            cq = self.queues.get_or_create(topic, meta.queue_id)
-            tags = self.tags_code(topic, meta.properties, meta.store_timestamp)
-            if cq.put_unit(phy_offset, meta.size, tags, meta.queue_offset):
-                self.queues.mark_dirty(cq)
+            key = (topic, queue_id)
+            queues = self.queues
+            cq = queues.queues.get(key) or queues.get_or_create(topic, queue_id)
+            if topic == SCHEDULE_TOPIC or not properties:
+                tags = self.tags_code(topic, properties, store_ts)
+            else:  # tags_code() inlined for the common case
+                tags_text = get_property(properties, PROPERTY_TAGS)
+                if not tags_text:
+                    tags = 0
+                else:
+                    tags = self._tags_codes.get(tags_text)  # type: ignore[assignment]
+                    if tags is None:
+                        tags = self.tags_code(topic, properties, store_ts)
+            if cq.put_unit(phy_offset, size, tags, queue_offset):
+                queues.mark_dirty(cq)
             table = self.commit_log.topic_queue_table
-            key = (topic, meta.queue_id)
-            if table.get(key, 0) <= meta.queue_offset:
-                table[key] = meta.queue_offset + 1
-        if self.index is not None and tran != SYSFLAG_TRANSACTION_ROLLBACK and meta.properties:
-            keys = index_keys_of(meta.properties)
+            if table.get(key, 0) <= queue_offset:
+                table[key] = queue_offset + 1
+        if self.index is not None and tran != SYSFLAG_TRANSACTION_ROLLBACK and properties:
+            keys = index_keys_of(properties)
             if keys:
-                self.index.build_index(topic, keys, phy_offset, meta.store_timestamp)
-        self.last_dispatch_timestamp = meta.store_timestamp
+                self.index.build_index(topic, keys, phy_offset, store_ts)
+        self.last_dispatch_timestamp = store_ts
         self.dispatched_total += 1
 
     def reput(self, max_records: int | None = None) -> int:
@@ -142,11 +152,25 @@ class Dispatcher:
             if mf is None:
                 break
             pos = r - mf.file_from_offset
-            status, size = check_record(mf.mm, pos, False, end=mf.wrote_position)
-            if status is RecordCheck.OK:
-                self.dispatch(decode_record_meta(mf.mm, pos), r)
-                self.reput_phy_offset = r + size
+            status, size, meta = check_record_meta(mf.mm, pos, mf.wrote_position)
+            if meta is not None:  # RecordCheck.OK
+                self.dispatch(meta, r)
                 count += 1
+                # the records right behind it in this segment: no per-record segment lookup
+                mm = mf.mm
+                wrote = mf.wrote_position
+                r += size
+                pos += size
+                self.reput_phy_offset = r
+                while count < limit and r < max_phy and not pending:
+                    status, size, meta = check_record_meta(mm, pos, wrote)
+                    if meta is None:
+                        break  # the outer loop looks at this position again and decides
+                    self.dispatch(meta, r)
+                    count += 1
+                    r += size
+                    pos += size
+                    self.reput_phy_offset = r
             elif status is RecordCheck.BLANK:
                 self.reput_phy_offset = mf.end_offset
             else:

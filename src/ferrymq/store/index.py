@@ -47,11 +47,15 @@ _POW_COUNT = 512
 _POWERS_DESC = [pow(31, k, 1 << 32) for k in range(_POW_COUNT - 1, -1, -1)]
 
 
+#: the powers a key of n chars uses, per n (no slicing per call)
+_POWERS_BY_LEN = [tuple(_POWERS_DESC[_POW_COUNT - n :]) for n in range(_POW_COUNT + 1)]
+
+
 def java_hash_fast(text: str) -> int:
     """Java ``String.hashCode`` (signed int32); a C-level dot product for short ASCII strings."""
     n = len(text)
     if n <= _POW_COUNT and text.isascii():
-        h = sum(map(operator.mul, text.encode("ascii"), _POWERS_DESC[_POW_COUNT - n :])) & 0xFFFFFFFF
+        h = sum(map(operator.mul, text.encode("ascii"), _POWERS_BY_LEN[n])) & 0xFFFFFFFF
         return h - 0x100000000 if h & 0x80000000 else h
     return java_string_hash(text)
 
@@ -108,7 +112,8 @@ class IndexFile:
         self.index_count += 1
         self.end_phy_offset = phy_offset
         self.end_timestamp = store_timestamp
-        self._write_header()
+        # the on-disk header is written by flush()/close(): readers in this process use the attributes,
+        # and a reopened file treats slot links >= indexCount as empty
         self.dirty = True
         return True
 
@@ -147,9 +152,12 @@ class IndexFile:
     def flush(self) -> None:
         if self.dirty:
             self.dirty = False
+            self._write_header()
             self.mf.sync()
 
     def close(self) -> None:
+        if self.dirty and not self.mf.closed:
+            self._write_header()
         self.mf.close()
 
     def destroy(self) -> None:

@@ -2,9 +2,10 @@
 consume queues agree with it, and choose where re-dispatch starts.
 
 * Normal start (no ``abort`` file): CRC-walk the last ``recover_segments_normal`` segments.
-* Abnormal start (``abort`` present: the last run crashed): CRC-walk from the segment holding
-  the checkpoint's ``dispatched_phy_offset`` (everything below it was flushed in the commit log,
-  the consume queues and the index) — or from the first segment if that is unknown.
+* Abnormal start (``abort`` present: the last run crashed): CRC-walk from the checkpoint's
+  ``dispatched_phy_offset`` itself (everything below it was flushed in the commit log, the consume
+  queues and the index) when a record boundary is found there; otherwise from the segment holding
+  it (at most ``recover_segments_normal`` back), or from the first segment if that is unknown.
 
 The walk stops at the first record with a bad magic, size, physical offset or CRC, or at zeros.
 Everything from there on is zeroed (rest of that segment) or deleted (later segments). Consume
@@ -52,6 +53,34 @@ def walk_valid_end(mfq: MappedFileQueue, start_index: int, start_pos: int, check
         return mf.file_from_offset + pos
 
 
+def _checkpoint_resume(mfq: MappedFileQueue, dispatched: int, min_phy: int) -> tuple[int, int] | None:
+    """(segment index, position) to start the walk at the checkpoint's dispatched offset, or None.
+
+    The checkpoint's ``dispatched_phy_offset`` is min(reput offset, flushed offset) at its last write:
+    a record boundary below which the commit log was flushed and already CRC-checked by the run that
+    wrote it. It is used only if it lies inside the log and a record (or a segment end / filler /
+    zeros) starts exactly there; otherwise recovery walks whole segments as before.
+    """
+    if dispatched <= min_phy:
+        return None
+    holder = mfq.find(dispatched)
+    if holder is None:
+        return None
+    pos = dispatched - holder.file_from_offset
+    if pos == 0 or pos >= holder.file_size:
+        return None
+    status, _size = check_record(holder.mm, pos, True, end=holder.file_size, expected_phy_offset=dispatched)
+    if status is RecordCheck.CORRUPT or status is RecordCheck.INCOMPLETE:
+        return None
+    # the segment must still hold its data below the checkpoint (not lost or zeroed since)
+    first_pos = max(0, min_phy - holder.file_from_offset)
+    first_status, _ = check_record(holder.mm, first_pos, True, end=holder.file_size,
+                                   expected_phy_offset=holder.file_from_offset + first_pos)
+    if first_status is not RecordCheck.OK:
+        return None
+    return mfq.files.index(holder), pos
+
+
 def recover(
     config: StoreConfig,
     commit_log: CommitLog,
@@ -74,13 +103,19 @@ def recover(
         return 0
 
     dispatched = checkpoint.dispatched_phy_offset
-    if abnormal:
+    resume = _checkpoint_resume(mfq, dispatched, max(first.file_from_offset, data_start)) if abnormal else None
+    if resume is not None:
+        # crash: everything below the checkpoint was flushed and dispatched; walk only what came after
+        # it (a clean start still CRC-walks its last segments, as before)
+        start_index, start_pos = resume
+    elif abnormal:
         holder = mfq.find(dispatched) if dispatched > 0 else None
         start_index = files.index(holder) if holder is not None else 0
         start_index = min(start_index, max(0, len(files) - config.recover_segments_normal))
+        start_pos = data_start - first.file_from_offset if start_index == 0 and data_start else 0
     else:
         start_index = max(0, len(files) - config.recover_segments_normal)
-    start_pos = data_start - first.file_from_offset if start_index == 0 and data_start else 0
+        start_pos = data_start - first.file_from_offset if start_index == 0 and data_start else 0
 
     valid_end = walk_valid_end(mfq, start_index, start_pos, config.check_crc_on_recover)
     log.info("commit log: valid data ends at phy offset %d", valid_end)

@@ -5,11 +5,16 @@ topic → auto-create via defaultTopic (else 17); queueId out of range → 1 (ne
 writable → 16; body too large → 13; retry topic past max reconsume → DLQ; DELAY → SCHEDULE_TOPIC_XXXX.
 
 The handler is a plain function: it answers inline unless the put must wait (SYNC_FLUSH /
-SYNC_MASTER with WAIT != false), in which case it returns a coroutine.
+SYNC_MASTER with WAIT != false), in which case it returns a coroutine — or, for SYNC_MASTER with
+ASYNC_FLUSH, a future the HA ack handler resolves (no task per send).
+
+Hot-path notes: topic validation, tags hash codes and born hosts are cached per processor; the
+properties string is parsed/re-joined with C-level splits (the tolerant parser is the fallback).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -17,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 from ferrymq.broker.headers import SendHeader
 from ferrymq.broker.status_codes import SERVICE_NOT_AVAILABLE_REMARK, send_outcome
 from ferrymq.common.message import (
+    NAME_VALUE_SEPARATOR,
     PROPERTY_CLUSTER,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
@@ -31,7 +38,6 @@ from ferrymq.common.message import (
     SYSFLAG_TRANSACTION_NOT_TYPE,
     SYSFLAG_TRANSACTION_PREPARED,
     MessageExtBrokerInner,
-    properties_to_string,
     string_to_properties,
     tags_hash_code,
 )
@@ -49,9 +55,10 @@ from ferrymq.common.topic import (
     validate_topic,
 )
 from ferrymq.errors import ProtocolError
-from ferrymq.remoting.codec import RemotingCommand
-from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.codec import FLAG_RESPONSE, RemotingCommand
+from ferrymq.remoting.codes import CURRENT_VERSION, RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
+from ferrymq.store.results import PutMessageStatus
 
 if TYPE_CHECKING:
     from ferrymq.broker.app import BrokerController
@@ -86,9 +93,67 @@ def born_host_of(conn: Any) -> bytes:
     return host_to_bytes(host, int(port) if port.isdigit() else 0)
 
 
+#: entries kept in each of the processor's small caches (topic validity, tags hash codes)
+SEND_CACHE_MAX_ENTRIES = 10_000
+
+
+def _parse_properties(text: str | None) -> dict[str, str]:
+    """``string_to_properties`` with a C-level fast path for well-formed strings (same result)."""
+    if not text:
+        return {}
+    body = text[:-1] if text[-1] == PROPERTY_SEPARATOR else text
+    try:
+        props = dict(item.split(NAME_VALUE_SEPARATOR, 1) for item in body.split(PROPERTY_SEPARATOR))
+    except ValueError:  # an item without a name/value separator: let the tolerant parser skip it
+        return string_to_properties(text)
+    if "" in props:  # an empty name
+        return string_to_properties(text)
+    return props
+
+
+def _properties_text(props: dict[str, str]) -> str:
+    """``properties_to_string`` for a dict of str values (what the send path builds)."""
+    return PROPERTY_SEPARATOR.join(map(NAME_VALUE_SEPARATOR.join, props.items()))
+
+
+def _tags_code_cached(cache: dict[str, int], tags: str | None) -> int:
+    if not tags:
+        return 0
+    code = cache.get(tags)
+    if code is None:
+        code = tags_hash_code(tags)
+        if len(cache) < SEND_CACHE_MAX_ENTRIES:
+            cache[tags] = code
+    return code
+
+
 class SendProcessor:
     def __init__(self, ctx: BrokerController) -> None:
         self.ctx = ctx
+        #: topic -> validate_topic() reason (None = valid); the regex runs once per topic
+        self._topic_reasons: dict[str, str | None] = {}
+        self._tags_codes: dict[str, int] = {}
+        #: peer address -> 8-byte born host
+        self._born_hosts: dict[str, bytes] = {}
+
+    def _born_host(self, conn: Any) -> bytes:
+        peer = getattr(conn, "peer_addr", "") or ""
+        raw = self._born_hosts.get(peer)
+        if raw is None:
+            raw = born_host_of(conn)
+            if len(self._born_hosts) >= SEND_CACHE_MAX_ENTRIES:
+                self._born_hosts.clear()
+            self._born_hosts[peer] = raw
+        return raw
+
+    def _validate_topic(self, topic: str) -> str | None:
+        cache = self._topic_reasons
+        if topic in cache:
+            return cache[topic]
+        reason = validate_topic(topic)
+        if len(cache) < SEND_CACHE_MAX_ENTRIES:
+            cache[topic] = reason
+        return reason
 
     def register(self, dispatcher: Any) -> None:
         for code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
@@ -120,7 +185,7 @@ class SendProcessor:
         if not is_writeable(ctx.config.broker_permission):
             return cmd.response(R.NO_PERMISSION, remark=f"the broker[{ctx.config.broker_ip1}] sending message is "
                                                         "forbidden")
-        reason = validate_topic(h.topic)
+        reason = self._validate_topic(h.topic)
         if reason is not None:
             return cmd.response(R.SYSTEM_ERROR, remark=reason)
         if h.topic in NOT_ALLOWED_SEND_TOPICS:
@@ -167,7 +232,7 @@ class SendProcessor:
         if isinstance(routed, RemotingCommand):
             return routed
         topic, queue_id_stored = routed
-        props = string_to_properties(h.properties)
+        props = _parse_properties(h.properties)
         wait = props.pop(PROPERTY_WAIT_STORE_MSG_OK, "true").lower() != "false"
         props[PROPERTY_CLUSTER] = ctx.config.broker_cluster_name
         sys_flag = h.sys_flag
@@ -189,8 +254,9 @@ class SendProcessor:
             pass
         inner = MessageExtBrokerInner(
             topic=topic, queue_id=queue_id_stored, body=cmd.body, flag=h.flag,
-            properties_string=properties_to_string(props), tags_code=tags_hash_code(props.get(PROPERTY_TAGS)),
-            sys_flag=sys_flag, born_timestamp=h.born_timestamp, born_host=born_host_of(conn),
+            properties_string=_properties_text(props),
+            tags_code=_tags_code_cached(self._tags_codes, props.get(PROPERTY_TAGS)),
+            sys_flag=sys_flag, born_timestamp=h.born_timestamp, born_host=self._born_host(conn),
             store_host=ctx.store_host, reconsume_times=h.reconsume_times, index_keys=index_keys(props),
             wait_store_msg_ok=wait,
         )
@@ -216,10 +282,11 @@ class SendProcessor:
             return cmd.response(R.MESSAGE_ILLEGAL, remark="empty batch")
         batch_props = string_to_properties(h.properties)
         wait = batch_props.pop(PROPERTY_WAIT_STORE_MSG_OK, "true").lower() != "false"
-        born_host = born_host_of(conn)
+        born_host = self._born_host(conn)
+        tags_codes = self._tags_codes
         inners = []
         for flag, body, props_text in entries:
-            props = string_to_properties(props_text)
+            props = _parse_properties(props_text)
             props.update(batch_props)
             props.pop(PROPERTY_WAIT_STORE_MSG_OK, None)
             if _delay_level(props) > 0 or props.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
@@ -228,8 +295,8 @@ class SendProcessor:
             props[PROPERTY_CLUSTER] = ctx.config.broker_cluster_name
             inners.append(MessageExtBrokerInner(
                 topic=h.topic, queue_id=queue_id, body=body, flag=flag,
-                properties_string=properties_to_string(props), tags_code=tags_hash_code(props.get(PROPERTY_TAGS)),
-                sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born_host,
+                properties_string=_properties_text(props),
+                tags_code=_tags_code_cached(tags_codes, props.get(PROPERTY_TAGS)), sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born_host,
                 store_host=ctx.store_host, reconsume_times=h.reconsume_times, index_keys=index_keys(props),
                 wait_store_msg_ok=wait,
             ))
@@ -239,10 +306,52 @@ class SendProcessor:
     # ---- response ---------------------------------------------------------------------------------
     def _finish(self, cmd: RemotingCommand, result: Any, queue_id: int, wait: bool
                 ) -> RemotingCommand | Awaitable[RemotingCommand]:
-        outcome = send_outcome(result.status)
+        status = result.status
+        if status is PutMessageStatus.PUT_OK and result.append_result is not None:
+            writer = self.ctx.writer
+            if writer.needs_wait(wait):
+                if writer.sync_master and not writer.sync_flush and hasattr(writer.ha_service, "on_slave_ack"):
+                    return self._finish_on_slave_ack(cmd, result, queue_id)
+                return self._finish_after_wait(cmd, result, queue_id)
+            return self._ok_response(cmd, result.append_result, queue_id)
+        outcome = send_outcome(status)
         if outcome.stored and result.append_result is not None and self.ctx.writer.needs_wait(wait):
             return self._finish_after_wait(cmd, result, queue_id)
-        return self._response(cmd, result, queue_id, result.status.name)
+        return self._response(cmd, result, queue_id, status.name)
+
+    @staticmethod
+    def _ok_response(cmd: RemotingCommand, ar: Any, queue_id: int) -> RemotingCommand:
+        """PUT_OK without waits: what ``_response`` builds, minus the generic field conversion."""
+        return RemotingCommand(
+            R.SUCCESS,
+            {"msgId": ar.msg_id, "queueId": str(queue_id), "queueOffset": str(ar.queue_offset),
+             "MSG_REGION": MSG_REGION, "TRACE_ON": "true"},
+            b"", cmd.opaque, FLAG_RESPONSE, None, "JAVA", CURRENT_VERSION, cmd.serialize_type,
+        )
+
+    def _finish_on_slave_ack(self, cmd: RemotingCommand, result: Any, queue_id: int
+                             ) -> RemotingCommand | asyncio.Future[RemotingCommand]:
+        """SYNC_MASTER + ASYNC_FLUSH: ``MessageWriter.wait_stored`` without a task — the HA ack
+        handler answers through a future (same statuses: SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT)."""
+        ar = result.append_result
+        end = ar.wrote_offset + ar.wrote_bytes
+        ha = self.ctx.writer.ha_service
+        if not ha.is_slave_ok(end):
+            return self._response(cmd, result, queue_id, "SLAVE_NOT_AVAILABLE")
+        out: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+
+        def on_ack(ok: bool) -> None:
+            if out.done():
+                return
+            try:
+                out.set_result(self._response(cmd, result, queue_id, "PUT_OK" if ok else "FLUSH_SLAVE_TIMEOUT"))
+            except Exception as exc:  # answered as SYSTEM_ERROR by the connection
+                out.set_exception(exc)
+
+        ha.on_slave_ack(end, self.ctx.config.replica_wait_ms, on_ack)
+        if out.done():
+            return out.result()
+        return out
 
     async def _finish_after_wait(self, cmd: RemotingCommand, result: Any, queue_id: int) -> RemotingCommand:
         status = await self.ctx.writer.wait_stored(result)
