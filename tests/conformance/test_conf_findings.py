@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from conf_helpers import Client, pull, records, running_broker, send_v1, wait_for
 
 from ferrymq.common.message import decode_offset_msg_id
@@ -110,7 +109,6 @@ async def test_conf06_send_back_origin_message_id_is_the_offset_msg_id(broker, c
     assert msg.properties["ORIGIN_MESSAGE_ID"] == msg_id
 
 
-@pytest.mark.xfail(strict=True, reason="CONF-07")
 async def test_conf07_read_only_broker_refuses_only_order_topics(tmp_path) -> None:
     """§2.7 SEND check 1: a broker without write permission answers 16 only for order topics. ferrymq
     refuses every send, so producers still holding a pre-wipe route get NO_PERMISSION (C++ throws)."""
@@ -120,5 +118,8 @@ async def test_conf07_read_only_broker_refuses_only_order_topics(tmp_path) -> No
             b.topics.update(TopicConfig("Plain", 4, 4))
             resp = await conn.invoke(RemotingCommand.request(10, send_v1("Plain"), b"x"), 5000)
             assert resp.code == R.SUCCESS, resp.remark
+            b.topics.update(TopicConfig("Ordered", 4, 4, order=True))
+            resp = await conn.invoke(RemotingCommand.request(10, send_v1("Ordered"), b"x"), 5000)
+            assert resp.code == R.NO_PERMISSION, resp.remark
         finally:
             conn.close()

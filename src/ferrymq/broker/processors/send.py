@@ -183,8 +183,10 @@ class SendProcessor:
     def _check_topic(self, cmd: RemotingCommand, h: SendHeader) -> TopicConfig | RemotingCommand:
         ctx = self.ctx
         if not is_writeable(ctx.config.broker_permission):
-            return cmd.response(R.NO_PERMISSION, remark=f"the broker[{ctx.config.broker_ip1}] sending message is "
-                                                        "forbidden")
+            existing = ctx.topics.get(h.topic)
+            if existing is not None and existing.order:  # only order topics are refused (§2.7 SEND check 1)
+                return cmd.response(R.NO_PERMISSION, remark=f"the broker[{ctx.config.broker_ip1}] sending message "
+                                                            "is forbidden")
         reason = self._validate_topic(h.topic)
         if reason is not None:
             return cmd.response(R.SYSTEM_ERROR, remark=reason)
