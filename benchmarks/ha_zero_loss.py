@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "acceptance"))
+sys.path[:0] = [str(ROOT / "tests" / "acceptance"), str(ROOT / "tests")]
 
 from procs import ProcessGroup  # noqa: E402
 from test_ha import zero_loss_trial  # noqa: E402
