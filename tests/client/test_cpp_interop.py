@@ -51,6 +51,7 @@ async def run_script(name: str, args: dict[str, Any]) -> tuple[int, list[dict[st
 async def make_topic(ns: str, topic: str) -> None:
     async with Admin(ns) as admin:
         await admin.create_topic(topic, read_queue_nums=2, write_queue_nums=2)
+        await admin.wait_for_route(topic)
 
 
 @cpp_only

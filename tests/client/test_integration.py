@@ -298,7 +298,7 @@ async def test_sync_facades(ns_addr: str) -> None:
 def _sync_round_trip(ns_addr: str) -> None:
     with SyncAdmin(ns_addr) as admin:
         admin.create_topic("SY", read_queue_nums=1, write_queue_nums=1)
-        route = admin.topic_route("SY")
+        route = admin.wait_for_route("SY")
         assert route.queue_datas[0].read_queue_nums == 1
     with SyncProducer(ns_addr, "pg") as p:
         r = p.send(new_message("SY", "sync"))
