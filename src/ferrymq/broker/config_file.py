@@ -48,3 +48,32 @@ class JsonConfigFile:
         with open(tmp, "wb") as fh:
             fh.write(data)
         os.replace(tmp, self.path)
+
+
+class JsonPersisted:
+    """A table kept in one JSON config file. A subclass gives ``encode()`` (the file's object) and
+    ``decode(obj)`` (take a parsed object in); ``load`` ignores a missing or non-object file.
+    ``_dirty`` marks changes not yet persisted (``persist_if_dirty``)."""
+
+    def __init__(self, config_dir: str, file_name: str) -> None:
+        self._file = JsonConfigFile(os.path.join(config_dir, file_name))
+        self._dirty = False
+
+    def encode(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def decode(self, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def load(self) -> None:
+        obj = self._file.load()
+        if isinstance(obj, dict):
+            self.decode(obj)
+
+    def persist(self) -> None:
+        self._file.persist(self.encode())
+        self._dirty = False
+
+    def persist_if_dirty(self) -> None:
+        if self._dirty:
+            self.persist()

@@ -6,20 +6,18 @@ write them quoted (fastjson reads both). Persisted every flushConsumerOffsetInte
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from ferrymq.broker.config_file import JsonConfigFile
+from ferrymq.broker.config_file import JsonPersisted
 
 TOPIC_GROUP_SEPARATOR = "@"
 
 
-class ConsumerOffsetManager:
+class ConsumerOffsetManager(JsonPersisted):
     def __init__(self, config_dir: str) -> None:
-        self._file = JsonConfigFile(os.path.join(config_dir, "consumerOffset.json"))
+        super().__init__(config_dir, "consumerOffset.json")
         #: "topic@group" -> queue id -> committed queue offset
         self.table: dict[str, dict[int, int]] = {}
-        self._dirty = False
 
     @staticmethod
     def key(topic: str, group: str) -> str:
@@ -49,26 +47,13 @@ class ConsumerOffsetManager:
             del self.table[k]
         self._dirty = True
 
-    # ---- persistence ----------------------------------------------------------------
+    # ---- persistence (load, persist, persist_if_dirty: JsonPersisted) -----------------
     def encode(self) -> dict[str, Any]:
         return {"offsetTable": {k: dict(v) for k, v in self.table.items()}}
 
     def decode(self, obj: dict[str, Any]) -> None:
         for k, queues in (obj.get("offsetTable") or {}).items():
             self.table[str(k)] = {int(q): int(o) for q, o in (queues or {}).items()}
-
-    def load(self) -> None:
-        obj = self._file.load()
-        if isinstance(obj, dict):
-            self.decode(obj)
-
-    def persist(self) -> None:
-        self._file.persist(self.encode())
-        self._dirty = False
-
-    def persist_if_dirty(self) -> None:
-        if self._dirty:
-            self.persist()
 
     def merge_from_master(self, obj: dict[str, Any]) -> None:
         """Slave sync: master wins per key."""

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
-from ferrymq.broker.config_file import JsonConfigFile
+from ferrymq.broker.config_file import JsonPersisted
 from ferrymq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
@@ -63,39 +62,28 @@ def inner_from_delayed(msg: MessageExt) -> MessageExtBrokerInner | None:
     )
 
 
-class ScheduleMessageService:
+class ScheduleMessageService(JsonPersisted):
     def __init__(self, store: Any, put: Callable[[MessageExtBrokerInner], Any], config_dir: str,
                  delay_levels_ms: list[int], clock_ms: Callable[[], int]) -> None:
         self._store = store
         self._put = put
-        self._file = JsonConfigFile(os.path.join(config_dir, "delayOffset.json"))
+        super().__init__(config_dir, "delayOffset.json")
         self.delay_levels_ms = delay_levels_ms
         self._clock_ms = clock_ms
         self.offsets: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
-        self._dirty = False
 
     @property
     def max_level(self) -> int:
         return len(self.delay_levels_ms)
 
-    # ---- persistence -------------------------------------------------------------------------
-    def load(self) -> None:
-        obj = self._file.load()
-        if isinstance(obj, dict):
-            self.offsets = {int(k): int(v) for k, v in (obj.get("offsetTable") or {}).items()}
+    # ---- persistence (load, persist, persist_if_dirty: JsonPersisted) ------------------------
+    def decode(self, obj: dict[str, Any]) -> None:
+        self.offsets = {int(k): int(v) for k, v in (obj.get("offsetTable") or {}).items()}
 
     def encode(self) -> dict[str, Any]:
         return {"offsetTable": dict(sorted(self.offsets.items()))}
-
-    def persist(self) -> None:
-        self._file.persist(self.encode())
-        self._dirty = False
-
-    def persist_if_dirty(self) -> None:
-        if self._dirty:
-            self.persist()
 
     def write_raw(self, data: bytes) -> None:
         """Slave sync: the master's delayOffset.json verbatim."""

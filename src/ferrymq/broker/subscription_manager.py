@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ferrymq.broker.config_file import JsonConfigFile
+from ferrymq.broker.config_file import JsonPersisted
 from ferrymq.broker.headers import JAVA_INT_MAX, JAVA_INT_MIN
 from ferrymq.common.topic import DataVersion
 
@@ -53,9 +52,9 @@ class SubscriptionGroupConfig:
         return cfg
 
 
-class SubscriptionGroupManager:
+class SubscriptionGroupManager(JsonPersisted):
     def __init__(self, config_dir: str, *, auto_create: bool, clock_ms: Callable[[], int]) -> None:
-        self._file = JsonConfigFile(os.path.join(config_dir, "subscriptionGroup.json"))
+        super().__init__(config_dir, "subscriptionGroup.json")
         self.auto_create = auto_create
         self._clock_ms = clock_ms
         self.table: dict[str, SubscriptionGroupConfig] = {}
@@ -99,14 +98,6 @@ class SubscriptionGroupManager:
             raw.setdefault("groupName", name)
             self.table[str(name)] = SubscriptionGroupConfig.from_json(raw)
         self.data_version = DataVersion.from_json(obj.get("dataVersion"))
-
-    def load(self) -> None:
-        obj = self._file.load()
-        if isinstance(obj, dict):
-            self.decode(obj)
-
-    def persist(self) -> None:
-        self._file.persist(self.encode())
 
     def replace_all(self, obj: dict[str, Any]) -> None:
         self.table = {}

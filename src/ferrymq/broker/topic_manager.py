@@ -6,12 +6,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 from collections.abc import Callable
 from typing import Any
 
-from ferrymq.broker.config_file import JsonConfigFile
+from ferrymq.broker.config_file import JsonPersisted
 from ferrymq.common.topic import (
     BENCHMARK_TOPIC,
     DEFAULT_TOPIC,
@@ -36,7 +35,7 @@ BENCHMARK_QUEUE_NUMS = 1024
 CLUSTER_TOPIC_QUEUE_NUMS = 16
 
 
-class TopicManager:
+class TopicManager(JsonPersisted):
     def __init__(
         self,
         config_dir: str,
@@ -47,7 +46,7 @@ class TopicManager:
         default_topic_queue_nums: int = 8,
         clock_ms: Callable[[], int],
     ) -> None:
-        self._file = JsonConfigFile(os.path.join(config_dir, "topics.json"))
+        super().__init__(config_dir, "topics.json")
         self._clock_ms = clock_ms
         self.auto_create_topic_enable = auto_create_topic_enable
         self.table: dict[str, TopicConfig] = {}
@@ -71,9 +70,7 @@ class TopicManager:
 
     # ---- persistence ---------------------------------------------------------------
     def load(self) -> None:
-        obj = self._file.load()
-        if isinstance(obj, dict):
-            self.decode(obj)
+        super().load()
         if not self.auto_create_topic_enable and DEFAULT_TOPIC in self.table:
             self.table[DEFAULT_TOPIC].perm = RW
 
@@ -89,9 +86,6 @@ class TopicManager:
             "dataVersion": self.data_version.to_json(),
             "topicConfigTable": {name: tc.to_json() for name, tc in self.table.items()},
         }
-
-    def persist(self) -> None:
-        self._file.persist(self.encode())
 
     def _changed(self) -> None:
         self.data_version.next_version(self._clock_ms())

@@ -361,24 +361,19 @@ async def start_stack(stack: Stack) -> None:
     stack.spawn("master", "broker", "-c", str(master_conf), "--log-level", "WARNING")
     stack.spawn("slave", "broker", "-c", str(slave_conf), "--log-level", "WARNING")
 
-    async def listed(broker_id: int, addr: str) -> bool:
-        return (await cluster_addrs(stack.namesrv_addr)).get(broker_id) == addr
+    async def wait_listed(role: str, broker_id: int, addr: str) -> None:
+        async def listed() -> bool:
+            return (await cluster_addrs(stack.namesrv_addr)).get(broker_id) == addr
 
-    await wait_until(
-        stack,
-        lambda: listed(0, stack.master_addr),
-        timeout_s=BROKER_START_TIMEOUT_S,
-        what=f"the name server to list master {stack.master_addr}",
-    )
+        await wait_until(
+            stack, listed, timeout_s=BROKER_START_TIMEOUT_S, what=f"the name server to list {role} {addr}"
+        )
+
+    await wait_listed("master", 0, stack.master_addr)
     click.echo(
         f"master        {stack.master_addr} (SYNC_MASTER, id 0, HA port {stack.master_port + 1}) registered"
     )
-    await wait_until(
-        stack,
-        lambda: listed(1, stack.slave_addr),
-        timeout_s=BROKER_START_TIMEOUT_S,
-        what=f"the name server to list slave {stack.slave_addr}",
-    )
+    await wait_listed("slave", 1, stack.slave_addr)
     click.echo(
         f"slave         {stack.slave_addr} (SLAVE, id 1, replicating from {stack.master_ha_addr}) registered"
     )

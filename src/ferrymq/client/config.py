@@ -67,3 +67,19 @@ class ClientConfig:
     @property
     def client_id(self) -> str:
         return f"{self.client_ip}@{self.instance_name}"
+
+
+def client_config(
+    name_server: str | list[str],
+    *,
+    poll_name_server_interval_ms: int,
+    heartbeat_broker_interval_ms: int,
+    instance_name: str | None,
+) -> ClientConfig:
+    """The options of a producer or consumer (an empty ``instance_name`` keeps the generated one)."""
+    config = ClientConfig(parse_name_servers(name_server),
+                          poll_name_server_interval_ms=poll_name_server_interval_ms,
+                          heartbeat_broker_interval_ms=heartbeat_broker_interval_ms)
+    if instance_name:
+        config.instance_name = instance_name
+    return config

@@ -22,10 +22,15 @@ def _order_conf(route: TopicRouteData) -> list[tuple[str, int]]:
     return out
 
 
+def _order_queues(topic: str, route: TopicRouteData) -> list[MessageQueue]:
+    """The queues an orderTopicConf names (``broker:n;...``): for sending and reading alike."""
+    return [MessageQueue(topic, name, i) for name, n in _order_conf(route) for i in range(n)]
+
+
 def publish_queues(topic: str, route: TopicRouteData, *, max_queue_nums: int | None = None) -> list[MessageQueue]:
     """Queues a producer may send to (masters only). ``max_queue_nums`` caps each broker (TBW102 fallback)."""
     if route.order_topic_conf:
-        return [MessageQueue(topic, name, i) for name, n in _order_conf(route) for i in range(n)]
+        return _order_queues(topic, route)
     mqs: list[MessageQueue] = []
     for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
         if not is_writeable(qd.perm):
@@ -41,7 +46,7 @@ def publish_queues(topic: str, route: TopicRouteData, *, max_queue_nums: int | N
 def subscribe_queues(topic: str, route: TopicRouteData) -> list[MessageQueue]:
     """Queues a consumer reads (masters or slaves)."""
     if route.order_topic_conf:
-        return [MessageQueue(topic, name, i) for name, n in _order_conf(route) for i in range(n)]
+        return _order_queues(topic, route)
     mqs: list[MessageQueue] = []
     for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
         if not is_readable(qd.perm):

@@ -123,14 +123,11 @@ def decode_offset_msg_id(msg_id: str) -> tuple[str, int, int]:
     return socket.inet_ntoa(ip_b), port, phy_offset
 
 
-@dataclass(slots=True)
-class Message:
-    """A message as a producer builds it."""
+class _PropertyAccessors:
+    """Property readers shared by Message and MessageExt (no state of its own: keeps their slots)."""
 
-    topic: str
-    body: bytes
-    flag: int = 0
-    properties: dict[str, str] = field(default_factory=dict)
+    __slots__ = ()
+    properties: dict[str, str]
 
     @property
     def tags(self) -> str | None:
@@ -141,6 +138,16 @@ class Message:
         raw = self.properties.get(PROPERTY_KEYS)
         return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
 
+
+@dataclass(slots=True)
+class Message(_PropertyAccessors):
+    """A message as a producer builds it."""
+
+    topic: str
+    body: bytes
+    flag: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+
     @property
     def delay_level(self) -> int:
         try:
@@ -150,7 +157,7 @@ class Message:
 
 
 @dataclass(slots=True)
-class MessageExt:
+class MessageExt(_PropertyAccessors):
     """A stored message, as decoded from a commit log record (protocol §4.1)."""
 
     topic: str
@@ -169,15 +176,6 @@ class MessageExt:
     store_host: bytes  # 4 IP bytes + int32 port (8 bytes)
     reconsume_times: int
     prepared_transaction_offset: int
-
-    @property
-    def tags(self) -> str | None:
-        return self.properties.get(PROPERTY_TAGS)
-
-    @property
-    def keys(self) -> list[str]:
-        raw = self.properties.get(PROPERTY_KEYS)
-        return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
 
     @property
     def offset_msg_id(self) -> str:

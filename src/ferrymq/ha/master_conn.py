@@ -34,6 +34,7 @@ from typing import Protocol
 from ferrymq.errors import ProtocolError
 from ferrymq.ha.codec import MAX_TRANSFER_BODY_SIZE, ReportDecoder, encode_transfer_header
 from ferrymq.ha.config import HAConfig
+from ferrymq.ha.conn_base import CloseConnection, ProtocolStateError, SendBytes, TableConnection
 
 __all__ = [
     "AckReceived",
@@ -55,10 +56,6 @@ class CommitLogSource(Protocol):
     def read_from(self, phy_offset: int, max_bytes: int) -> bytes: ...
 
 
-class ProtocolStateError(ProtocolError):
-    """An input the state table has no entry for (a programming error in the driver)."""
-
-
 class MasterState(enum.Enum):
     AWAIT_REQUEST = "AWAIT_REQUEST"
     STREAMING = "STREAMING"
@@ -73,25 +70,15 @@ class MasterInput(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class SendBytes:
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
 class AckReceived:
     ack_phy_offset: int
     is_request: bool
 
 
-@dataclass(frozen=True, slots=True)
-class CloseConnection:
-    reason: str
-
-
 Output = SendBytes | AckReceived | CloseConnection
 
 
-class MasterConnection:
+class MasterConnection(TableConnection[MasterState, MasterInput, Output]):
     def __init__(
         self,
         source: CommitLogSource,
@@ -102,33 +89,27 @@ class MasterConnection:
     ) -> None:
         if segment_size <= 0:
             raise ValueError("segment_size must be > 0")
-        self.config = config or HAConfig()
+        super().__init__(
+            state=MasterState.AWAIT_REQUEST,
+            closed_state=MasterState.CLOSED,
+            inputs=MasterInput,
+            now_ms=now_ms,
+            config=config,
+        )
         if self.config.transfer_batch_size > MAX_TRANSFER_BODY_SIZE:
             raise ValueError(f"transfer_batch_size above {MAX_TRANSFER_BODY_SIZE}")
         self._source = source
         self._segment_size = segment_size
         self._reports = ReportDecoder()
-        self.state = MasterState.AWAIT_REQUEST
         self.request_offset = -1
         self.ack_offset = -1
         self.next_transfer_offset = -1
-        self.last_read_ms = now_ms
         self.last_write_ms = now_ms
-        self.close_reason: str | None = None
         self.bytes_sent = 0
 
-    # ---- public inputs -------------------------------------------------------------------------
-    def receive_data(self, data: bytes, now_ms: int) -> list[Output]:
-        return self._dispatch(MasterInput.RECEIVE, now_ms, data=data)
-
-    def tick(self, now_ms: int) -> list[Output]:
-        return self._dispatch(MasterInput.TICK, now_ms)
-
+    # ---- public inputs (receive_data, tick, close: TableConnection) ----------------------------
     def data_available(self, now_ms: int, max_batches: int = 1) -> list[Output]:
         return self._dispatch(MasterInput.DATA_AVAILABLE, now_ms, max_batches=max_batches)
-
-    def close(self, reason: str, now_ms: int = 0) -> list[Output]:
-        return self._dispatch(MasterInput.CLOSE, now_ms, reason=reason)
 
     def next_timer_ms(self) -> int | None:
         """The earliest time a ``tick`` has something to do (None when closed)."""
@@ -139,21 +120,7 @@ class MasterConnection:
             return min(housekeeping_at, self.last_write_ms + self.config.heartbeat_interval_ms)
         return None
 
-    # ---- table ---------------------------------------------------------------------------------
-    def _dispatch(self, event: MasterInput, now_ms: int, **kw: object) -> list[Output]:
-        handler = _TABLE.get((self.state, event))
-        if handler is None:
-            raise ProtocolStateError(f"no transition for {self.state.name} + {event.name}")
-        return handler(self, now_ms, **kw)
-
-    def _ignore(self, now_ms: int, **_: object) -> list[Output]:
-        return []
-
-    def _do_close(self, now_ms: int, reason: object = "closed", **_: object) -> list[Output]:
-        self.state = MasterState.CLOSED
-        self.close_reason = str(reason)
-        return [CloseConnection(self.close_reason)]
-
+    # ---- table handlers (lookup, _ignore, _do_close: TableConnection) -----------------------------
     def _on_receive(self, now_ms: int, data: object = b"", **_: object) -> list[Output]:
         assert isinstance(data, (bytes, bytearray, memoryview))
         if data:
@@ -233,3 +200,4 @@ _TABLE: dict[tuple[MasterState, MasterInput], _Handler] = {
     (MasterState.CLOSED, MasterInput.DATA_AVAILABLE): MasterConnection._ignore,
     (MasterState.CLOSED, MasterInput.CLOSE): MasterConnection._ignore,
 }
+MasterConnection._table = _TABLE

@@ -34,7 +34,7 @@ from typing import Protocol
 from ferrymq.errors import ProtocolError
 from ferrymq.ha.codec import MAX_TRANSFER_BODY_SIZE, TransferDecoder, encode_report
 from ferrymq.ha.config import HAConfig
-from ferrymq.ha.master_conn import CloseConnection, ProtocolStateError, SendBytes
+from ferrymq.ha.conn_base import CloseConnection, SendBytes, TableConnection
 
 __all__ = [
     "Appended",
@@ -80,7 +80,7 @@ class Appended:
 Output = SendBytes | Appended | CloseConnection
 
 
-class SlaveConnection:
+class SlaveConnection(TableConnection[SlaveState, SlaveInput, Output]):
     def __init__(
         self,
         sink: CommitLogSink,
@@ -90,30 +90,24 @@ class SlaveConnection:
         report_on_connect: bool = True,
         max_body_size: int = MAX_TRANSFER_BODY_SIZE,
     ) -> None:
-        self.config = config or HAConfig()
+        super().__init__(
+            state=SlaveState.INIT,
+            closed_state=SlaveState.CLOSED,
+            inputs=SlaveInput,
+            now_ms=now_ms,
+            config=config,
+        )
         self._sink = sink
         self._decoder = TransferDecoder(max_body_size)
         self._report_on_connect = report_on_connect
-        self.state = SlaveState.INIT
         self.last_reported_offset = -1
         self.last_report_ms = now_ms
-        self.last_read_ms = now_ms
-        self.close_reason: str | None = None
         self.bytes_received = 0
         self.heartbeats_received = 0
 
-    # ---- public inputs -------------------------------------------------------------------------
+    # ---- public inputs (receive_data, tick, close: TableConnection) ----------------------------
     def connection_made(self, now_ms: int) -> list[Output]:
         return self._dispatch(SlaveInput.CONNECTED, now_ms)
-
-    def receive_data(self, data: bytes, now_ms: int) -> list[Output]:
-        return self._dispatch(SlaveInput.RECEIVE, now_ms, data=data)
-
-    def tick(self, now_ms: int) -> list[Output]:
-        return self._dispatch(SlaveInput.TICK, now_ms)
-
-    def close(self, reason: str, now_ms: int = 0) -> list[Output]:
-        return self._dispatch(SlaveInput.CLOSE, now_ms, reason=reason)
 
     def next_timer_ms(self) -> int | None:
         if self.state in (SlaveState.AWAIT_REPORT, SlaveState.STREAMING):
@@ -123,21 +117,7 @@ class SlaveConnection:
             return min(housekeeping_at, self.last_report_ms + self.config.heartbeat_interval_ms)
         return None
 
-    # ---- table ---------------------------------------------------------------------------------
-    def _dispatch(self, event: SlaveInput, now_ms: int, **kw: object) -> list[Output]:
-        handler = _TABLE.get((self.state, event))
-        if handler is None:
-            raise ProtocolStateError(f"no transition for {self.state.name} + {event.name}")
-        return handler(self, now_ms, **kw)
-
-    def _ignore(self, now_ms: int, **_: object) -> list[Output]:
-        return []
-
-    def _do_close(self, now_ms: int, reason: object = "closed", **_: object) -> list[Output]:
-        self.state = SlaveState.CLOSED
-        self.close_reason = str(reason)
-        return [CloseConnection(self.close_reason)]
-
+    # ---- table handlers (lookup, _ignore, _do_close: TableConnection) -----------------------------
     def _report(self, now_ms: int) -> SendBytes:
         offset = self._sink.max_phy_offset()
         self.last_reported_offset = offset
@@ -228,3 +208,4 @@ _TABLE: dict[tuple[SlaveState, SlaveInput], _Handler] = {
     (SlaveState.CLOSED, SlaveInput.TICK): SlaveConnection._ignore,
     (SlaveState.CLOSED, SlaveInput.CLOSE): SlaveConnection._ignore,
 }
+SlaveConnection._table = _TABLE

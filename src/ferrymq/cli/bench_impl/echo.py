@@ -24,6 +24,20 @@ from ferrymq.remoting.codec import FrameDecoder, RemotingCommand, encode
 _LEN = struct.Struct(">i")
 
 
+def take_frames(buf: bytearray) -> int:
+    """Drop the complete length-prefixed frames at the front of ``buf``; returns how many."""
+    pos, n, count = 0, len(buf), 0
+    while n - pos >= 4:
+        (length,) = _LEN.unpack_from(buf, pos)
+        if n - pos - 4 < length:
+            break
+        pos += 4 + length
+        count += 1
+    if pos:
+        del buf[:pos]
+    return count
+
+
 class CodecEcho(asyncio.Protocol):
     def __init__(self) -> None:
         self.decoder = FrameDecoder()
@@ -54,17 +68,8 @@ class RawEcho(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos, n, count = 0, len(buf), 0
-        while n - pos >= 4:
-            (length,) = _LEN.unpack_from(buf, pos)
-            if n - pos - 4 < length:
-                break
-            pos += 4 + length
-            count += 1
-        if pos:
-            del buf[:pos]
+        self.buf += data
+        count = take_frames(self.buf)
         if count and self.transport is not None:
             self.transport.write(self.reply * count)
 
@@ -109,17 +114,8 @@ class _Client(asyncio.Protocol):
         self.transport.write(self.frame)
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos, n, got = 0, len(buf), 0
-        while n - pos >= 4:
-            (length,) = _LEN.unpack_from(buf, pos)
-            if n - pos - 4 < length:
-                break
-            pos += 4 + length
-            got += 1
-        if pos:
-            del buf[:pos]
+        self.buf += data
+        got = take_frames(self.buf)
         if not got:
             return
         self.count += got

@@ -9,7 +9,7 @@ to the lowest slave.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from ferrymq.client import api
 from ferrymq.client.instance import ClientInstance
@@ -21,6 +21,37 @@ from ferrymq.remoting.codes import RequestCode
 READ_FROM_SLAVE_MODES = ("never", "whenMasterDown", "prefer")
 #: broker id asked for when reading from a slave is preferred
 PREFERRED_SLAVE_ID = 1
+
+
+class ConsumerBase:
+    """What the pull and push consumers share: the started core and its instance, ``async with``.
+    A subclass names its ``_kind`` and defines ``start``/``close``."""
+
+    _kind: ClassVar[str]
+    _core: ConsumerCore | None
+
+    @property
+    def core(self) -> ConsumerCore:
+        if self._core is None:
+            raise ClientError(f"{self._kind} consumer is not started")
+        return self._core
+
+    @property
+    def instance(self) -> ClientInstance:
+        return self.core.instance
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 class ConsumerCore:

@@ -6,8 +6,8 @@ import time
 from typing import Any
 
 from ferrymq.client import api, routes
-from ferrymq.client.config import ClientConfig, parse_name_servers
-from ferrymq.client.consumer.core import ConsumerCore
+from ferrymq.client.config import client_config
+from ferrymq.client.consumer.core import ConsumerBase, ConsumerCore
 from ferrymq.client.instance import ClientInstance
 from ferrymq.client.values import PullResult
 from ferrymq.common.route import MessageQueue
@@ -19,7 +19,9 @@ from ferrymq.remoting.codes import RequestCode
 PULL_TIMEOUT_MS = 10_000
 
 
-class PullConsumer:
+class PullConsumer(ConsumerBase):
+    _kind = "pull"
+
     def __init__(
         self,
         name_server: str | list[str],
@@ -33,11 +35,9 @@ class PullConsumer:
         heartbeat_broker_interval_ms: int = 30_000,
         instance_name: str | None = None,
     ) -> None:
-        self.config = ClientConfig(parse_name_servers(name_server),
-                                   poll_name_server_interval_ms=poll_name_server_interval_ms,
-                                   heartbeat_broker_interval_ms=heartbeat_broker_interval_ms)
-        if instance_name:
-            self.config.instance_name = instance_name
+        self.config = client_config(name_server, poll_name_server_interval_ms=poll_name_server_interval_ms,
+                                    heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
+                                    instance_name=instance_name)
         self.group = group
         self.read_from_slave = read_from_slave
         self.pull_timeout_ms = pull_timeout_ms
@@ -48,16 +48,6 @@ class PullConsumer:
         self._core: ConsumerCore | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------------
-    @property
-    def core(self) -> ConsumerCore:
-        if self._core is None:
-            raise ClientError("pull consumer is not started")
-        return self._core
-
-    @property
-    def instance(self) -> ClientInstance:
-        return self.core.instance
-
     async def start(self) -> None:
         if self._core is not None:
             return
@@ -70,13 +60,6 @@ class PullConsumer:
         if self._core is not None:
             await self._core.instance.close()
             self._core = None
-
-    async def __aenter__(self) -> PullConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # ---- ConsumerHooks (heartbeat as a CONSUME_ACTIVELY consumer) ----------------------------------------
     def consumer_data(self) -> dict[str, Any]:

@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ferrymq.client import api, routes
-from ferrymq.client.config import ClientConfig, parse_name_servers
-from ferrymq.client.consumer.core import ConsumerCore
+from ferrymq.client.config import client_config
+from ferrymq.client.consumer.core import ConsumerBase, ConsumerCore
 from ferrymq.client.consumer.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from ferrymq.client.consumer.process_queue import ProcessQueue
 from ferrymq.client.consumer.rebalance import allocate_averagely
@@ -56,7 +56,9 @@ PULL_BACKOFF_MAX_MS = 3_000
 FLOW_CONTROL_WAIT_MS = 50
 
 
-class PushConsumer:
+class PushConsumer(ConsumerBase):
+    _kind = "push"
+
     def __init__(
         self,
         name_server: str | list[str],
@@ -93,11 +95,9 @@ class PushConsumer:
         if self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP and consume_timestamp_ms is None:
             consume_timestamp_ms = int(time.time() * 1000) - 30 * 60 * 1000
         self.consume_timestamp_ms = consume_timestamp_ms
-        self.config = ClientConfig(parse_name_servers(name_server),
-                                   poll_name_server_interval_ms=poll_name_server_interval_ms,
-                                   heartbeat_broker_interval_ms=heartbeat_broker_interval_ms)
-        if instance_name:
-            self.config.instance_name = instance_name
+        self.config = client_config(name_server, poll_name_server_interval_ms=poll_name_server_interval_ms,
+                                    heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
+                                    instance_name=instance_name)
         self.group = group
         self.max_reconsume_times = max_reconsume_times
         self.pull_batch_size = pull_batch_size
@@ -148,16 +148,6 @@ class PushConsumer:
     @property
     def clustering(self) -> bool:
         return self.model is MessageModel.CLUSTERING
-
-    @property
-    def core(self) -> ConsumerCore:
-        if self._core is None:
-            raise ClientError("push consumer is not started")
-        return self._core
-
-    @property
-    def instance(self) -> ClientInstance:
-        return self.core.instance
 
     @property
     def offset_store(self) -> OffsetStore:
@@ -215,13 +205,6 @@ class PushConsumer:
         self._pullers.clear()
         await self._core.instance.close()
         self._core = None
-
-    async def __aenter__(self) -> PushConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # ---- ConsumerHooks --------------------------------------------------------------------------------------------
     def consumer_data(self) -> dict[str, Any]:
