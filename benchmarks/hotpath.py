@@ -8,6 +8,9 @@
     python benchmarks/hotpath.py catchup   [--gib 1.0]              (empty slave catching up)
     python benchmarks/hotpath.py restart   [--gib 1.0]              (SIGKILL, restart, time to serve)
     python benchmarks/hotpath.py client    [--conns 16]             (ferrymq.client Producer.send)
+    python benchmarks/hotpath.py inproc    [--kind send|batch] [--requests N] [--batch 64]
+                                           (in-process: pre-encoded frames fed to a broker Connection
+                                            with a fake transport; process CPU per request/message)
 
 Servers run as subprocesses (``python -m ferrymq.cli ...``); load comes from a separate process
 speaking raw remoting frames (uvloop Protocol, pre-encoded requests, N in flight per connection).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import multiprocessing as mp
 import os
 import shutil
@@ -332,22 +336,23 @@ async def _load(kind: str, port: int, opts: dict[str, Any]) -> dict[str, Any]:
     conns = opts["conns"]
     secs = opts["secs"]
     if kind == "pull":
-        pipes = []
+        pulls: list[PullPipe] = []
         for q in range(conns):
-            _, p = await loop.create_connection(
-                lambda q=q: PullPipe(q % QUEUES, opts["ends"][q % QUEUES], opts.get("max_nums", 32)),
+            _, pp = await loop.create_connection(
+                functools.partial(PullPipe, q % QUEUES, opts["ends"][q % QUEUES], opts.get("max_nums", 32)),
                 "127.0.0.1", port)
-            pipes.append(p)
+            pulls.append(pp)
         t0 = time.perf_counter()
-        await asyncio.wait([p.done for p in pipes], timeout=secs)
+        await asyncio.wait([pp.done for pp in pulls], timeout=secs)
         dt = time.perf_counter() - t0
-        return {"secs": dt, "count": sum(p.msgs for p in pipes), "reqs": sum(p.reqs for p in pipes),
-                "bytes": sum(p.bytes for p in pipes)}
+        return {"secs": dt, "count": sum(pp.msgs for pp in pulls), "reqs": sum(pp.reqs for pp in pulls),
+                "bytes": sum(pp.bytes for pp in pulls)}
     frames_by_conn = opts["frames"]
-    pipes = []
+    pipes: list[Pipe] = []
     for c in range(conns):
         _, p = await loop.create_connection(
-            lambda c=c: Pipe(frames_by_conn[c % len(frames_by_conn)], opts["depth"], 1, opts.get("check", False)),
+            functools.partial(Pipe, frames_by_conn[c % len(frames_by_conn)], opts["depth"], 1,
+                              opts.get("check", False)),
             "127.0.0.1", port)
         pipes.append(p)
     await asyncio.sleep(opts.get("warmup", 0.5))
@@ -380,7 +385,7 @@ def run_load(kind: str, port: int, opts: dict[str, Any], cpu: int | None = None,
     c0 = cpu_secs(server_pid) if server_pid else 0.0
     w0 = time.perf_counter()
     p.start()
-    if cpu is not None:
+    if cpu is not None and p.pid is not None:
         os.sched_setaffinity(p.pid, {cpu})
     res = q.get()
     p.join()
@@ -679,6 +684,87 @@ def wl_client(a: argparse.Namespace) -> None:
             cl.stop_all()
 
 
+# ---------------------------------------------------------------------------------------------------------
+# in-process SEND path (no sockets): CPU per request of the broker's own Python
+class _FakeTransport:
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        self.writes += len(chunks)
+
+    def get_extra_info(self, key: str) -> Any:
+        return ("127.0.0.1", 40000)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+async def _inproc(a: argparse.Namespace, tmp: str) -> None:
+    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.config import BrokerConfig
+    from ferrymq.namesrv.app import NameServer
+    from ferrymq.remoting.connection import Connection
+
+    ns = NameServer("127.0.0.1", 0)
+    await ns.start()
+    cfg = BrokerConfig(listen_port=0, listen_host="127.0.0.1", broker_ip1="127.0.0.1", store_path_root_dir=tmp,
+                       namesrv_addr=[ns.addr], fast_listen_enable=False)
+    cfg.default_topic_queue_nums = QUEUES
+    ctl = BrokerController(cfg)
+    await ctl.start()
+    try:
+        conn = Connection(ctl.dispatcher)
+        transport = _FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        create_topic_inproc = RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+            "topic": TOPIC, "defaultTopic": "TBW102", "readQueueNums": QUEUES, "writeQueueNums": QUEUES,
+            "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False})
+        conn.data_received(encode(create_topic_inproc))
+        await asyncio.sleep(0.05)
+        per = a.batch if a.kind == "batch" else 1
+        distinct = 64 if a.kind == "batch" else 2048
+        # like --conns 16: consecutive requests go to the 16 queues in turn
+        per_queue = [batch_frames(distinct // QUEUES, a.size, a.batch, q, q) if a.kind == "batch"
+                     else send_frames(distinct // QUEUES, a.size, q, q) for q in range(QUEUES)]
+        frames = [f for group in zip(*per_queue, strict=True) for f in group]
+        # 16 frames per data_received, then one loop iteration (reput runs like on a busy broker)
+        chunks = [b"".join(frames[i:i + 16]) for i in range(0, len(frames), 16)]
+        rounds = max(1, a.requests // len(frames))
+        before = transport.writes
+        t0 = time.process_time()
+        for _ in range(rounds):
+            for chunk in chunks:
+                conn.data_received(chunk)
+                await asyncio.sleep(0)
+        dt = time.process_time() - t0
+        n = rounds * len(frames)
+        assert transport.writes - before == n, (transport.writes - before, n)
+        print(f"inproc {a.kind} size={a.size}{f' batch={a.batch}' if a.kind == 'batch' else ''}: "
+              f"{dt / n * 1e6:.1f} us CPU/request = {dt / (n * per) * 1e6:.2f} us/msg "
+              f"({n} requests, {n * per * a.size / dt / 1e6:,.0f} MB/s per core)", flush=True)
+    finally:
+        await ctl.stop()
+        await ns.stop()
+
+
+def wl_inproc(a: argparse.Namespace) -> None:
+    run: Any = asyncio.run
+    try:
+        import uvloop
+        run = uvloop.run
+    except ImportError:
+        pass
+    with tempfile.TemporaryDirectory(prefix="hotpath-", dir=a.dir) as tmp:
+        run(_inproc(a, tmp))
+
+
 def _sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -687,7 +773,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _sigterm)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workload", choices=["echo", "produce", "batch", "sync", "consume", "catchup", "restart",
-                                         "client"])
+                                         "client", "inproc"])
     ap.add_argument("--conns", type=int, default=16)
     ap.add_argument("--secs", type=float, default=5.0)
     ap.add_argument("--size", type=int, default=1024)
@@ -702,6 +788,8 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="parent of the temporary store dirs")
     ap.add_argument("--profile", default=None, help="py-spy output (.svg, or .txt for raw folded stacks)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--kind", choices=["send", "batch"], default="send", help="inproc: request kind")
+    ap.add_argument("--requests", type=int, default=20_000, help="inproc: requests fed")
     ap.add_argument("--keep", action="store_true", help="restart: keep the store dir (for profiling)")
     ap.add_argument("--pin", default=None, help="taskset CPU list for the broker(s), e.g. 0")
     ap.add_argument("--pin-client", dest="pin_client", default=None, help="CPU for the load process, e.g. 0")

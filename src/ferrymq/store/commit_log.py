@@ -10,17 +10,24 @@ becomes a BLANK filler (§4.8) and the record opens the next segment.
 from __future__ import annotations
 
 import logging
+import struct
+import zlib
 from collections import deque
 from collections.abc import Callable
 
 from ferrymq.common.message import (
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_STOREHOST_V6,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
     MessageExtBrokerInner,
 )
 from ferrymq.common.message_codec import (
+    CRC_MASK,
     END_FILE_MIN_BLANK_LENGTH,
+    HEAD_V4,
+    MESSAGE_MAGIC_CODE,
     RECORD_FIXED_SIZE,
     RecordMeta,
     blank_filler,
@@ -42,6 +49,9 @@ log = logging.getLogger(__name__)
 QueueKey = tuple[str, int]
 
 _NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
+_HOST_V4_MASK = ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)  # we store IPv4 hosts only
+_I16 = struct.Struct(">h")  # PROPERTIESLENGTH
+HEAD_V4_SIZE = HEAD_V4.size  # fields 1..15 (body length included)
 
 
 def _illegal(status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
@@ -172,27 +182,43 @@ class CommitLog:
         return PutMessageResult(PutMessageStatus.PUT_OK, result)
 
     def put_messages(self, inners: list[MessageExtBrokerInner]) -> PutMessageResult:
-        """A batch for one topic/queue: consecutive queue offsets, one contiguous write."""
+        """A batch for one topic/queue: consecutive queue offsets, records packed straight into the segment
+        (``HEAD_V4.pack_into`` per record head, no per-record bytes object), published once."""
         if not inners:
             return _illegal()
         first = inners[0]
-        checked: list[tuple[MessageExtBrokerInner, bytes, bytes]] = []
+        topic = first.topic
+        queue_id = first.queue_id
+        topic_bytes = self._encode_topic(topic)
+        max_props = min(32767, self.config.max_properties_size)
+        max_body = self.config.max_message_size
+        props_list: list[bytes] = []
         total = 0
         body_total = 0
-        for inner in inners:
-            if inner.topic != first.topic or inner.queue_id != first.queue_id:
+        fixed = RECORD_FIXED_SIZE + (len(topic_bytes) if topic_bytes is not None else 0)
+        for inner in inners:  # the checks of _check(), in its order, per message
+            if inner.topic != topic or inner.queue_id != queue_id:
                 return _illegal()
             if inner.sys_flag & SYSFLAG_TRANSACTION_MASK:
                 return _illegal()  # batches reject transaction flags (§4.9)
-            status, topic_bytes, props = self._check(inner)
-            if status is not None:
-                return _illegal(status)
-            checked.append((inner, topic_bytes, props))
-            total += RECORD_FIXED_SIZE + len(inner.body) + len(topic_bytes) + len(props)
-            body_total += len(inner.body)
-        if body_total > self.config.max_message_size or total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            if topic_bytes is None:
+                return _illegal()
+            text = inner.properties_string
+            props = text.encode("utf-8") if text else b""
+            if len(props) > max_props:
+                return _illegal(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
+            body_len = len(inner.body)
+            if body_len > max_body:
+                return _illegal()
+            if len(inner.born_host) != 8 or len(inner.store_host) != 8 or not 0 <= queue_id < 1 << 31:
+                return _illegal()
+            props_list.append(props)
+            total += fixed + body_len + len(props)
+            body_total += body_len
+        if body_total > max_body or total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
             return _illegal()
-        key = (first.topic, first.queue_id)
+        assert topic_bytes is not None
+        key = (topic, queue_id)
         queue_offset = self.topic_queue_table.get(key, 0)
         try:
             mf = self._segment_with_room(total)
@@ -203,28 +229,50 @@ class CommitLog:
         base = mf.file_from_offset + start_pos
         store_ts = self.clock_ms()
         offsets: list[int] = []
-        phy = base
+        metas: list[RecordMeta] = []
+        topic_head = bytes((len(topic_bytes),)) + topic_bytes
+        topic_head_len = len(topic_head)
+        pack_head = HEAD_V4.pack_into
+        pack_i16 = _I16.pack_into
+        crc32 = zlib.crc32
         mm = mf.mm
         pos = start_pos
-        for i, (inner, topic_bytes, props) in enumerate(checked):
+        phy = base
+        qo = queue_offset
+        for inner, props in zip(inners, props_list, strict=True):
             inner.store_timestamp = store_ts
-            record = encode_record_parts(inner, topic_bytes, props, queue_offset + i, phy, store_ts)
-            size = len(record)
-            mm[pos : pos + size] = record  # straight into the segment: no joined copy of the batch
-            pos += size
+            body = inner.body
+            body_len = len(body)
+            props_len = len(props)
+            size = fixed + body_len + props_len
+            pack_head(mm, pos, size, MESSAGE_MAGIC_CODE, crc32(body) & CRC_MASK, queue_id, inner.flag, qo, phy,
+                      inner.sys_flag & _HOST_V4_MASK, inner.born_timestamp, inner.born_host, store_ts,
+                      inner.store_host, inner.reconsume_times, inner.prepared_transaction_offset, body_len)
+            p = pos + HEAD_V4_SIZE
+            mm[p : p + body_len] = body
+            p += body_len
+            mm[p : p + topic_head_len] = topic_head
+            p += topic_head_len
+            pack_i16(mm, p, props_len)
+            mm[p + 2 : p + 2 + props_len] = props
             offsets.append(phy)
-            self._queue_dispatch(
-                RecordMeta(phy, size, inner.topic, inner.queue_id, queue_offset + i, store_ts,
-                           inner.sys_flag, inner.properties_string)
-            )  # fmt: skip
+            metas.append(RecordMeta(phy, size, topic, queue_id, qo, store_ts, inner.sys_flag,
+                                    inner.properties_string))
+            pos += size
             phy += size
+            qo += 1
         mf.wrote_position = pos  # published once, like MappedFile.append of the whole batch
-        self.topic_queue_table[key] = queue_offset + len(checked)
+        pending = self.pending
+        if len(pending) + len(metas) > self.config.dispatch_pending_max:
+            pending.clear()  # reput falls back to parsing the commit log
+        if len(metas) <= self.config.dispatch_pending_max:
+            pending.extend(metas)
+        self.topic_queue_table[key] = qo
         self.last_store_timestamp = store_ts
-        self.put_message_times_total += len(checked)
+        self.put_message_times_total += len(metas)
         self.put_message_size_total += total
         result = AppendMessageResult(
-            AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, len(checked),
+            AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, len(metas),
             first.store_host, tuple(offsets),
         )  # fmt: skip
         return PutMessageResult(PutMessageStatus.PUT_OK, result)

@@ -18,6 +18,7 @@ import array
 import os
 import struct
 import sys
+from itertools import chain
 
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE
 from ferrymq.store.mapped_file import MappedFile
@@ -28,6 +29,9 @@ BLANK_SIZE = 0x7FFFFFFF
 BLANK_UNIT = UNIT.pack(0, BLANK_SIZE, 0)
 _SCAN_CHUNK_UNITS = 4096
 _WORDS_PER_UNIT = CQ_STORE_UNIT_SIZE // 4
+#: most units ``put_units`` packs with one struct (a Struct per count is cached)
+_UNITS_PACK_MAX = 256
+_UNITS_PACKERS: dict[int, struct.Struct] = {}
 
 
 def _chunk_all_valid(chunk: bytes) -> bool:
@@ -154,6 +158,35 @@ class ConsumeQueue:
         if phy_offset + size > self.max_phy_end:
             self.max_phy_end = phy_offset + size
         return True
+
+    def put_units(self, first_queue_offset: int, units: list[tuple[int, int, int]]) -> bool:
+        """``put_unit`` for (phy_offset, size, tags_code) units at consecutive queue offsets from
+        ``first_queue_offset``, phy offsets ascending; one ``pack_into`` when they all go at the end of the
+        last file. True if any unit was written."""
+        n = len(units)
+        if n == 1:
+            phy, size, tags = units[0]
+            return self.put_unit(phy, size, tags, first_queue_offset)
+        files = self.mfq.files
+        if files and 0 < n <= _UNITS_PACK_MAX:
+            last = files[-1]
+            wrote = last.wrote_position
+            if (last.file_from_offset + wrote == first_queue_offset * CQ_STORE_UNIT_SIZE
+                    and wrote + n * CQ_STORE_UNIT_SIZE <= last.file_size):
+                packer = _UNITS_PACKERS.get(n)
+                if packer is None:
+                    packer = _UNITS_PACKERS[n] = struct.Struct(">" + "qiq" * n)
+                packer.pack_into(last.mm, wrote, *chain.from_iterable(units))
+                last.wrote_position = wrote + n * CQ_STORE_UNIT_SIZE
+                phy, size, _tags = units[-1]
+                if phy + size > self.max_phy_end:
+                    self.max_phy_end = phy + size
+                return True
+        wrote_any = False
+        for i, (phy, size, tags) in enumerate(units):
+            if self.put_unit(phy, size, tags, first_queue_offset + i):
+                wrote_any = True
+        return wrote_any
 
     def _fill_blanks(self, until: int) -> None:
         guard = 1 + (until - self.mfq.max_offset) // self.file_size + 1

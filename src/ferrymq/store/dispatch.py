@@ -48,6 +48,27 @@ def get_property(properties: str, name: str) -> str | None:
     return None
 
 
+def _prop(properties: str, needle: str) -> str | None:
+    """``get_property`` with a precomputed ``name + "\\x01"`` needle (non-empty properties)."""
+    i = properties.rfind(needle)
+    while i != -1:
+        if i == 0 or properties[i - 1] == "\x02":
+            start = i + len(needle)
+            end = properties.find("\x02", start)
+            return properties[start:] if end == -1 else properties[start:end]
+        i = properties.rfind(needle, 0, i)
+    return None
+
+
+_TAGS_NEEDLE = PROPERTY_TAGS + "\x01"
+_UNIQ_NEEDLE = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX + "\x01"
+_KEYS_NEEDLE = PROPERTY_KEYS + "\x01"
+#: most units grouped into one ConsumeQueue.put_units call by dispatch_run
+DISPATCH_RUN_UNITS_MAX = 256
+#: parsed records (slave / fallback) handed to one dispatch_run
+DISPATCH_RUN_RECORDS_MAX = 1024
+
+
 def index_keys_of(properties: str) -> list[str]:
     keys: list[str] = []
     uniq = get_property(properties, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
@@ -77,6 +98,7 @@ class Dispatcher:
         self.dispatched_total = 0
         self._corrupt_logged_at = -1
         self._tags_codes: dict[str, int] = {}
+        self._topic_ok: dict[str, bool] = {}
 
     def tags_code(self, topic: str, properties: str, store_timestamp: int) -> int:
         if topic == SCHEDULE_TOPIC:
@@ -107,7 +129,7 @@ class Dispatcher:
             if topic == SCHEDULE_TOPIC or not properties:
                 tags = self.tags_code(topic, properties, store_ts)
             else:  # tags_code() inlined for the common case
-                tags_text = get_property(properties, PROPERTY_TAGS)
+                tags_text = _prop(properties, _TAGS_NEEDLE)
                 if not tags_text:
                     tags = 0
                 else:
@@ -120,11 +142,76 @@ class Dispatcher:
             if table.get(key, 0) <= queue_offset:
                 table[key] = queue_offset + 1
         if self.index is not None and tran != SYSFLAG_TRANSACTION_ROLLBACK and properties:
-            keys = index_keys_of(properties)
-            if keys:
-                self.index.build_index(topic, keys, phy_offset, store_ts)
+            uniq = _prop(properties, _UNIQ_NEEDLE)
+            raw = _prop(properties, _KEYS_NEEDLE)
+            if raw:
+                keys = [uniq] if uniq else []
+                keys.extend(k for k in raw.split(KEY_SEPARATOR) if k)
+                if keys:
+                    self.index.build_index(topic, keys, phy_offset, store_ts)
+            elif uniq:
+                self.index.build_index_one(topic, uniq, phy_offset, store_ts)
         self.last_dispatch_timestamp = store_ts
         self.dispatched_total += 1
+
+    def dispatch_run(self, metas: list[RecordMeta]) -> None:
+        """``dispatch`` for consecutive records (ascending phy offsets): the same consume queue units,
+        table updates and index entries, with a queue's consecutive units written by one ``put_units``."""
+        queues = self.queues
+        table = self.commit_log.topic_queue_table
+        index = self.index
+        tags_cache = self._tags_codes
+        topic_ok = self._topic_ok
+        cq = None
+        cq_key: tuple[str, int] | None = None
+        units: list[tuple[int, int, int]] = []
+        first_qo = next_qo = 0
+        index_items: list[tuple[str, str, int, int]] = []
+        for meta in metas:
+            phy_offset, size, topic, queue_id, queue_offset, store_ts, sys_flag, properties = meta
+            tran = sys_flag & SYSFLAG_TRANSACTION_MASK
+            if tran not in _NO_CQ:
+                ok = topic_ok.get(topic)
+                if ok is None:
+                    ok = topic_dir_name_ok(topic)
+                    if len(topic_ok) < 10_000:
+                        topic_ok[topic] = ok
+                if ok:
+                    if topic == SCHEDULE_TOPIC or not properties:
+                        tags = self.tags_code(topic, properties, store_ts)
+                    else:
+                        tags_text = _prop(properties, _TAGS_NEEDLE)
+                        if not tags_text:
+                            tags = 0
+                        else:
+                            tags = tags_cache.get(tags_text)  # type: ignore[assignment]
+                            if tags is None:
+                                tags = self.tags_code(topic, properties, store_ts)
+                    key = (topic, queue_id)
+                    if key != cq_key or queue_offset != next_qo or len(units) >= DISPATCH_RUN_UNITS_MAX:
+                        if cq is not None and units and cq.put_units(first_qo, units):
+                            queues.mark_dirty(cq)
+                        cq_key = key
+                        cq = queues.queues.get(key) or queues.get_or_create(topic, queue_id)
+                        units = []
+                        first_qo = queue_offset
+                    units.append((phy_offset, size, tags))
+                    next_qo = queue_offset + 1
+                    if table.get(key, 0) <= queue_offset:
+                        table[key] = next_qo
+            if index is not None and tran != SYSFLAG_TRANSACTION_ROLLBACK and properties:
+                uniq = _prop(properties, _UNIQ_NEEDLE)
+                if uniq:
+                    index_items.append((topic, uniq, phy_offset, store_ts))
+                raw = _prop(properties, _KEYS_NEEDLE)
+                if raw:
+                    index_items.extend((topic, k, phy_offset, store_ts) for k in raw.split(KEY_SEPARATOR) if k)
+            self.last_dispatch_timestamp = store_ts
+        if cq is not None and units and cq.put_units(first_qo, units):
+            queues.mark_dirty(cq)
+        if index is not None and index_items:
+            index.build_index_many(index_items)
+        self.dispatched_total += len(metas)
 
     def reput(self, max_records: int | None = None) -> int:
         """Dispatch complete records from ``reput_phy_offset`` on; returns how many."""
@@ -143,10 +230,23 @@ class Dispatcher:
                     pending.popleft()
                     continue
                 if head.phy_offset == r:
-                    pending.popleft()
-                    self.dispatch(head, r)
-                    self.reput_phy_offset = r + head.size
-                    count += 1
+                    # the run of pending metas that continue each other, dispatched together
+                    run = [pending.popleft()]
+                    r += head.size
+                    n = 1
+                    while pending and n < limit - count and r < max_phy:
+                        head = pending[0]
+                        if head.phy_offset != r:
+                            break
+                        run.append(pending.popleft())
+                        r += head.size
+                        n += 1
+                    if n == 1:  # a lone record: the plain path has less set-up
+                        self.dispatch(run[0], run[0].phy_offset)
+                    else:
+                        self.dispatch_run(run)
+                    self.reput_phy_offset = r
+                    count += n
                     continue
             mf = cl.mfq.find(r)
             if mf is None:
@@ -162,15 +262,24 @@ class Dispatcher:
                 r += size
                 pos += size
                 self.reput_phy_offset = r
+                parsed: list[RecordMeta] = []  # dispatched together, DISPATCH_RUN_RECORDS_MAX at a time
                 while count < limit and r < max_phy and not pending:
                     status, size, meta = check_record_meta(mm, pos, wrote)
                     if meta is None:
                         break  # the outer loop looks at this position again and decides
-                    self.dispatch(meta, r)
+                    if meta.phy_offset != r:  # dispatch() indexes the position, not the stored field
+                        meta = meta._replace(phy_offset=r)
+                    parsed.append(meta)
                     count += 1
                     r += size
                     pos += size
-                    self.reput_phy_offset = r
+                    if len(parsed) >= DISPATCH_RUN_RECORDS_MAX:
+                        self.dispatch_run(parsed)
+                        parsed = []
+                        self.reput_phy_offset = r
+                if parsed:
+                    self.dispatch_run(parsed)
+                self.reput_phy_offset = r
             elif status is RecordCheck.BLANK:
                 self.reput_phy_offset = mf.end_offset
             else:

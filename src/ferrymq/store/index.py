@@ -60,6 +60,18 @@ def java_hash_fast(text: str) -> int:
     return java_string_hash(text)
 
 
+#: topics whose ``topic#`` hash prefix is cached by IndexService.build_index
+_PREFIX_CACHE_MAX = 10_000
+
+
+def _prefix_hash(topic: str) -> int:
+    """Java hash of ``topic#`` as uint32, or -1 if not ASCII (the joined-key path is used then)."""
+    prefix = build_key(topic, "")
+    if not prefix.isascii():
+        return -1
+    return java_hash_fast(prefix) & 0xFFFFFFFF
+
+
 def key_hash(key: str) -> int:
     h = abs(java_hash_fast(key))
     return 0 if h > _INT_MAX else h
@@ -91,10 +103,13 @@ class IndexFile:
         return self.index_count >= self.index_num
 
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
-        if self.is_full():
+        return self.put_hashed(key_hash(key), phy_offset, store_timestamp)
+
+    def put_hashed(self, h: int, phy_offset: int, store_timestamp: int) -> bool:
+        """``put_key`` for a precomputed ``key_hash``."""
+        if self.index_count >= self.index_num:
             return False
         mm = self.mf.mm
-        h = key_hash(key)
         slot_pos = HEADER_SIZE + (h % self.slot_num) * SLOT_SIZE
         (prev,) = SLOT.unpack_from(mm, slot_pos)
         if prev <= 0 or prev >= self.index_count:
@@ -116,6 +131,46 @@ class IndexFile:
         # and a reopened file treats slot links >= indexCount as empty
         self.dirty = True
         return True
+
+    def put_hashed_many(self, entries: list[tuple[int, int, int]], start: int = 0) -> int:
+        """``put_hashed`` for ``entries[start:]`` ((hash, phy_offset, store_timestamp)) in order, with the
+        file's counters kept in locals; returns the index of the first entry not put (the file is full)."""
+        mm = self.mf.mm
+        slot_num = self.slot_num
+        index_num = self.index_num
+        count = self.index_count
+        slots_used = self.hash_slot_count
+        entries_base = HEADER_SIZE + slot_num * SLOT_SIZE
+        slot_unpack = SLOT.unpack_from
+        slot_pack = SLOT.pack_into
+        entry_pack = ENTRY.pack_into
+        i = start
+        n = len(entries)
+        phy_offset = store_timestamp = -1
+        while i < n and count < index_num:
+            h, phy_offset, store_timestamp = entries[i]
+            slot_pos = HEADER_SIZE + (h % slot_num) * SLOT_SIZE
+            (prev,) = slot_unpack(mm, slot_pos)
+            if prev <= 0 or prev >= count:
+                prev = 0
+            if count <= 1:
+                self.begin_timestamp = store_timestamp
+                self.begin_phy_offset = phy_offset
+            diff = (store_timestamp - self.begin_timestamp) // 1000
+            diff = 0 if diff < 0 else min(diff, _INT_MAX)
+            entry_pack(mm, entries_base + count * ENTRY_SIZE, h, phy_offset, diff, prev)
+            slot_pack(mm, slot_pos, count)
+            if prev == 0:
+                slots_used += 1
+            count += 1
+            i += 1
+        if i > start:
+            self.index_count = count
+            self.hash_slot_count = slots_used
+            self.end_phy_offset = phy_offset
+            self.end_timestamp = store_timestamp
+            self.dirty = True
+        return i
 
     def _write_header(self) -> None:
         HEADER.pack_into(
@@ -171,6 +226,8 @@ class IndexService:
         self.index_num = index_num
         self.clock_ms = clock_ms
         self.files: list[IndexFile] = []
+        #: topic -> signed-free hash of ``topic#`` (uint32), or -1 when the topic is not ASCII
+        self._prefix_hashes: dict[str, int] = {}
 
     def load(self) -> None:
         if not os.path.isdir(self.store_path):
@@ -199,12 +256,63 @@ class IndexService:
         return f
 
     def build_index(self, topic: str, keys: list[str], phy_offset: int, store_timestamp: int) -> None:
-        for key in keys:
-            full_key = build_key(topic, key)
-            f = self.files[-1] if self.files else self._new_file()
-            if not f.put_key(full_key, phy_offset, store_timestamp):
-                f = self._new_file()
-                f.put_key(full_key, phy_offset, store_timestamp)
+        self.build_index_many([(topic, key, phy_offset, store_timestamp) for key in keys])
+
+    def build_index_one(self, topic: str, key: str, phy_offset: int, store_timestamp: int) -> None:
+        """``build_index(topic, [key], ...)`` without the lists (one dispatched record, one key)."""
+        prefix = self._prefix_hashes.get(topic)
+        if prefix is None:
+            prefix = _prefix_hash(topic)
+            if len(self._prefix_hashes) < _PREFIX_CACHE_MAX:
+                self._prefix_hashes[topic] = prefix
+        n = len(key)
+        if prefix >= 0 and n < _POW_COUNT and key.isascii():
+            h = (prefix * _POWERS_DESC[_POW_COUNT - 1 - n]
+                 + sum(map(operator.mul, key.encode("ascii"), _POWERS_BY_LEN[n]))) & 0xFFFFFFFF
+            if h & 0x80000000:
+                h = 0x100000000 - h
+                if h > _INT_MAX:
+                    h = 0
+        else:
+            h = key_hash(build_key(topic, key))
+        f = self.files[-1] if self.files else self._new_file()
+        if not f.put_hashed(h, phy_offset, store_timestamp):
+            f = self._new_file()
+            f.put_hashed(h, phy_offset, store_timestamp)
+
+    def build_index_many(self, items: list[tuple[str, str, int, int]]) -> None:
+        """Index (topic, key, phy_offset, store_timestamp) entries in order."""
+        prefixes = self._prefix_hashes
+        mul = operator.mul
+        powers_by_len = _POWERS_BY_LEN
+        hashed: list[tuple[int, int, int]] = []
+        for topic, key, phy_offset, store_timestamp in items:
+            prefix = prefixes.get(topic)
+            if prefix is None:
+                prefix = _prefix_hash(topic)
+                if len(prefixes) < _PREFIX_CACHE_MAX:
+                    prefixes[topic] = prefix
+            n = len(key)
+            if prefix >= 0 and n < _POW_COUNT and key.isascii():
+                # hash("topic#" + key) = hash("topic#") * 31**n + hash(key)  (mod 2**32): no joined key
+                h = (prefix * _POWERS_DESC[_POW_COUNT - 1 - n]
+                     + sum(map(mul, key.encode("ascii"), powers_by_len[n]))) & 0xFFFFFFFF
+                if h & 0x80000000:  # abs() of the signed int32; Integer.MIN_VALUE -> 0
+                    h = 0x100000000 - h
+                    if h > _INT_MAX:
+                        h = 0
+            else:
+                h = key_hash(build_key(topic, key))
+            hashed.append((h, phy_offset, store_timestamp))
+        if not hashed:
+            return
+        total = len(hashed)
+        f = self.files[-1] if self.files else self._new_file()
+        done = f.put_hashed_many(hashed, 0)
+        while done < total:  # f is full: the rest goes to a new file (an entry even a new file refuses is dropped)
+            f = self._new_file()
+            put = f.put_hashed_many(hashed, done)
+            done = put if put > done else done + 1
 
     def query(
         self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int

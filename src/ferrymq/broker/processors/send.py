@@ -286,21 +286,45 @@ class SendProcessor:
         wait = batch_props.pop(PROPERTY_WAIT_STORE_MSG_OK, "true").lower() != "false"
         born_host = self._born_host(conn)
         tags_codes = self._tags_codes
-        inners = []
+        cluster = ctx.config.broker_cluster_name
+        store_host = ctx.store_host
+        topic, sys_flag, born_ts, reconsume = h.topic, h.sys_flag, h.born_timestamp, h.reconsume_times
+        inners: list[MessageExtBrokerInner] = []
+        append = inners.append
         for flag, body, props_text in entries:
-            props = _parse_properties(props_text)
-            props.update(batch_props)
+            # _parse_properties inlined (C-level split; the tolerant parser when malformed)
+            if not props_text:
+                props: dict[str, str] = {}
+            else:
+                text = props_text[:-1] if props_text[-1] == PROPERTY_SEPARATOR else props_text
+                try:
+                    props = dict(item.split(NAME_VALUE_SEPARATOR, 1) for item in text.split(PROPERTY_SEPARATOR))
+                except ValueError:
+                    props = string_to_properties(props_text)
+                else:
+                    if "" in props:
+                        props = string_to_properties(props_text)
+            if batch_props:
+                props.update(batch_props)
             props.pop(PROPERTY_WAIT_STORE_MSG_OK, None)
-            if _delay_level(props) > 0 or props.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
+            if ((PROPERTY_DELAY_TIME_LEVEL in props and _delay_level(props) > 0)
+                    or (PROPERTY_TRANSACTION_PREPARED in props
+                        and props[PROPERTY_TRANSACTION_PREPARED].lower() == "true")):
                 return cmd.response(R.MESSAGE_ILLEGAL, remark="batch messages do not support DELAY or "
                                                               "transactions")
-            props[PROPERTY_CLUSTER] = ctx.config.broker_cluster_name
-            inners.append(MessageExtBrokerInner(
-                topic=h.topic, queue_id=queue_id, body=body, flag=flag,
-                properties_string=_properties_text(props),
-                tags_code=_tags_code_cached(tags_codes, props.get(PROPERTY_TAGS)), sys_flag=h.sys_flag, born_timestamp=h.born_timestamp, born_host=born_host,
-                store_host=ctx.store_host, reconsume_times=h.reconsume_times, index_keys=index_keys(props),
-                wait_store_msg_ok=wait,
+            props[PROPERTY_CLUSTER] = cluster
+            tags = props.get(PROPERTY_TAGS)
+            if not tags:
+                tags_code = 0
+            else:
+                tags_code = tags_codes.get(tags)  # type: ignore[assignment]
+                if tags_code is None:
+                    tags_code = _tags_code_cached(tags_codes, tags)
+            uniq = props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+            keys = ((uniq,) if uniq else ()) if PROPERTY_KEYS not in props else index_keys(props)
+            append(MessageExtBrokerInner(
+                topic, queue_id, body, flag, PROPERTY_SEPARATOR.join(map(NAME_VALUE_SEPARATOR.join, props.items())),
+                tags_code, sys_flag, born_ts, born_host, store_host, reconsume, 0, 0, keys, wait,
             ))
         result = ctx.writer.put_batch(inners)
         return self._finish(cmd, result, queue_id, wait)
