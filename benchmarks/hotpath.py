@@ -593,9 +593,11 @@ def wl_catchup(a: argparse.Namespace) -> None:
             dt = time.monotonic() - t0
             sends = [max_offset(sport, q) for q in range(QUEUES)]
             assert sends == ends, (sends, ends)
-            print(f"catchup {target / 1e6:,.0f} MB: {dt:.2f}s incl. start {t_up:.2f}s -> "
-                  f"{target / dt / 1e6:,.0f} MB/s ({target / (dt - t_up) / 1e6:,.0f} MB/s after port up); "
-                  f"consume queues match", flush=True)
+            # a fresh slave is served from the start of the master's LAST segment: count only what it holds
+            copied = target - int(runtime_info(sport)["commitLogMinOffset"])
+            print(f"catchup {copied / 1e6:,.0f} MB copied (master log {target / 1e6:,.0f} MB): {dt:.2f}s incl. "
+                  f"start {t_up:.2f}s -> {copied / dt / 1e6:,.0f} MB/s "
+                  f"({copied / (dt - t_up) / 1e6:,.0f} MB/s after port up); consume queues match", flush=True)
             if prof:
                 prof.wait()
         finally:
