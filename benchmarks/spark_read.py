@@ -98,6 +98,7 @@ class LocalCluster:
                         "brokerId=0",
                         f"namesrvAddr={self.ns_addr}",
                         f"listenPort={port}",
+                        "listenHost=127.0.0.1",
                         "brokerIP1=127.0.0.1",
                         f"storePathRootDir={store}",
                         "flushDiskType=ASYNC_FLUSH",

@@ -44,6 +44,7 @@ def _valid_props(tmp_path: Path) -> dict[str, object]:
         "namesrvAddr": f"127.0.0.1:{free_port()}",
         "listenPort": free_port(broker=True),
         "brokerIP1": "127.0.0.1",
+        "listenHost": "127.0.0.1",
         "storePathRootDir": str(tmp_path / "store"),
         "flushDiskType": "ASYNC_FLUSH",
         "brokerRole": "ASYNC_MASTER",
