@@ -174,6 +174,68 @@ async def test_retry_then_dlq(ns_addr: str) -> None:
         assert r.messages[0].properties.get("RETRY_TOPIC") == "RQ"
 
 
+@pytest.mark.parametrize("failure", ["raise", "error_code"])
+async def test_failed_send_back_resends_through_the_retry_topic(ns_addr: str, failure: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONSUMER_SEND_MSG_BACK fails (transport error / error code): the client re-sends the message to
+    %RETRY%<group> itself, and it comes back with its reconsume count incremented."""
+    from ferrymq.client import api
+    from ferrymq.remoting.codec import RemotingCommand
+
+    send_backs: list[dict[str, Any]] = []
+
+    def failing_send_back(**kw: Any) -> RemotingCommand:
+        send_backs.append(kw)
+        if failure == "raise":
+            raise ConnectionError("send-back unavailable")
+        return RemotingCommand.request(9_999, {})  # the broker answers REQUEST_CODE_NOT_SUPPORTED
+
+    monkeypatch.setattr(api, "build_send_back", failing_send_back)
+    resent: list[tuple[str, Any]] = []
+    plain_send = Producer.send
+
+    async def recording_send(self: Producer, msg: Any, **kw: Any) -> Any:
+        if msg.topic.startswith("%RETRY%"):
+            resent.append((self.group, msg))
+        return await plain_send(self, msg, **kw)
+
+    monkeypatch.setattr(Producer, "send", recording_send)
+    await create(ns_addr, "SBF", 2)
+    seen: list[MessageExt] = []
+
+    def listener(msgs: list[MessageExt]) -> ConsumeStatus:
+        seen.extend(msgs)
+        return ConsumeStatus.RECONSUME_LATER if all(m.reconsume_times == 0 for m in msgs) else \
+            ConsumeStatus.CONSUME_SUCCESS
+
+    # local retries would take a minute: anything seen again sooner came through %RETRY%sbf-cg
+    c = push(ns_addr, "sbf-cg", "SBF", listener, max_reconsume_times=3, retry_local_delay_ms=60_000)
+    await c.start()
+    try:
+        async with Producer(ns_addr, "pg") as p:
+            sent = await p.send(new_message("SBF", "again", tags="T1", keys="k1", properties={"mine": "v"}))
+        await wait_for(lambda: len(seen) >= 2, timeout_s=30)
+        first, again = seen[0], seen[1]
+        assert len(send_backs) == 1 and send_backs[0]["origin_msg_id"] == sent.msg_id
+        assert first.reconsume_times == 0 and "RETRY_TOPIC" not in first.properties
+        assert again.topic == "SBF" and again.body == b"again" and again.reconsume_times == 1
+        assert again.properties["RETRY_TOPIC"] == "SBF" and again.properties["RECONSUME_TIME"] == "1"
+        assert again.properties["MAX_RECONSUME_TIMES"] == "3"
+        assert [(g, m.topic, m.properties["DELAY"]) for g, m in resent] == [
+            ("CLIENT_INNER_PRODUCER", "%RETRY%sbf-cg", "3")]  # the broker drops DELAY on delivery
+        assert again.properties["ORIGIN_MESSAGE_ID"] == sent.msg_id and again.msg_id == sent.msg_id
+        assert again.tags == "T1" and again.keys == ["k1"] and again.properties["mine"] == "v"
+        assert "CLIENT_INNER_PRODUCER" in c.instance.producer_groups
+        # both the original and the retried message are committed
+        async with Admin(ns_addr) as admin:
+            async def committed() -> bool:
+                return sum(r[2] for r in await admin.consumer_progress("sbf-cg", "SBF")) == 1
+            await wait_for(committed)
+    finally:
+        await c.close()
+    assert len(seen) == 2
+
+
 async def _try(coro: Any) -> Any:
     try:
         return await coro

@@ -6,16 +6,19 @@ import asyncio
 import json
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from ferrymq.client import api, routes
 from ferrymq.client.consumer.offset_store import LocalFileOffsetStore, RemoteOffsetStore
 from ferrymq.client.consumer.process_queue import ProcessQueue
+from ferrymq.client.consumer.push import PushConsumer
 from ferrymq.client.consumer.rebalance import allocate_averagely, allocate_averagely_by_circle
 from ferrymq.client.fault import LatencyFaultTolerance, not_available_duration_ms
 from ferrymq.client.instance import Backoff, parse_offset_table
-from ferrymq.client.jsonmq import mq_keyed_map
+from ferrymq.client.jsonmq import dumps_mq_keys, loads_mq_keys, mq_keyed_map
 from ferrymq.client.producer import new_uniq_key
 from ferrymq.client.selectors import RoundRobin, select_by_hash
 from ferrymq.client.values import ConsumeStatus, PullStatus, SendStatus, new_message
@@ -331,3 +334,89 @@ async def test_process_queue_wait_change_wakes_on_remove() -> None:
     await asyncio.sleep(0)
     pq.remove([m])
     await asyncio.wait_for(waiter, 1)
+
+
+# ---- push consumer: running info and client-side retry messages ----------------------------------------
+def _bare_push_consumer(**kw: Any) -> PushConsumer:
+    """A PushConsumer wired to a stub core (client id only) and an in-memory offset store, not started."""
+    c = PushConsumer("127.0.0.1:9876", "cg", **kw)
+    c._core = SimpleNamespace(instance=SimpleNamespace(client_id="cid@1"))  # type: ignore[assignment]
+    c._offsets = RemoteOffsetStore(_no_offset, _no_commit)
+    return c
+
+
+async def _no_offset(mq: MessageQueue) -> int:
+    return -1
+
+
+async def _no_commit(mq: MessageQueue, offset: int) -> None:
+    return None
+
+
+def test_running_info_mq_table_is_fastjson_keyed_process_queue_info() -> None:
+    c = _bare_push_consumer()
+    mq0, mq1 = MessageQueue("T", "b", 0), MessageQueue("%RETRY%cg", "b", 1)
+    pq0, pq1 = ProcessQueue(mq0), ProcessQueue(mq1)
+    pq0.put([ext(5, b"x" * 1000), ext(6, b"y" * 10)])
+    pq0.remove([ext(5)])
+    pq1.locked = True
+    c.process_queues = {mq1: pq1, mq0: pq0}
+    c.offset_store.update(mq0, 6)
+    body = dumps_mq_keys(c.running_info())
+    # the C++/Java shape: {"mqTable":{{"brokerName":..,"queueId":..,"topic":..}:{...},...}} (not plain JSON)
+    assert b'"mqTable":{{"brokerName":"b","queueId":1,"topic":"%RETRY%cg"}:{' in body
+    assert b',{"brokerName":"b","queueId":0,"topic":"T"}:{' in body
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(body)
+    table = dict(mq_keyed_map(body, "mqTable"))
+    assert set(table) == {mq0, mq1}
+    info0, info1 = table[mq0], table[mq1]
+    assert info0["commitOffset"] == 6 and info0["cachedMsgCount"] == 1 and info0["cachedMsgSizeInMiB"] == 0
+    assert info0["cachedMsgMinOffset"] == 6 and info0["cachedMsgMaxOffset"] == 6
+    assert info0["locked"] is False and info0["lastPullTimestamp"] > 0 and info0["lastConsumeTimestamp"] > 0
+    assert info1["commitOffset"] == -1 and info1["cachedMsgCount"] == 0 and info1["locked"] is True
+    assert info1["lastPullTimestamp"] == 0 and info1["lastConsumeTimestamp"] == 0
+    for info in (info0, info1):
+        assert {"commitOffset", "cachedMsgCount", "cachedMsgSizeInMiB", "locked", "lastPullTimestamp",
+                "lastConsumeTimestamp", "droped", "tryUnlockTimes"} <= info.keys()
+    rest = loads_mq_keys(body)
+    assert rest["processQueues"] == [{**mq.to_json(), **table[mq]} for mq in (mq1, mq0)]  # sorted by mq
+    assert rest["properties"]["clientId"] == "cid@1" and rest["statusTable"] == {}
+    assert {s["topic"] for s in rest["subscriptionSet"]} == set()
+    # an empty table stays valid JSON
+    c.process_queues = {}
+    assert json.loads(dumps_mq_keys(c.running_info()))["mqTable"] == {}
+
+
+def test_captured_cpp_running_info_reads_with_jsonmq() -> None:
+    capture = CAPTURES / "capture_cpp.jsonl"
+    if not capture.exists():
+        pytest.skip("no captures")
+    for line in capture.read_text().splitlines():
+        frame = json.loads(line)
+        if '"mqTable"' in (frame.get("body") or ""):
+            table = dict(mq_keyed_map(frame["body"].encode(), "mqTable"))
+            assert MessageQueue("TopicTest", "broker-a", 0) in table
+            assert "cachedMsgCount" in table[MessageQueue("TopicTest", "broker-a", 0)]
+            return
+    pytest.skip("no running info frame captured")
+
+
+def test_retry_message_copies_the_message_for_the_retry_topic() -> None:
+    c = _bare_push_consumer(max_reconsume_times=5)
+    m = ext(3, b"payload", tags="A")
+    m.flag = 7
+    m.reconsume_times = 2
+    m.properties["TRAN_MSG"] = "true"
+    r = c.retry_message(m)
+    assert r.topic == "%RETRY%cg" and r.body == b"payload" and r.flag == 7
+    assert r.properties["TAGS"] == "A" and "TRAN_MSG" not in r.properties
+    assert r.properties["RETRY_TOPIC"] == "T" and r.properties["ORIGIN_MESSAGE_ID"] == m.msg_id
+    assert r.properties["RECONSUME_TIME"] == "3" and r.properties["MAX_RECONSUME_TIMES"] == "5"
+    assert r.properties["DELAY"] == "5"
+    assert m.properties["TRAN_MSG"] == "true"  # the consumed message is left alone
+    # an already retried message keeps its first topic and origin id
+    m.properties.update({"RETRY_TOPIC": "Orig", "ORIGIN_MESSAGE_ID": "ABC"})
+    r = c.retry_message(m, to_dlq=True)
+    assert r.properties["RETRY_TOPIC"] == "Orig" and r.properties["ORIGIN_MESSAGE_ID"] == "ABC"
+    assert "DELAY" not in r.properties

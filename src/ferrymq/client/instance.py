@@ -21,22 +21,27 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ferrymq.client import api, routes
 from ferrymq.client.config import CLIENT_LANGUAGE, CLIENT_VERSION, ClientConfig
+from ferrymq.client.jsonmq import dumps_mq_keys
 from ferrymq.common.route import MASTER_ID, MessageQueue, TopicRouteData
 from ferrymq.errors import ConnectError, RemotingError, TopicNotExistError
-from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Connection
 from ferrymq.remoting.pool import ConnectionPool
 
+if TYPE_CHECKING:
+    from ferrymq.client.producer import Producer
+
 log = logging.getLogger(__name__)
 
 #: Timeout of the UNREGISTER_CLIENT calls made while closing.
 UNREGISTER_TIMEOUT_MS = 1_000
+#: Producer group of the instance's internal producer (consumers re-send failed messages through it).
+CLIENT_INNER_PRODUCER_GROUP = "CLIENT_INNER_PRODUCER"
 #: route poll period while a broker whose connection dropped is still listed by the name server
 DOWN_BROKER_ROUTE_RETRY_MS = 1_000
 
@@ -49,7 +54,8 @@ class ConsumerHooks(Protocol):
     def consumer_data(self) -> dict[str, Any]: ...
     def subscribed_topics(self) -> set[str]: ...
     def rebalance_now(self) -> None: ...
-    def running_info(self) -> dict[str, Any]: ...
+    def running_info(self) -> dict[str, Any]:
+        """ConsumerRunningInfo; a dict keyed by MessageQueue (``mqTable``) is written in fastjson's shape."""
     def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> Awaitable[None]: ...
 
 
@@ -109,6 +115,7 @@ class ClientInstance:
         #: broker addresses whose connection dropped or failed while a route still lists them
         self._down_brokers: set[str] = set()
         self._route_locks: dict[str, asyncio.Lock] = {}
+        self._inner_producer: Producer | None = None
         self.started = False
         self.closing = False
         d = self.pool.dispatcher
@@ -151,6 +158,15 @@ class ClientInstance:
             await self.invoke(addr, cmd, UNREGISTER_TIMEOUT_MS)
         except Exception as exc:  # best effort at shutdown
             log.debug("unregister at %s failed: %s", addr, exc)
+
+    def inner_producer(self) -> Producer:
+        """The instance's internal producer (group ``CLIENT_INNER_PRODUCER``), created on first use; it
+        shares this instance's connections and routes and stops with it."""
+        if self._inner_producer is None:
+            from ferrymq.client.producer import Producer
+
+            self._inner_producer = Producer.bound_to(self, CLIENT_INNER_PRODUCER_GROUP)
+        return self._inner_producer
 
     # ---- transport -----------------------------------------------------------------------------------
     def _stamp(self, cmd: RemotingCommand) -> RemotingCommand:
@@ -335,7 +351,7 @@ class ClientInstance:
         if consumer is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR,
                                 remark=f"The Consumer Group <{cmd.get_str('consumerGroup')}> not exist in this consumer")
-        return cmd.response(ResponseCode.SUCCESS, body=jsonx.dumps(consumer.running_info()))
+        return cmd.response(ResponseCode.SUCCESS, body=dumps_mq_keys(consumer.running_info()))
 
     async def _on_reset_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         group = cmd.get_str("group") or ""

@@ -1,8 +1,9 @@
-"""Reading fastjson maps keyed by MessageQueue objects.
+"""Reading and writing fastjson maps keyed by MessageQueue objects.
 
 Java writes ``Map<MessageQueue, X>`` as ``{{"brokerName":"b","queueId":0,"topic":"t"}:X, ...}``, which is
 not JSON. We turn each object key into a string key first, then parse. The list shape
-``[{"brokerName","queueId","topic", ...value fields}]`` is accepted too.
+``[{"brokerName","queueId","topic", ...value fields}]`` is accepted too. ``dumps_mq_keys`` writes that
+fastjson shape (what Java's admin tools decode and the C++ client sends), everything else as plain JSON.
 """
 
 from __future__ import annotations
@@ -44,3 +45,16 @@ def mq_keyed_map(data: bytes, field: str) -> list[tuple[MessageQueue, Any]]:
             elif isinstance(value, dict) and {"topic", "brokerName", "queueId"} <= value.keys():
                 out.append((MessageQueue.from_json(value), value))
     return out
+
+
+def dumps_mq_keys(obj: Any) -> bytes:
+    """``jsonx.dumps``, except that a dict whose keys are MessageQueues becomes a fastjson object-keyed
+    map (``mq_keyed_map``/``loads_mq_keys`` read it back)."""
+    if isinstance(obj, dict):
+        if obj and all(isinstance(k, MessageQueue) for k in obj):
+            items = sorted(obj.items())
+            return b"{" + b",".join(jsonx.dumps(k.to_json()) + b":" + dumps_mq_keys(v) for k, v in items) + b"}"
+        return b"{" + b",".join(jsonx.dumps(str(k)) + b":" + dumps_mq_keys(v) for k, v in obj.items()) + b"}"
+    if isinstance(obj, (list, tuple)):
+        return b"[" + b",".join(dumps_mq_keys(v) for v in obj) + b"]"
+    return jsonx.dumps(obj)

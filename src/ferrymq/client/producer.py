@@ -116,6 +116,16 @@ class Producer:
         #: topic -> monotonic time of the last "topic not in name server" answer (TBW102 fallback)
         self._fallback_since: dict[str, float] = {}
 
+    @classmethod
+    def bound_to(cls, instance: ClientInstance, group: str) -> Producer:
+        """A producer sending through an already started instance (its internal producer): no own
+        instance, registered in the instance's heartbeats; ``close()`` must not be called on it."""
+        producer = cls(list(instance.config.name_servers), group)
+        producer.config = instance.config
+        producer._instance = instance
+        instance.producer_groups.add(group)
+        return producer
+
     # ---- lifecycle -------------------------------------------------------------------------------------
     @property
     def instance(self) -> ClientInstance:

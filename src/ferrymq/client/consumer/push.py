@@ -8,7 +8,10 @@ fills the queue's ProcessQueue (paused while it holds ``pull_threshold_for_queue
 * Concurrent: batches run concurrently (at most ``consume_concurrency``). A failed batch (RECONSUME_LATER
   or an exception) goes back to the broker (CONSUMER_SEND_MSG_BACK, delayLevel 0), which schedules it on
   ``%RETRY%<group>`` and moves it to ``%DLQ%<group>`` after ``max_reconsume_times``. If the send-back fails
-  the batch is retried locally after ``retry_local_delay_ms``.
+  (transport error or an error code) the message itself is sent to ``%RETRY%<group>`` through the
+  instance's internal producer (RECONSUME_TIME = reconsumeTimes + 1, DELAY = 3 + reconsumeTimes, RETRY_TOPIC,
+  ORIGIN_MESSAGE_ID, MAX_RECONSUME_TIMES); only if that fails too is the batch retried locally after
+  ``retry_local_delay_ms``.
 * Orderly: in clustering mode the queue is locked on its master (LOCK_BATCH_MQ) before it is pulled and
   consumed; locks are renewed every ``lock_renew_interval_ms``. One batch at a time per queue, in offset
   order; a failed batch is retried after ``suspend_current_queue_time_ms``, and after
@@ -38,7 +41,16 @@ from ferrymq.client.consumer.process_queue import ProcessQueue
 from ferrymq.client.consumer.rebalance import allocate_averagely
 from ferrymq.client.instance import Backoff, ClientInstance, cancel_and_wait
 from ferrymq.client.values import ConsumeFromWhere, ConsumeStatus, MessageModel, PullStatus
-from ferrymq.common.message import PROPERTY_RETRY_TOPIC, MessageExt
+from ferrymq.common.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_MAX_RECONSUME_TIMES,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TRANSACTION_PREPARED,
+    Message,
+    MessageExt,
+)
 from ferrymq.common.route import MessageQueue
 from ferrymq.common.topic import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 from ferrymq.errors import ClientError, TopicNotExistError
@@ -54,6 +66,8 @@ LOCK_MAX_LIVE_MS = 30_000
 PULL_BACKOFF_BASE_MS = 100
 PULL_BACKOFF_MAX_MS = 3_000
 FLOW_CONTROL_WAIT_MS = 50
+#: A message re-sent by the client after a failed send-back waits delay level 3 + its reconsume count.
+CLIENT_RETRY_DELAY_LEVEL_BASE = 3
 
 
 class PushConsumer(ConsumerBase):
@@ -225,6 +239,7 @@ class PushConsumer(ConsumerBase):
         self._rebalance_event.set()
 
     def running_info(self) -> dict[str, Any]:
+        queues = [(mq, self.process_queue_info(mq, pq)) for mq, pq in sorted(self.process_queues.items())]
         return {
             "properties": {
                 "consumeType": "CONSUME_PASSIVELY", "messageModel": self.model.name, "consumeOrderly": str(self.orderly),
@@ -233,12 +248,34 @@ class PushConsumer(ConsumerBase):
                 "PROP_CLIENT_VERSION": "V4_9_7", "PROP_CONSUMER_START_TIMESTAMP": str(self.sub_version),
             },
             "subscriptionSet": [api.subscription_data(t, e, self.sub_version) for t, e in self.subscriptions.items()],
-            "mqTable": {},
-            "processQueues": [
-                {**mq.to_json(), "cachedMsgCount": pq.count, "cachedMsgSizeInMiB": pq.msg_bytes // (1024 * 1024),
-                 "commitOffset": self.offset_store.read_memory(mq), "locked": pq.locked}
-                for mq, pq in sorted(self.process_queues.items())],
+            # keyed by MessageQueue: written in fastjson's object-keyed shape (jsonmq.dumps_mq_keys)
+            "mqTable": {mq: info for mq, info in queues},
+            "processQueues": [{**mq.to_json(), **info} for mq, info in queues],
             "statusTable": {},
+            "jstack": "",
+        }
+
+    def process_queue_info(self, mq: MessageQueue, pq: ProcessQueue) -> dict[str, Any]:
+        """Java's ProcessQueueInfo of one queue (timestamps in epoch ms, 0 = never)."""
+        offsets = list(pq.msgs)
+        lock_epoch_ms = 0
+        if pq.last_lock_ms:
+            lock_epoch_ms = int(time.time() * 1000 - (time.monotonic() * 1000 - pq.last_lock_ms))
+        return {
+            "commitOffset": self.offset_store.read_memory(mq),
+            "cachedMsgMinOffset": min(offsets) if offsets else 0,
+            "cachedMsgMaxOffset": max(offsets) if offsets else 0,
+            "cachedMsgCount": pq.count,
+            "cachedMsgSizeInMiB": pq.msg_bytes // (1024 * 1024),
+            "transactionMsgMinOffset": 0,
+            "transactionMsgMaxOffset": 0,
+            "transactionMsgCount": 0,
+            "locked": pq.locked,
+            "tryUnlockTimes": 0,
+            "lastLockTimestamp": lock_epoch_ms,
+            "droped": pq.dropped,
+            "lastPullTimestamp": int(pq.last_pull_ms),
+            "lastConsumeTimestamp": int(pq.last_consume_ms),
         }
 
     async def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> None:
@@ -486,17 +523,43 @@ class PushConsumer(ConsumerBase):
         return status is None or status is ConsumeStatus.CONSUME_SUCCESS
 
     async def _send_back(self, msg: MessageExt, mq: MessageQueue, delay_level: int) -> bool:
+        """CONSUMER_SEND_MSG_BACK to the queue's master; if that fails, re-send the message to the retry
+        topic through the internal producer. False when both failed (the caller retries locally)."""
         addr = self.instance.master_addr(mq.broker_name)
-        if addr is None:
-            return False
         try:
+            if addr is None:
+                raise ClientError(f"broker {mq.broker_name} has no master in the route")
             api.check(await self.instance.invoke(addr, api.build_send_back(
                 group=self.group, phy_offset=msg.phy_offset, delay_level=delay_level, origin_msg_id=msg.msg_id,
                 origin_topic=msg.topic, max_reconsume_times=self.max_reconsume_times)))
             return True
         except Exception as exc:
-            log.warning("sending %s back to the broker failed: %s", msg.msg_id, exc)
+            log.warning("sending %s back to the broker failed (%s); re-sending it to %s", msg.msg_id, exc,
+                        retry_topic(self.group))
+        try:
+            await self.instance.inner_producer().send(self.retry_message(msg, to_dlq=delay_level < 0))
+            return True
+        except Exception as exc:
+            log.warning("re-sending %s to %s failed: %s", msg.msg_id, retry_topic(self.group), exc)
             return False
+
+    def retry_message(self, msg: MessageExt, *, to_dlq: bool = False) -> Message:
+        """The copy of ``msg`` sent to ``%RETRY%<group>`` when the broker's send-back failed: same body,
+        flag and properties, one more reconsume; ``to_dlq`` (orderly, out of retries) sets no delay, the
+        broker moves it to the DLQ as its reconsume count is past the maximum."""
+        props = dict(msg.properties)
+        props.pop(PROPERTY_TRANSACTION_PREPARED, None)
+        if not props.get(PROPERTY_RETRY_TOPIC):
+            props[PROPERTY_RETRY_TOPIC] = msg.topic
+        if not props.get(PROPERTY_ORIGIN_MESSAGE_ID):
+            props[PROPERTY_ORIGIN_MESSAGE_ID] = msg.msg_id
+        props[PROPERTY_RECONSUME_TIME] = str(msg.reconsume_times + 1)
+        props[PROPERTY_MAX_RECONSUME_TIMES] = str(self.max_reconsume_times)
+        if to_dlq:
+            props.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+        else:
+            props[PROPERTY_DELAY_TIME_LEVEL] = str(CLIENT_RETRY_DELAY_LEVEL_BASE + msg.reconsume_times)
+        return Message(topic=retry_topic(self.group), body=msg.body, flag=msg.flag, properties=props)
 
     def _commit(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         offset = pq.remove(msgs)
