@@ -311,17 +311,11 @@ def check_record_meta(buf: Buffer, pos: int, end: int) -> tuple[RecordCheck, int
             p = pos + 88 + body_len
             if body_len < 0 or p + 3 > record_end:
                 return RecordCheck.CORRUPT, 0, None
-            topic_len = buf[p]
-            if topic_len > 127 or p + 1 + topic_len + 2 > record_end:
+            tail = _topic_and_properties(buf, p, record_end)
+            if tail is None:
                 return RecordCheck.CORRUPT, 0, None
-            topic = bytes(buf[p + 1 : p + 1 + topic_len]).decode("utf-8", "replace")
-            p += 1 + topic_len
-            (props_len,) = _I16.unpack_from(buf, p)
-            if props_len < 0 or p + 2 + props_len != record_end:
-                return RecordCheck.CORRUPT, 0, None
-            props = bytes(buf[p + 2 : record_end]).decode("utf-8", "replace") if props_len > 0 else ""
-            return RecordCheck.OK, total, RecordMeta(phy_offset, total, topic, queue_id, queue_offset, store_ts,
-                                                     sys_flag, props)
+            return RecordCheck.OK, total, RecordMeta(phy_offset, total, tail[0], queue_id, queue_offset,
+                                                     store_ts, sys_flag, tail[1])
     if pos + 8 > end:
         return RecordCheck.INCOMPLETE, 0, None
     total, magic = _PREFIX.unpack_from(buf, pos)
@@ -346,19 +340,27 @@ def check_record_meta(buf: Buffer, pos: int, end: int) -> tuple[RecordCheck, int
     record_end = pos + total
     if body_len < 0 or p + 4 + body_len + 3 > record_end:
         return RecordCheck.CORRUPT, 0, None
-    p += 4 + body_len
+    tail = _topic_and_properties(buf, p + 4 + body_len, record_end)
+    if tail is None:
+        return RecordCheck.CORRUPT, 0, None
+    (store_ts,) = _Q64.unpack_from(buf, ts_pos)
+    return RecordCheck.OK, total, RecordMeta(phy_offset, total, tail[0], queue_id, queue_offset, store_ts,
+                                             sys_flag, tail[1])
+
+
+def _topic_and_properties(buf: Buffer, p: int, record_end: int) -> tuple[str, str] | None:
+    """TOPICLENGTH + TOPIC + PROPERTIESLENGTH + PROPERTIES starting at ``p``, which must end exactly at
+    ``record_end``; None when the lengths don't fit (a corrupt record)."""
     topic_len = buf[p]
     if topic_len > 127 or p + 1 + topic_len + 2 > record_end:
-        return RecordCheck.CORRUPT, 0, None
+        return None
     topic = bytes(buf[p + 1 : p + 1 + topic_len]).decode("utf-8", "replace")
     p += 1 + topic_len
     (props_len,) = _I16.unpack_from(buf, p)
     if props_len < 0 or p + 2 + props_len != record_end:
-        return RecordCheck.CORRUPT, 0, None
+        return None
     props = bytes(buf[p + 2 : record_end]).decode("utf-8", "replace") if props_len > 0 else ""
-    (store_ts,) = _Q64.unpack_from(buf, ts_pos)
-    return RecordCheck.OK, total, RecordMeta(phy_offset, total, topic, queue_id, queue_offset, store_ts, sys_flag,
-                                             props)
+    return topic, props
 
 
 def store_timestamp_of(buf: Buffer, pos: int) -> int:
