@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from broker_helpers import Client, make_config, pull, send_v1
+import asyncio
+
+import pytest
+from broker_helpers import Client, make_config, pull, send_v1, wait_for
 
 from ferrymq.broker.app import BrokerController
 from ferrymq.broker.config import BrokerRole, FlushDiskType
 from ferrymq.common.topic import TopicConfig
+from ferrymq.errors import ConnectionClosedError
+from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import ResponseCode as R
 
 
@@ -65,6 +70,60 @@ async def test_sync_master_status_from_the_ha_seam(tmp_path) -> None:
                 assert fake.waits[0] == (ctl.store.max_phy_offset, 1234)
         ctl.writer.ha_service = None
         c.close()
+
+
+class CallbackHA(FakeHA):
+    """The callback form of the seam (what HAService offers): ``on_slave_ack(end, timeout_ms, fn)``.
+    ``mode``: "inline" calls fn(ack) at once, "later" calls it on a later loop turn."""
+
+    def __init__(self, ok: bool, ack: bool, mode: str) -> None:
+        super().__init__(ok, ack)
+        self.mode = mode
+
+    def on_slave_ack(self, end_phy_offset: int, timeout_ms: int, fn) -> None:
+        self.waits.append((end_phy_offset, timeout_ms))
+        if self.mode == "inline":
+            fn(self.ack)
+        else:
+            asyncio.get_running_loop().call_later(0.01, fn, self.ack)
+
+
+async def test_sync_master_answers_from_the_ack_callback(tmp_path) -> None:
+    cfg = make_config(str(tmp_path / "s"), broker_role=BrokerRole.SYNC_MASTER, sync_flush_timeout_ms=1234)
+    async with BrokerController(cfg) as ctl:
+        c = await Client().open(ctl.broker_addr)
+        for mode in ("inline", "later"):
+            for ok, ack, code in ((False, True, R.SLAVE_NOT_AVAILABLE), (True, False, R.FLUSH_SLAVE_TIMEOUT),
+                                  (True, True, R.SUCCESS)):
+                fake = CallbackHA(ok, ack, mode)
+                ctl.writer.ha_service = fake
+                resp = await c.call(10, send_v1("SM"), b"replicated")
+                assert resp.code == code, (mode, ok, ack)
+                assert {"msgId", "queueId", "queueOffset"} <= set(resp.ext_fields)
+                assert fake.waits == ([(ctl.store.max_phy_offset, 1234)] if ok else [])
+        # concurrent sends on one connection: every answer reaches its own request (opaque)
+        ctl.writer.ha_service = CallbackHA(True, True, "later")
+        resps = await asyncio.gather(*(c.call(10, send_v1("SM", q % 4), b"m%d" % q) for q in range(20)))
+        assert all(r.code == R.SUCCESS for r in resps)
+        assert len({r.ext_fields["msgId"] for r in resps}) == 20
+        # a oneway send is stored but not answered; a closed connection is not written to
+        assert c.conn is not None
+        oneway = RemotingCommand.request(10, send_v1("SM"), b"oneway")
+        before = ctl.store.max_phy_offset
+        c.conn.invoke_oneway(oneway)
+        await wait_for(lambda: ctl.store.max_phy_offset > before, 5, what="oneway stored")
+        c.close()
+        c2 = await Client().open(ctl.broker_addr)
+        assert c2.conn is not None
+        fut = c2.conn.invoke_future(RemotingCommand.request(10, send_v1("SM"), b"gone"))
+        c2.conn.abort()
+        with pytest.raises(ConnectionClosedError):
+            await fut
+        await asyncio.sleep(0.05)  # the late answer finds the connection closed: no error
+        c3 = await Client().open(ctl.broker_addr)
+        assert (await c3.call(10, send_v1("SM"), b"still serving")).code == R.SUCCESS
+        c3.close()
+        ctl.writer.ha_service = None
 
 
 async def test_slave_refuses_sends_and_rewrites_offset_moved(tmp_path) -> None:

@@ -221,6 +221,57 @@ async def test_stopped_slave_waiters_time_out(pair: Pair) -> None:
     assert not pair.service.is_slave_ok(more[-1])
 
 
+async def test_callback_waiters_released_by_acks_and_answered_inline_when_known(pair: Pair) -> None:
+    await pair.start_slave()
+    await pair.caught_up()
+    ends = put_n(pair.master, 0, 500, QUEUES)  # not yet notified: nothing flows
+    got: list[tuple[int, bool]] = []
+    for e in ends:
+        pair.service.on_slave_ack(e, 10_000, lambda ok, e=e: got.append((e, ok)))
+    assert got == [] and pair.service.pending_ack_waiters == len(ends)
+    pair.service.notify_data_appended()
+    await wait_for(lambda: len(got) == len(ends), 5, what="acks")
+    assert got == [(e, True) for e in ends]  # in offset order, all released
+    assert pair.service.pending_ack_waiters == 0
+    assert pair.service._deadlines == []  # released waiters leave the deadline heap too
+    # already acked -> answered inline; no time to wait -> refused inline
+    inline: list[bool] = []
+    pair.service.on_slave_ack(ends[-1], 10_000, inline.append)
+    pair.service.on_slave_ack(ends[-1] + 1, 0, inline.append)
+    assert inline == [True, False]
+
+
+async def test_callback_waiters_time_out_by_their_own_deadline(pair: Pair) -> None:
+    await pair.start_slave()
+    await pair.caught_up()
+    await pair.stop_slave()
+    ends = put_n(pair.master, 0, 6, QUEUES)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    fired: dict[int, float] = {}
+    # later deadlines registered first: the single sweep timer must follow the earliest deadline
+    for i, e in enumerate(ends):
+        timeout_ms = 600 if i < 3 else 200
+
+        def on_ack(ok: bool, i: int = i) -> None:
+            assert ok is False
+            fired[i] = loop.time() - t0
+
+        pair.service.on_slave_ack(e, timeout_ms, on_ack)
+    await wait_for(lambda: len(fired) == len(ends), 5, what="timeouts")
+    short = [fired[i] for i in range(3, 6)]
+    long = [fired[i] for i in range(3)]
+    assert all(t >= 0.19 for t in short), short  # never before their own deadline
+    assert all(t >= 0.59 for t in long), long
+    assert min(long) - max(short) >= 0.2, (short, long)  # the 200 ms ones did not wait for the 600 ms timer
+    assert pair.service._deadlines == [] and pair.service._sweep_handle is None
+    # a waiter pending at stop() is answered False
+    stopped: list[bool] = []
+    pair.service.on_slave_ack(ends[-1], 10_000, stopped.append)
+    await pair.service.stop()
+    assert stopped == [False]
+
+
 async def test_fallbehind_limit(tmp_path: Path) -> None:
     master = open_store(tmp_path / "m", BrokerRole.SYNC_MASTER)
     service = HAService(master, listen_host="127.0.0.1", listen_port=0, slave_fallbehind_max=1000)

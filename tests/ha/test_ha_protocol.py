@@ -19,7 +19,7 @@ from ferrymq.ha.master_conn import (
     ProtocolStateError,
     SendBytes,
 )
-from ferrymq.ha.slave_conn import SlaveConnection, SlaveState
+from ferrymq.ha.slave_conn import Appended, SlaveConnection, SlaveState
 from support.clock import ManualClock
 
 SEG = 4096
@@ -145,7 +145,8 @@ def test_empty_slave_accepts_any_pushed_offset() -> None:
     outs = s.receive_data(encode_transfer(3 * SEG + 5, b"hello"), clock())
     assert not any(isinstance(o, CloseConnection) for o in outs)
     assert slog.max_phy_offset() == 3 * SEG + 10
-    assert outs[-1] == SendBytes(encode_report(3 * SEG + 10))
+    # the new offset is reported first, then the driver is told to dispatch (Appended)
+    assert outs == [SendBytes(encode_report(3 * SEG + 10)), Appended(3 * SEG + 5, 3 * SEG + 10)]
 
 
 def test_slave_closes_when_store_refuses_append() -> None:

@@ -62,6 +62,8 @@ CLIENT_SCAN_INTERVAL_MS = 10_000
 DELETE_EXPIRED_INTERVAL_MS = 10_000
 #: the fast (VIP) port is listenPort minus this
 FAST_PORT_OFFSET = 2
+#: a slave dispatches replicated bytes within this delay (transfers arriving meanwhile go in one reput)
+SLAVE_REPUT_DELAY_S = 0.001
 
 
 def wall_clock_ms() -> int:
@@ -230,7 +232,7 @@ class BrokerController:
         self.ha_client = client_mod.HAClient(
             self.store, master_ha_addr=self.master_ha_addr, heartbeat_interval_ms=cfg.ha_send_heartbeat_interval_ms,
             housekeeping_interval_ms=cfg.ha_housekeeping_interval_ms,
-            on_appended=lambda *_: self.writer.schedule_reput_threadsafe(True))
+            on_appended=lambda *_: self.writer.schedule_reput_within(SLAVE_REPUT_DELAY_S))
         await self.ha_client.start()
         if importlib.util.find_spec("ferrymq.broker.slave_sync") is not None:
             sync_mod = importlib.import_module("ferrymq.broker.slave_sync")

@@ -3,7 +3,8 @@ waits a SYNC_FLUSH / SYNC_MASTER send needs (protocol §6.5).
 
 Everything here runs on the event loop thread except the flush thread behind ``FlushService``.
 Reput is scheduled with ``loop.call_soon`` at most once per loop iteration, so a burst of sends on
-many connections is dispatched in one go.
+many connections is dispatched in one go; a slave's replicated bytes are dispatched within 1 ms
+(``schedule_reput_within``), after the HA client has reported them to the master.
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ class MessageWriter:
         loop = self._loop or asyncio.get_running_loop()
         self._reput_scheduled = True
         loop.call_soon(self._reput)
+
+    def schedule_reput_within(self, delay_s: float, wake_all: bool = True) -> None:
+        """Dispatch new records within ``delay_s`` (a slave's replicated bytes: transfers arriving meanwhile
+        are dispatched together, like RocketMQ's reput loop that sleeps 1 ms between rounds)."""
+        self._wake_all = self._wake_all or wake_all
+        if self._reput_scheduled:
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        self._reput_scheduled = True
+        loop.call_later(delay_s, self._reput)
 
     def schedule_reput_threadsafe(self, wake_all: bool = True) -> None:
         loop = self._loop

@@ -5,6 +5,11 @@ byte range with ``store.append_at`` at exactly the pushed offset, reports the ne
 calls ``on_appended()`` so the broker reputs (builds consume queues). All protocol decisions are
 made by the sans-IO ``SlaveConnection``; this module only moves bytes and time.
 
+The connection is an asyncio Protocol (``_MasterLink``): pushed bytes are appended and the new
+offset is written back inside ``data_received`` — the SYNC_MASTER round trip has no reader task,
+stream buffer or loop turn on the slave, and ``on_appended`` (the reput) runs after the report is
+on its way. An awaitable returned by ``on_appended`` runs as a task (reading does not wait for it).
+
 Connection policy: with no connection it tries every ``reconnect_interval_ms`` (5 s); after a
 session ends (master gone, offset mismatch, housekeeping) it waits ``session_retry_delay_ms``
 before the next attempt, so a persistent mismatch cannot spin. ``update_master_address`` with a
@@ -27,10 +32,9 @@ from ferrymq.ha.config import (
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_HOUSEKEEPING_INTERVAL_MS,
     DEFAULT_RECONNECT_INTERVAL_MS,
-    READ_CHUNK_SIZE,
     HAConfig,
 )
-from ferrymq.ha.slave_conn import Appended, CloseConnection, SendBytes, SlaveConnection
+from ferrymq.ha.slave_conn import Appended, CloseConnection, SendBytes, SlaveConnection, SlaveState
 from ferrymq.ha.store_view import StoreView
 
 __all__ = ["HAClient", "parse_addr"]
@@ -84,7 +88,8 @@ class HAClient:
         self._clock_ms = clock_ms
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
-        self._writer: asyncio.StreamWriter | None = None
+        self._transport: asyncio.BaseTransport | None = None
+        self._appended_tasks: set[asyncio.Future[Any]] = set()
         self._proto: SlaveConnection | None = None
         self._stopping = False
         self.sessions = 0
@@ -106,6 +111,8 @@ class HAClient:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        if self._appended_tasks:
+            await asyncio.gather(*self._appended_tasks, return_exceptions=True)
 
     @property
     def master_address(self) -> str | None:
@@ -155,19 +162,21 @@ class HAClient:
                 await self._sleep_or_change(self.reconnect_interval_ms)
                 continue
             host, port = parse_addr(addr)
+            loop = asyncio.get_running_loop()
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), self.connect_timeout_ms / 1000.0
+                transport, link = await asyncio.wait_for(
+                    loop.create_connection(lambda: _MasterLink(self), host, port),
+                    self.connect_timeout_ms / 1000.0,
                 )
             except (OSError, TimeoutError) as exc:
                 log.debug("HA connect to master %s failed: %r", addr, exc)
                 await self._sleep_or_change(self.reconnect_interval_ms)
                 continue
             if self._stopping or addr != self._master_addr:
-                writer.close()
+                transport.close()
                 continue
             try:
-                await self._session(addr, reader, writer)
+                await self._session(addr, transport, link)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -175,31 +184,24 @@ class HAClient:
             if not self._stopping:
                 await self._sleep_or_change(self.session_retry_delay_ms)
 
-    async def _session(self, addr: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _session(self, addr: str, transport: asyncio.BaseTransport, link: _MasterLink) -> None:
         self.sessions += 1
         proto = SlaveConnection(
             self._view, now_ms=self._clock_ms(), config=self._config, report_on_connect=self.report_on_connect
         )
         self._proto = proto
-        self._writer = writer
+        self._transport = transport
         self.connected_addr = addr
         log.info("HA connected to master %s, local max offset %d", addr, self._view.max_phy_offset())
         ticker = asyncio.create_task(self._tick_loop(proto), name="ha-client-tick")
         try:
-            await self._handle(proto.connection_made(self._clock_ms()))
-            while proto.state.value != "CLOSED":
-                try:
-                    data = await reader.read(READ_CHUNK_SIZE)
-                except (ConnectionError, OSError) as exc:
-                    await self._handle(proto.close(f"read error: {exc!r}"))
-                    break
-                if not data:
-                    await self._handle(proto.close("master closed the connection"))
-                    break
-                await self._handle(proto.receive_data(data, self._clock_ms()))
+            # bytes that arrived before the session was set up are fed now, in order
+            link.attach(proto)
+            await link.lost
         finally:
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
+            link.detach()
             self.last_close_reason = proto.close_reason
             log.info("HA session with master %s ended: %s", addr, proto.close_reason)
             proto.close("session ended")
@@ -213,31 +215,83 @@ class HAClient:
             if due is None:
                 return
             await asyncio.sleep(max(0.0, (due - self._clock_ms()) / 1000.0))
-            await self._handle(proto.tick(self._clock_ms()))
+            self._perform(proto.tick(self._clock_ms()))
 
-    async def _handle(self, outputs: list[Any]) -> None:
+    def _perform(self, outputs: list[Any]) -> None:
         for out in outputs:
             if isinstance(out, SendBytes):
-                writer = self._writer
-                if writer is not None and not writer.is_closing():
-                    writer.write(out.data)
+                transport = self._transport
+                if transport is not None and not transport.is_closing():
+                    transport.write(out.data)  # type: ignore[attr-defined]
             elif isinstance(out, Appended):
                 if self._on_appended is not None:
                     try:
                         result = self._on_appended()
-                        if inspect.isawaitable(result):
-                            await result
+                        if result is not None and inspect.isawaitable(result):
+                            task = asyncio.ensure_future(result)
+                            self._appended_tasks.add(task)
+                            task.add_done_callback(self._appended_done)
                     except Exception:
                         log.exception("HA on_appended callback failed")
             elif isinstance(out, CloseConnection):
                 log.warning("HA closing connection to master: %s", out.reason)
                 self._close_writer()
 
+    def _appended_done(self, task: asyncio.Future[Any]) -> None:
+        self._appended_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("HA on_appended callback failed", exc_info=task.exception())
+
     def _close_writer(self) -> None:
-        writer = self._writer
-        if writer is not None:
-            self._writer = None
+        transport = self._transport
+        if transport is not None:
+            self._transport = None
             try:
-                writer.close()
+                transport.close()
             except Exception:  # pragma: no cover
                 pass
+
+
+class _MasterLink(asyncio.Protocol):
+    """The slave's TCP connection to the master: feeds the session's ``SlaveConnection`` from
+    ``data_received`` and performs its outputs inline (report first, then ``on_appended``)."""
+
+    def __init__(self, client: HAClient) -> None:
+        self._client = client
+        self._proto: SlaveConnection | None = None
+        self._early: list[bytes] = []
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def attach(self, proto: SlaveConnection) -> None:
+        self._proto = proto
+        client = self._client
+        client._perform(proto.connection_made(client._clock_ms()))
+        early, self._early = self._early, []
+        for data in early:
+            client._perform(proto.receive_data(data, client._clock_ms()))
+
+    def detach(self) -> None:
+        self._proto = None
+
+    def data_received(self, data: bytes) -> None:
+        proto = self._proto
+        if proto is None:
+            if not self.lost.done():
+                self._early.append(data)
+            return
+        client = self._client
+        client._perform(proto.receive_data(data, client._clock_ms()))
+
+    def eof_received(self) -> bool:
+        self._closed("master closed the connection")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed(f"read error: {exc!r}" if exc is not None else "master closed the connection")
+
+    def _closed(self, reason: str) -> None:
+        proto = self._proto
+        if proto is not None and proto.state is not SlaveState.CLOSED:
+            self._client._perform(proto.close(reason))
+        if not self.lost.done():
+            self.lost.set_result(None)

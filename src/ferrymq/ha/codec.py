@@ -109,9 +109,17 @@ class ReportDecoder:
         self._buf = bytearray()
         self.reports_decoded = 0
 
-    def feed(self, data: bytes) -> int | None:
+    def feed(self, data: bytes | bytearray | memoryview) -> int | None:
         if not data:
             return None
+        n = len(data)
+        if not self._buf and n % REPORT_SIZE == 0:
+            # the usual case: whole reports in one read, nothing buffered -> no copy
+            value = int(_REPORT.unpack_from(data, n - REPORT_SIZE)[0])
+            if value < 0:
+                raise ProtocolError(f"negative phy offset in HA report: {value}")
+            self.reports_decoded += n // REPORT_SIZE
+            return value
         self._buf += data
         complete = len(self._buf) - len(self._buf) % REPORT_SIZE
         if complete == 0:
@@ -154,12 +162,27 @@ class TransferDecoder:
         self._max_body_size = max_body_size
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[Transfer]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Transfer]:
         """Return every transfer completed by ``data`` (in stream order)."""
-        if data:
-            self._buf += data
         out: list[Transfer] = []
         buf = self._buf
+        if not buf and isinstance(data, bytes):
+            # nothing buffered: slice the bodies straight out of ``data``; only a tail goes to the buffer
+            pos = 0
+            end = len(data)
+            while end - pos >= HEADER_SIZE:
+                phy_offset, body_size = _HEADER.unpack_from(data, pos)
+                _check_header(phy_offset, body_size, self._max_body_size)
+                frame_end = pos + HEADER_SIZE + body_size
+                if frame_end > end:
+                    break
+                out.append(Transfer(phy_offset, data[pos + HEADER_SIZE : frame_end]))
+                pos = frame_end
+            if pos < end:
+                buf += data[pos:] if pos else data
+            return out
+        if data:
+            buf += data
         pos = 0
         end = len(buf)
         while end - pos >= HEADER_SIZE:

@@ -16,8 +16,6 @@ DEFAULT_SLAVE_FALLBEHIND_MAX = 256 * 1024 * 1024
 DEFAULT_RECONNECT_INTERVAL_MS = 5000
 #: Master: how often each slave's lag is logged (printMasterAndSlaveDiff).
 DEFAULT_DIFF_LOG_INTERVAL_MS = 60_000
-#: Socket read size of both endpoints.
-READ_CHUNK_SIZE = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)

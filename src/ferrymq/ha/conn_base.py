@@ -51,10 +51,15 @@ class TableConnection(Generic[_S, _I, _O]):
         self._inputs = inputs
         self.last_read_ms = now_ms
         self.close_reason: str | None = None
+        # the table keyed by member names: str hashing is C-level, Enum.__hash__ is Python-level
+        self._by_name = {(st._name_, ev._name_): h for (st, ev), h in self._table.items()}
 
     # ---- public inputs -------------------------------------------------------------------------
     def receive_data(self, data: bytes, now_ms: int) -> list[_O]:
-        return self._dispatch(self._inputs["RECEIVE"], now_ms, data=data)
+        handler = self._by_name.get((self.state._name_, "RECEIVE"))
+        if handler is None:
+            return self._dispatch(self._inputs["RECEIVE"], now_ms, data=data)  # raises
+        return handler(self, now_ms, data=data)
 
     def tick(self, now_ms: int) -> list[_O]:
         return self._dispatch(self._inputs["TICK"], now_ms)
@@ -64,7 +69,7 @@ class TableConnection(Generic[_S, _I, _O]):
 
     # ---- table ---------------------------------------------------------------------------------
     def _dispatch(self, event: _I, now_ms: int, **kw: object) -> list[_O]:
-        handler = self._table.get((self.state, event))
+        handler = self._by_name.get((self.state._name_, event._name_))
         if handler is None:
             raise ProtocolStateError(f"no transition for {self.state.name} + {event.name}")
         return handler(self, now_ms, **kw)

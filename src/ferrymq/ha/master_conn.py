@@ -178,10 +178,13 @@ class MasterConnection(TableConnection[MasterState, MasterInput, Output]):
                 break
             if len(body) > want:  # a source must not over-deliver; never send across a segment
                 body = body[:want]
-            out.append(SendBytes(encode_transfer_header(offset, len(body)) + bytes(body)))
-            self.next_transfer_offset = offset + len(body)
-            self.bytes_sent += len(body)
+            n = len(body)
+            out.append(SendBytes(encode_transfer_header(offset, n) + bytes(body)))
+            self.next_transfer_offset = offset + n
+            self.bytes_sent += n
             self.last_write_ms = now_ms
+            if n < want:
+                break  # short read: the wrote position of the last segment, nothing more yet
         return out
 
 

@@ -1,13 +1,15 @@
 """Master side of classic HA on asyncio: accepts slaves, pushes commit log bytes, tracks acks.
 
-* One ``_SlaveLink`` per accepted connection drives a sans-IO ``MasterConnection``: a read task
-  feeds received bytes, a pump task sends transfers/heartbeats and sleeps until either
-  ``notify_data_appended()`` wakes it (the hot path: no polling delay) or the connection's next
+* One ``_SlaveLink`` (an asyncio Protocol) per accepted connection drives a sans-IO
+  ``MasterConnection``: reports are handled in ``data_received`` (an ack releases waiters in the
+  callback that read it); ``notify_data_appended()`` pushes new bytes inline once per loop
+  iteration; a pump task streams backlogs and sleeps until woken or until the connection's next
   timer (heartbeat / housekeeping) is due.
 * ``push2slave_max_offset`` is the highest ack of any slave (never decreases), like RocketMQ.
 * ``wait_for_slave_ack`` waiters live in a heap keyed by offset; every ack raising
   ``push2slave_max_offset`` resolves all waiters at or below it in one pass, so thousands of
   concurrent SYNC_MASTER sends are released together and no send waits behind another.
+  Callback waiters (``on_slave_ack``, the SYNC_MASTER send path) share one deadline timer.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +30,6 @@ from ferrymq.ha.config import (
     DEFAULT_HOUSEKEEPING_INTERVAL_MS,
     DEFAULT_SLAVE_FALLBEHIND_MAX,
     DEFAULT_TRANSFER_BATCH_SIZE,
-    READ_CHUNK_SIZE,
     HAConfig,
 )
 from ferrymq.ha.master_conn import AckReceived, CloseConnection, MasterConnection, SendBytes
@@ -43,6 +45,8 @@ PUMP_BATCHES_PER_STEP = 8
 WRITE_BUFFER_HIGH_BYTES = 1024 * 1024
 #: Upper bound on concurrently waiting ``wait_for_slave_ack`` calls (each holds a heap entry).
 MAX_ACK_WAITERS = 1_000_000
+#: The deadline sweep treats deadlines this close ahead as due (timer resolution, ms rounding).
+SWEEP_EARLY_S = 0.001
 
 
 def _monotonic_ms() -> int:
@@ -54,8 +58,8 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _peer(writer: asyncio.StreamWriter) -> str:
-    peer = writer.get_extra_info("peername")
+def _peer(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
     return str(peer)
@@ -65,15 +69,15 @@ class _AckCallback:
     """A heap waiter that calls ``fn(ok)`` instead of resolving a future (no task per SYNC_MASTER send).
 
     Quacks like the ``asyncio.Future[bool]`` entries of ``HAService._waiters``: ``done()``,
-    ``set_result()``, ``cancel()``.
+    ``set_result()``, ``cancel()``. Its deadline lives in ``HAService._deadlines`` (one shared
+    sweep timer instead of a timer per send).
     """
 
-    __slots__ = ("_done", "fn", "timer")
+    __slots__ = ("_done", "fn")
 
     def __init__(self, fn: Callable[[bool], None]) -> None:
         self.fn = fn
         self._done = False
-        self.timer: asyncio.TimerHandle | None = None
 
     def done(self) -> bool:
         return self._done
@@ -82,9 +86,6 @@ class _AckCallback:
         if self._done:
             return
         self._done = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         try:
             self.fn(ok)
         except Exception:  # pragma: no cover - the callback guards itself
@@ -92,23 +93,25 @@ class _AckCallback:
 
     def cancel(self) -> bool:
         self._done = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         return True
 
 
 _Waiter = asyncio.Future[bool] | _AckCallback
 
 
-class _SlaveLink:
-    def __init__(
-        self, service: HAService, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+class _SlaveLink(asyncio.Protocol):
+    """One accepted slave connection: an asyncio Protocol driving a sans-IO ``MasterConnection``.
+
+    Reports are handled right in ``data_received`` (no reader task, no stream buffer), so the ack
+    that releases SYNC_MASTER waiters is processed in the loop callback that read it. New commit
+    log bytes are pushed inline by ``wakeup`` while the pump task is parked; the pump streams
+    backlogs (catch-up) with flow control and runs the heartbeat / housekeeping timer.
+    """
+
+    def __init__(self, service: HAService) -> None:
         self.service = service
-        self.reader = reader
-        self.writer = writer
-        self.addr = _peer(writer)
+        self.transport: asyncio.Transport | None = None
+        self.addr = "?"
         self.connected_since_ms = int(time.time() * 1000)
         self.proto = MasterConnection(
             service._view,
@@ -120,15 +123,48 @@ class _SlaveLink:
         self._wake: asyncio.Future[None] | None = None
         #: the timer the parked pump waits for (ms, service clock)
         self._parked_due = 0
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
         self.closed = False
         self.tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> None:
-        self.tasks = [
-            asyncio.create_task(self._read_loop(), name=f"ha-read-{self.addr}"),
-            asyncio.create_task(self._pump_loop(), name=f"ha-pump-{self.addr}"),
-        ]
+    # ---- asyncio.Protocol ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.addr = _peer(transport)
+        if not self.service.started:
+            self.closed = True
+            transport.close()
+            return
+        # pause_writing() only when a catch-up backlog piles up, not at the 64 KiB default
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)  # type: ignore[attr-defined]
+        self.proto.last_read_ms = self.service._clock_ms()
+        self.service._add(self)
+        self.tasks = [asyncio.get_running_loop().create_task(self._pump_loop(), name=f"ha-pump-{self.addr}")]
 
+    def data_received(self, data: bytes) -> None:
+        self._handle(self.proto.receive_data(data, self.service._clock_ms()))
+
+    def eof_received(self) -> bool:
+        self._handle(self.proto.close("slave closed the connection"))
+        self.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            self._handle(self.proto.close(f"read error: {exc!r}"))
+        self.close()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        fut, self._drained = self._drained, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    # ---- data path -------------------------------------------------------------------------------
     def wakeup(self) -> None:
         self._dirty = True
         fut = self._wake
@@ -140,7 +176,7 @@ class _SlaveLink:
     def _push_inline(self) -> bool:
         """Send what is new right here (the pump is parked): no task switch on the SYNC_MASTER path.
         False when the pump must run (more than one step of data, a full write buffer, closed)."""
-        if self.closed or self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
+        if self.closed or self._paused:
             return False
         due = self.proto.next_timer_ms()
         if due is None or due < self._parked_due:
@@ -155,8 +191,8 @@ class _SlaveLink:
     def _handle(self, outputs: list[Any]) -> None:
         for out in outputs:
             if isinstance(out, SendBytes):
-                if not self.closed:
-                    self.writer.write(out.data)
+                if not self.closed and self.transport is not None:
+                    self.transport.write(out.data)
             elif isinstance(out, AckReceived):
                 if out.is_request:
                     log.info(
@@ -171,18 +207,12 @@ class _SlaveLink:
                 log.warning("HA closing slave %s: %s", self.addr, out.reason)
                 self.close()
 
-    async def _read_loop(self) -> None:
-        try:
-            while not self.closed:
-                data = await self.reader.read(READ_CHUNK_SIZE)
-                if not data:
-                    self._handle(self.proto.close("slave closed the connection"))
-                    break
-                self._handle(self.proto.receive_data(data, self.service._clock_ms()))
-        except (ConnectionError, OSError) as exc:
-            self._handle(self.proto.close(f"read error: {exc!r}"))
-        finally:
-            self.close()
+    async def _wait_drained(self) -> None:
+        if self._paused and not self.closed:
+            fut = self._drained
+            if fut is None or fut.done():
+                fut = self._drained = asyncio.get_running_loop().create_future()
+            await fut
 
     async def _pump_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -196,8 +226,8 @@ class _SlaveLink:
                     if outs:
                         self._handle(outs)
                         self._dirty = True  # maybe more behind this step
-                        if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
-                            await self.writer.drain()
+                        if self._paused:
+                            await self._wait_drained()
                         else:
                             await asyncio.sleep(0)  # let acks and other links run
                         continue
@@ -226,10 +256,14 @@ class _SlaveLink:
             return
         self.closed = True
         self.proto.close("link closed")
-        try:
-            self.writer.close()
-        except Exception:  # pragma: no cover - transport already gone
-            pass
+        if self.transport is not None:
+            try:
+                self.transport.close()
+            except Exception:  # pragma: no cover - transport already gone
+                pass
+        for fut in (self._drained, self._wake):
+            if fut is not None and not fut.done():
+                fut.set_result(None)
         for task in self.tasks:
             if task is not asyncio.current_task():
                 task.cancel()
@@ -273,6 +307,10 @@ class HAService:
         self._waiters: list[tuple[int, int, _Waiter]] = []
         self._waiter_seq = itertools.count()
         self._stale_waiters = 0
+        #: callback waiters by deadline (loop time): one sweep timer instead of a timer per send
+        self._deadlines: list[tuple[float, int, _AckCallback]] = []
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._sweep_at = math.inf
         self._wake_scheduled = False
         self.started = False
 
@@ -282,7 +320,7 @@ class HAService:
             return
         self._loop = asyncio.get_running_loop()
         self._loop_thread_id = threading.get_ident()
-        self._server = await asyncio.start_server(self._on_accept, self.listen_host, self.port)
+        self._server = await self._loop.create_server(lambda: _SlaveLink(self), self.listen_host, self.port)
         sock = self._server.sockets[0]
         self.port = int(sock.getsockname()[1])
         self._diff_task = asyncio.create_task(self._diff_log_loop(), name="ha-diff-log")
@@ -311,16 +349,13 @@ class HAService:
             if not fut.done():
                 fut.set_result(False)
         self._waiters.clear()
+        self._deadlines.clear()
+        self._cancel_sweep()
         self._stale_waiters = 0
 
-    async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self.started:
-            writer.close()
-            return
-        link = _SlaveLink(self, reader, writer)
+    def _add(self, link: _SlaveLink) -> None:
         self._links.add(link)
         log.info("HA slave connected from %s (%d slaves)", link.addr, len(self._links))
-        link.start()
 
     def _remove(self, link: _SlaveLink) -> None:
         if link in self._links:
@@ -363,12 +398,19 @@ class HAService:
             return
         self._push2slave_max_offset = ack_phy_offset
         waiters = self._waiters
+        if not waiters or waiters[0][0] > ack_phy_offset:
+            return
+        heappop = heapq.heappop
         while waiters and waiters[0][0] <= ack_phy_offset:
-            _offset, _seq, fut = heapq.heappop(waiters)
+            _offset, _seq, fut = heappop(waiters)
             if fut.done():
                 self._stale_waiters = max(0, self._stale_waiters - 1)
             else:
                 fut.set_result(True)
+        # released callback waiters leave the deadline heap from the top (oldest first)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2]._done:
+            heappop(deadlines)
 
     async def wait_for_slave_ack(self, end_phy_offset: int, timeout_ms: int) -> bool:
         """True once some slave acked ``end_phy_offset`` (or beyond), False after ``timeout_ms``."""
@@ -410,9 +452,42 @@ class HAService:
                 fn(False)
                 return
         waiter = _AckCallback(fn)
-        heapq.heappush(self._waiters, (end_phy_offset, next(self._waiter_seq), waiter))
+        seq = next(self._waiter_seq)
+        heapq.heappush(self._waiters, (end_phy_offset, seq, waiter))
         loop = self._loop or asyncio.get_running_loop()
-        waiter.timer = loop.call_later(timeout_ms / 1000.0, self._expire, waiter)
+        deadline = loop.time() + timeout_ms / 1000.0
+        heapq.heappush(self._deadlines, (deadline, seq, waiter))
+        if deadline < self._sweep_at:
+            self._arm_sweep(loop, deadline)
+
+    # ---- callback waiter deadlines: one timer for all --------------------------------------------
+    def _arm_sweep(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+        self._sweep_at = when
+        self._sweep_handle = loop.call_at(when, self._sweep)
+
+    def _cancel_sweep(self) -> None:
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        self._sweep_at = math.inf
+
+    def _sweep(self) -> None:
+        """Answer every callback waiter whose deadline passed (FLUSH_SLAVE_TIMEOUT); re-arm for the next."""
+        self._sweep_handle = None
+        self._sweep_at = math.inf
+        loop = self._loop or asyncio.get_running_loop()
+        # timers may fire up to the loop's clock resolution early: treat that as due
+        due = loop.time() + SWEEP_EARLY_S
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][0] <= due or deadlines[0][2]._done):
+            _deadline, _seq, waiter = heapq.heappop(deadlines)
+            if not waiter._done:
+                waiter.set_result(False)
+                self._note_stale()
+        if deadlines:
+            self._arm_sweep(loop, deadlines[0][0])
 
     def _expire(self, fut: _Waiter) -> None:
         if not fut.done():
@@ -425,8 +500,11 @@ class HAService:
             self._compact_waiters()
 
     def _compact_waiters(self) -> None:
-        self._waiters = [w for w in self._waiters if not w[2].done()]
+        # in place: loops in _on_ack / _sweep hold these lists
+        self._waiters[:] = [w for w in self._waiters if not w[2].done()]
         heapq.heapify(self._waiters)
+        self._deadlines[:] = [d for d in self._deadlines if not d[2]._done]
+        heapq.heapify(self._deadlines)
         self._stale_waiters = 0
 
     @property

@@ -2,7 +2,9 @@
 
 The driver calls ``connection_made`` once the TCP connection is up, then feeds received bytes and
 time ticks (each with ``now_ms``) and performs the outputs in order: ``SendBytes`` (an 8-byte
-report), ``Appended`` (tell the broker to reput) and ``CloseConnection``. Pushed bytes are written
+report), ``Appended`` (tell the broker to reput) and ``CloseConnection``. After a receive that
+appended bytes the report comes *before* ``Appended``: the master's SYNC_MASTER waiters should
+not wait for the slave's consume queue dispatch. Pushed bytes are written
 through a narrow ``CommitLogSink`` at exactly the pushed offset.
 
 State table (unknown (state, input) pairs raise ``ProtocolStateError``):
@@ -14,7 +16,7 @@ State table (unknown (state, input) pairs raise ``ProtocolStateError``):
 | AWAIT_REPORT | TICK      | heartbeat_interval since connect -> first report; housekeeping            | STREAMING / CLOSED |
 | AWAIT_REPORT | RECEIVE   | like STREAMING + RECEIVE (a master does not normally push before a report) | same         |
 | STREAMING    | RECEIVE   | per transfer: local max != 0 and != pushed offset -> close; else append;   | STREAMING / CLOSED |
-|              |           | then report the new max at once if it grew; Appended                      |              |
+|              |           | then report the new max at once if it grew, then Appended                 |              |
 | STREAMING    | TICK      | no report for heartbeat_interval -> report; housekeeping                  | STREAMING / CLOSED |
 | any open     | CLOSE     | CloseConnection(reason)                                                   | CLOSED       |
 | CLOSED       | any       | nothing                                                                   | CLOSED       |
@@ -118,8 +120,9 @@ class SlaveConnection(TableConnection[SlaveState, SlaveInput, Output]):
         return None
 
     # ---- table handlers (lookup, _ignore, _do_close: TableConnection) -----------------------------
-    def _report(self, now_ms: int) -> SendBytes:
-        offset = self._sink.max_phy_offset()
+    def _report(self, now_ms: int, offset: int = -1) -> SendBytes:
+        if offset < 0:
+            offset = self._sink.max_phy_offset()
         self.last_reported_offset = offset
         self.last_report_ms = now_ms
         if self.state is SlaveState.AWAIT_REPORT:
@@ -156,14 +159,15 @@ class SlaveConnection(TableConnection[SlaveState, SlaveInput, Output]):
         if data:
             self.last_read_ms = now_ms
         try:
-            transfers = self._decoder.feed(bytes(data))
+            transfers = self._decoder.feed(data)
         except ProtocolError as exc:
             return self._do_close(now_ms, f"bad transfer: {exc}")
         out: list[Output] = []
         first = -1
         last = -1
+        sink = self._sink
+        local_max = sink.max_phy_offset()
         for t in transfers:
-            local_max = self._sink.max_phy_offset()
             if local_max != 0 and local_max != t.phy_offset:
                 out.extend(self._appended(first, last))
                 out.extend(
@@ -175,18 +179,20 @@ class SlaveConnection(TableConnection[SlaveState, SlaveInput, Output]):
             if not t.body:
                 self.heartbeats_received += 1
                 continue
-            if not self._sink.append_at(t.phy_offset, t.body):
+            if not sink.append_at(t.phy_offset, t.body):
                 out.extend(self._appended(first, last))
                 out.extend(self._do_close(now_ms, f"append_at({t.phy_offset}, {len(t.body)}) refused"))
                 return out
             self.bytes_received += len(t.body)
             if first < 0:
                 first = t.phy_offset
-            last = t.end_phy_offset
+            last = t.phy_offset + len(t.body)
+            local_max = sink.max_phy_offset()
         if last >= 0:
-            out.extend(self._appended(first, last))
-            if self._sink.max_phy_offset() > self.last_reported_offset:
-                out.append(self._report(now_ms))
+            # report first: the master releases SYNC_MASTER sends before the slave dispatches
+            if local_max > self.last_reported_offset:
+                out.append(self._report(now_ms, local_max))
+            out.append(Appended(first, last))
         return out
 
     @staticmethod

@@ -6,7 +6,8 @@ writable → 16; body too large → 13; retry topic past max reconsume → DLQ; 
 
 The handler is a plain function: it answers inline unless the put must wait (SYNC_FLUSH /
 SYNC_MASTER with WAIT != false), in which case it returns a coroutine — or, for SYNC_MASTER with
-ASYNC_FLUSH, a future the HA ack handler resolves (no task per send).
+ASYNC_FLUSH, None: the HA ack handler (or the shared deadline sweep) writes the answer to the
+connection itself (``_SlaveAckReply``: no task, no future, no loop turn between ack and answer).
 
 Hot-path notes: topic validation, tags hash codes and born hosts are cached per processor; the
 properties string is parsed/re-joined with C-level splits (the tolerant parser is the fallback).
@@ -14,7 +15,6 @@ properties string is parsed/re-joined with C-level splits (the tolerant parser i
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -160,7 +160,7 @@ class SendProcessor:
             dispatcher.register(code, self.handle)
 
     # ---- entry -------------------------------------------------------------------------------
-    def handle(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+    def handle(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand] | None:
         ctx = self.ctx
         if ctx.config.is_slave:
             return cmd.response(R.SERVICE_NOT_AVAILABLE, remark=SERVICE_NOT_AVAILABLE_REMARK)
@@ -228,7 +228,7 @@ class SendProcessor:
         return dlq, 0
 
     def _send_one(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
-                  ) -> RemotingCommand | Awaitable[RemotingCommand]:
+                  ) -> RemotingCommand | Awaitable[RemotingCommand] | None:
         ctx = self.ctx
         routed = self._retry_to_dlq(cmd, h, h.topic, queue_id)
         if isinstance(routed, RemotingCommand):
@@ -265,11 +265,11 @@ class SendProcessor:
         result = ctx.writer.put(inner)
         if topic == SCHEDULE_TOPIC:
             ctx.wake_schedule()
-        return self._finish(cmd, result, queue_id, wait)
+        return self._finish(cmd, result, queue_id, wait, conn)
 
     # ---- batch ---------------------------------------------------------------------------------
     def _send_batch(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
-                    ) -> RemotingCommand | Awaitable[RemotingCommand]:
+                    ) -> RemotingCommand | Awaitable[RemotingCommand] | None:
         ctx = self.ctx
         if h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             return cmd.response(R.MESSAGE_ILLEGAL, remark="batch request does not support retry group "
@@ -327,17 +327,17 @@ class SendProcessor:
                 tags_code, sys_flag, born_ts, born_host, store_host, reconsume, 0, 0, keys, wait,
             ))
         result = ctx.writer.put_batch(inners)
-        return self._finish(cmd, result, queue_id, wait)
+        return self._finish(cmd, result, queue_id, wait, conn)
 
     # ---- response ---------------------------------------------------------------------------------
-    def _finish(self, cmd: RemotingCommand, result: Any, queue_id: int, wait: bool
-                ) -> RemotingCommand | Awaitable[RemotingCommand]:
+    def _finish(self, cmd: RemotingCommand, result: Any, queue_id: int, wait: bool, conn: Any = None
+                ) -> RemotingCommand | Awaitable[RemotingCommand] | None:
         status = result.status
         if status is PutMessageStatus.PUT_OK and result.append_result is not None:
             writer = self.ctx.writer
             if writer.needs_wait(wait):
                 if writer.sync_master and not writer.sync_flush and hasattr(writer.ha_service, "on_slave_ack"):
-                    return self._finish_on_slave_ack(cmd, result, queue_id)
+                    return self._finish_on_slave_ack(conn, cmd, result, queue_id)
                 return self._finish_after_wait(cmd, result, queue_id)
             return self._ok_response(cmd, result.append_result, queue_id)
         outcome = send_outcome(status)
@@ -355,29 +355,20 @@ class SendProcessor:
             b"", cmd.opaque, FLAG_RESPONSE, None, "JAVA", CURRENT_VERSION, cmd.serialize_type,
         )
 
-    def _finish_on_slave_ack(self, cmd: RemotingCommand, result: Any, queue_id: int
-                             ) -> RemotingCommand | asyncio.Future[RemotingCommand]:
-        """SYNC_MASTER + ASYNC_FLUSH: ``MessageWriter.wait_stored`` without a task — the HA ack
-        handler answers through a future (same statuses: SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT)."""
+    def _finish_on_slave_ack(self, conn: Any, cmd: RemotingCommand, result: Any, queue_id: int
+                             ) -> RemotingCommand | None:
+        """SYNC_MASTER + ASYNC_FLUSH: ``MessageWriter.wait_stored`` without a task or future — the HA
+        ack handler writes the answer to ``conn`` itself (same statuses: SLAVE_NOT_AVAILABLE /
+        FLUSH_SLAVE_TIMEOUT). Returns the answer when it is known at once, else None (answered later)."""
         ar = result.append_result
         end = ar.wrote_offset + ar.wrote_bytes
         ha = self.ctx.writer.ha_service
         if not ha.is_slave_ok(end):
             return self._response(cmd, result, queue_id, "SLAVE_NOT_AVAILABLE")
-        out: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
-
-        def on_ack(ok: bool) -> None:
-            if out.done():
-                return
-            try:
-                out.set_result(self._response(cmd, result, queue_id, "PUT_OK" if ok else "FLUSH_SLAVE_TIMEOUT"))
-            except Exception as exc:  # answered as SYSTEM_ERROR by the connection
-                out.set_exception(exc)
-
-        ha.on_slave_ack(end, self.ctx.config.replica_wait_ms, on_ack)
-        if out.done():
-            return out.result()
-        return out
+        reply = _SlaveAckReply(self, conn, cmd, result, queue_id)
+        ha.on_slave_ack(end, self.ctx.config.replica_wait_ms, reply)
+        reply.inline = False
+        return reply.response  # None unless the ack (or a refusal) came inline
 
     async def _finish_after_wait(self, cmd: RemotingCommand, result: Any, queue_id: int) -> RemotingCommand:
         status = await self.ctx.writer.wait_stored(result)
@@ -395,6 +386,46 @@ class SendProcessor:
             "MSG_REGION": MSG_REGION,
             "TRACE_ON": "true",
         }, remark=outcome.remark)
+
+
+class _SlaveAckReply:
+    """The ``on_slave_ack`` callback of one SYNC_MASTER send: builds the answer and writes it to the
+    connection in the ack handler (no future, no done-callback loop turn). While ``inline`` (the
+    callback ran inside ``on_slave_ack``) the answer is kept in ``response`` for the handler to return.
+    Writes follow ``Connection._reply``: nothing for oneway requests or closed connections."""
+
+    __slots__ = ("proc", "conn", "cmd", "result", "queue_id", "inline", "response")
+
+    def __init__(self, proc: SendProcessor, conn: Any, cmd: RemotingCommand, result: Any, queue_id: int) -> None:
+        self.proc = proc
+        self.conn = conn
+        self.cmd = cmd
+        self.result = result
+        self.queue_id = queue_id
+        self.inline = True
+        self.response: RemotingCommand | None = None
+
+    def __call__(self, ok: bool) -> None:
+        cmd = self.cmd
+        try:
+            if ok:
+                resp = self.proc._ok_response(cmd, self.result.append_result, self.queue_id)
+            else:
+                resp = self.proc._response(cmd, self.result, self.queue_id, "FLUSH_SLAVE_TIMEOUT")
+        except Exception as exc:  # answered as SYSTEM_ERROR, like a failing handler
+            log.exception("SYNC_MASTER answer for code %s failed", cmd.code)
+            resp = cmd.response(R.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}")
+        if self.inline:
+            self.response = resp
+            return
+        conn = self.conn
+        if cmd.is_oneway or conn is None or conn.closed:
+            return
+        resp.opaque = cmd.opaque
+        try:
+            conn.send(resp)
+        except Exception as exc:  # the connection went away meanwhile
+            log.debug("SYNC_MASTER answer to %s not sent: %s", getattr(conn, "peer_addr", "?"), exc)
 
 
 def _delay_level(props: dict[str, str]) -> int:
