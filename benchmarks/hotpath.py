@@ -575,14 +575,18 @@ def wl_catchup(a: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="hotpath-", dir=a.dir) as tmp:
         cl = Cluster(Path(tmp))
         try:
-            port = _master(a, cl, "ASYNC_MASTER")
+            # --segment: a segment larger than the backlog keeps the whole fill in one segment, all copied
+            ha_extra = {"haTransferBatchSize": a.ha_batch} if a.ha_batch else {}
+            port = _master(a, cl, "ASYNC_MASTER", mappedFileSizeCommitLog=a.segment, **ha_extra)
             _fill(port, a, int(a.gib * (1 << 30)))
             info = runtime_info(port)
             target = int(info["commitLogMaxOffset"])
             ends = [max_offset(port, q) for q in range(QUEUES)]
             sport = free_port(2)
+            master_cpu0 = cpu_secs(cl.procs["master"].pid)
             t0 = time.monotonic()
-            cl.broker("slave", sport, "SLAVE", broker_id=1, haMasterAddress=f"127.0.0.1:{port + 1}")
+            cl.broker("slave", sport, "SLAVE", broker_id=1, haMasterAddress=f"127.0.0.1:{port + 1}",
+                      mappedFileSizeCommitLog=a.segment)
             prof = start_profile(cl.procs["slave"].pid, a.profile, 10)
             t_up = time.monotonic() - t0
             while True:
@@ -591,13 +595,18 @@ def wl_catchup(a: argparse.Namespace) -> None:
                     break
                 time.sleep(0.02)
             dt = time.monotonic() - t0
+            slave_cpu = cpu_secs(cl.procs["slave"].pid)  # start-up included
+            master_cpu = cpu_secs(cl.procs["master"].pid) - master_cpu0
             sends = [max_offset(sport, q) for q in range(QUEUES)]
             assert sends == ends, (sends, ends)
             # a fresh slave is served from the start of the master's LAST segment: count only what it holds
             copied = target - int(runtime_info(sport)["commitLogMinOffset"])
             print(f"catchup {copied / 1e6:,.0f} MB copied (master log {target / 1e6:,.0f} MB): {dt:.2f}s incl. "
                   f"start {t_up:.2f}s -> {copied / dt / 1e6:,.0f} MB/s "
-                  f"({copied / (dt - t_up) / 1e6:,.0f} MB/s after port up); consume queues match", flush=True)
+                  f"({copied / (dt - t_up) / 1e6:,.0f} MB/s after port up); consume queues match; CPU slave "
+                  f"{slave_cpu:.2f}s = {slave_cpu / (copied * sum(ends) / target) * 1e6:.2f} us/record copied, "
+                  f"master {master_cpu:.2f}s",
+                  flush=True)
             if prof:
                 prof.wait()
         finally:
@@ -786,6 +795,8 @@ def main() -> None:
     ap.add_argument("--max-nums", dest="max_nums", type=int, default=32)
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--segment", type=int, default=1 << 30)
+    ap.add_argument("--ha-batch", dest="ha_batch", type=int, default=0,
+                    help="catchup: the master's haTransferBatchSize in bytes (default: the broker's, 32 KiB)")
     ap.add_argument("--settle", type=float, default=1.0, help="seconds between fill and SIGKILL")
     ap.add_argument("--dir", default=None, help="parent of the temporary store dirs")
     ap.add_argument("--profile", default=None, help="py-spy output (.svg, or .txt for raw folded stacks)")

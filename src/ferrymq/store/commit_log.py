@@ -1,7 +1,8 @@
 """The commit log: every record of every topic, appended in order into fixed-size segments.
 
 Hot path (``put_message``): validate, encode with precompiled structs, one memcpy into the
-preallocated mmap, bump the per-queue counter, queue a ``RecordMeta`` for dispatch. No fsync
+preallocated mmap, bump the per-queue counter, queue a ``RecordMeta`` for dispatch (only without the C
+extension: its reput scans the bytes instead). Replicated chunks (``append_at``) go in with ``pwrite``. No fsync
 (flushing is ``flush``'s job, on the broker's flush thread) and no consume-queue work (``reput``).
 A record never spans segments: when it plus an 8-byte filler does not fit, the rest of the segment
 becomes a BLANK filler (§4.8) and the record opens the next segment.
@@ -33,6 +34,7 @@ from ferrymq.common.message_codec import (
     blank_filler,
     encode_record_parts,
 )
+from ferrymq.store import speedups
 from ferrymq.store.config import StoreConfig
 from ferrymq.store.errors import StoreError
 from ferrymq.store.mapped_file import MappedFile
@@ -52,6 +54,8 @@ _NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
 _HOST_V4_MASK = ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)  # we store IPv4 hosts only
 _I16 = struct.Struct(">h")  # PROPERTIESLENGTH
 HEAD_V4_SIZE = HEAD_V4.size  # fields 1..15 (body length included)
+#: replicated chunks at least this long are written with pwrite(2) (MappedFile.append_written), not the mapping
+APPEND_WRITTEN_MIN_BYTES = 16 * 1024
 
 
 def _illegal(status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
@@ -68,6 +72,8 @@ class CommitLog:
         self.topic_queue_table: dict[QueueKey, int] = {}
         # records appended by put_* and not yet dispatched (master fast path for reput)
         self.pending: deque[RecordMeta] = deque()
+        #: False with the C extension: its reput scans the bytes just written instead (faster than the metas)
+        self.queue_metas = speedups.NATIVE is None
         # first valid byte when the first segment was started mid-file by append_at (slave)
         self.data_start_phy_offset = 0
         self.last_store_timestamp = 0  # of the newest appended record
@@ -168,11 +174,12 @@ class CommitLog:
         mf.wrote_position = pos + total
         if in_cq:
             self.topic_queue_table[key] = queue_offset + 1
-        pending = self.pending
-        if len(pending) >= self.config.dispatch_pending_max:
-            pending.clear()  # reput falls back to parsing the commit log
-        pending.append(RecordMeta(phy_offset, total, topic, queue_id, queue_offset, store_ts, sys_flag,
-                                  inner.properties_string))
+        if self.queue_metas:
+            pending = self.pending
+            if len(pending) >= self.config.dispatch_pending_max:
+                pending.clear()  # reput falls back to parsing the commit log
+            pending.append(RecordMeta(phy_offset, total, topic, queue_id, queue_offset, store_ts, sys_flag,
+                                      inner.properties_string))
         self.last_store_timestamp = store_ts
         self.put_message_times_total += 1
         self.put_message_size_total += total
@@ -230,6 +237,7 @@ class CommitLog:
         store_ts = self.clock_ms()
         offsets: list[int] = []
         metas: list[RecordMeta] = []
+        queue_metas = self.queue_metas
         topic_head = bytes((len(topic_bytes),)) + topic_bytes
         topic_head_len = len(topic_head)
         pack_head = HEAD_V4.pack_into
@@ -256,28 +264,32 @@ class CommitLog:
             pack_i16(mm, p, props_len)
             mm[p + 2 : p + 2 + props_len] = props
             offsets.append(phy)
-            metas.append(RecordMeta(phy, size, topic, queue_id, qo, store_ts, inner.sys_flag,
-                                    inner.properties_string))
+            if queue_metas:
+                metas.append(RecordMeta(phy, size, topic, queue_id, qo, store_ts, inner.sys_flag,
+                                        inner.properties_string))
             pos += size
             phy += size
             qo += 1
         mf.wrote_position = pos  # published once, like MappedFile.append of the whole batch
-        pending = self.pending
-        if len(pending) + len(metas) > self.config.dispatch_pending_max:
-            pending.clear()  # reput falls back to parsing the commit log
-        if len(metas) <= self.config.dispatch_pending_max:
-            pending.extend(metas)
+        if queue_metas:
+            pending = self.pending
+            if len(pending) + len(metas) > self.config.dispatch_pending_max:
+                pending.clear()  # reput falls back to parsing the commit log
+            if len(metas) <= self.config.dispatch_pending_max:
+                pending.extend(metas)
         self.topic_queue_table[key] = qo
         self.last_store_timestamp = store_ts
-        self.put_message_times_total += len(metas)
+        self.put_message_times_total += len(offsets)
         self.put_message_size_total += total
         result = AppendMessageResult(
-            AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, len(metas),
+            AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, len(offsets),
             first.store_host, tuple(offsets),
         )  # fmt: skip
         return PutMessageResult(PutMessageStatus.PUT_OK, result)
 
     def _queue_dispatch(self, meta: RecordMeta) -> None:
+        if not self.queue_metas:
+            return
         pending = self.pending
         if len(pending) >= self.config.dispatch_pending_max:
             pending.clear()  # reput falls back to parsing the commit log
@@ -325,7 +337,10 @@ class CommitLog:
             while view:
                 mf = self.mfq.last_for_write(phy_offset)
                 n = min(mf.remaining, len(view))
-                mf.append(view[:n].tobytes() if n < len(view) else bytes(view))
+                if n >= APPEND_WRITTEN_MIN_BYTES:
+                    mf.append_written(view[:n])
+                else:
+                    mf.append(view[:n].tobytes() if n < len(view) else bytes(view))
                 view = view[n:]
         finally:
             view.release()

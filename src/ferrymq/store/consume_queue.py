@@ -188,6 +188,38 @@ class ConsumeQueue:
                 wrote_any = True
         return wrote_any
 
+    def put_units_packed(self, first_queue_offset: int, units: bytes) -> bool:
+        """``put_unit`` for packed 20-byte units (``UNIT`` layout) at consecutive queue offsets from
+        ``first_queue_offset``, phy offsets ascending (the native reput's runs). The part that continues the
+        end of the last file is copied in one slice; a unit that opens a file, leaves a gap or is already
+        present goes through ``put_unit``. True if any unit was written."""
+        count = len(units) // CQ_STORE_UNIT_SIZE
+        wrote_any = False
+        i = 0
+        while i < count:
+            files = self.mfq.files
+            if files:
+                last = files[-1]
+                wrote = last.wrote_position
+                room = (last.file_size - wrote) // CQ_STORE_UNIT_SIZE
+                if room > 0 and last.file_from_offset + wrote == (first_queue_offset + i) * CQ_STORE_UNIT_SIZE:
+                    n = min(room, count - i)
+                    start = i * CQ_STORE_UNIT_SIZE
+                    stop = start + n * CQ_STORE_UNIT_SIZE
+                    last.mm[wrote : wrote + n * CQ_STORE_UNIT_SIZE] = units[start:stop]
+                    last.wrote_position = wrote + n * CQ_STORE_UNIT_SIZE
+                    phy, size, _tags = UNIT.unpack_from(units, stop - CQ_STORE_UNIT_SIZE)
+                    if phy + size > self.max_phy_end:
+                        self.max_phy_end = phy + size
+                    wrote_any = True
+                    i += n
+                    continue
+            phy, size, tags = UNIT.unpack_from(units, i * CQ_STORE_UNIT_SIZE)
+            if self.put_unit(phy, size, tags, first_queue_offset + i):
+                wrote_any = True
+            i += 1
+        return wrote_any
+
     def _fill_blanks(self, until: int) -> None:
         guard = 1 + (until - self.mfq.max_offset) // self.file_size + 1
         while self.mfq.max_offset < until and guard > 0:

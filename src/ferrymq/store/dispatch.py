@@ -2,13 +2,18 @@
 entries. Everything is derived from the record itself (QUEUEOFFSET, TAGS, DELAY, KEYS,
 UNIQ_KEY, SYSFLAG), so a slave dispatching replicated bytes builds the same files as its master.
 
-On the master, ``CommitLog.pending`` already holds each record's ``RecordMeta``; the parser is
-the fallback (slave, start-up re-dispatch, or an overflowed pending queue).
+With the C extension (``speedups.NATIVE``), ``reput`` walks the commit log bytes natively on master and
+slave alike (``_speedups.scan_dispatch``: consume queue units packed per queue run, index keys hashed) and
+hands every record the scan does not handle (transactions, SCHEDULE_TOPIC_XXXX, IPv6 hosts, non-ASCII
+text, BLANK/END/INCOMPLETE/CORRUPT) to the Python code below, one at a time, so the rules live in one
+place. Without it, on the master ``CommitLog.pending`` already holds each record's ``RecordMeta``; the
+parser is the fallback (slave, start-up re-dispatch, or an overflowed pending queue).
 """
 
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
 from ferrymq.common.message import (
     KEY_SEPARATOR,
@@ -21,9 +26,11 @@ from ferrymq.common.message import (
     SYSFLAG_TRANSACTION_ROLLBACK,
 )
 from ferrymq.common.message_codec import RecordCheck, RecordMeta, check_record_meta
+from ferrymq.store import speedups
 from ferrymq.store.commit_log import CommitLog
-from ferrymq.store.config import StoreConfig
+from ferrymq.store.config import CQ_STORE_UNIT_SIZE, StoreConfig
 from ferrymq.store.index import IndexService, java_hash_fast
+from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.queue_table import ConsumeQueueTable, topic_dir_name_ok
 
 log = logging.getLogger(__name__)
@@ -67,6 +74,8 @@ _KEYS_NEEDLE = PROPERTY_KEYS + "\x01"
 DISPATCH_RUN_UNITS_MAX = 256
 #: parsed records (slave / fallback) handed to one dispatch_run
 DISPATCH_RUN_RECORDS_MAX = 1024
+#: most records one native scan_dispatch call walks (one window of units and index entries)
+NATIVE_SCAN_RECORDS_MAX = 4096
 
 
 def index_keys_of(properties: str) -> list[str]:
@@ -99,6 +108,8 @@ class Dispatcher:
         self._corrupt_logged_at = -1
         self._tags_codes: dict[str, int] = {}
         self._topic_ok: dict[str, bool] = {}
+        #: the C extension, or None for the pure-Python path (read once: tests switch it per store)
+        self.native = speedups.NATIVE
 
     def tags_code(self, topic: str, properties: str, store_timestamp: int) -> int:
         if topic == SCHEDULE_TOPIC:
@@ -216,6 +227,8 @@ class Dispatcher:
     def reput(self, max_records: int | None = None) -> int:
         """Dispatch complete records from ``reput_phy_offset`` on; returns how many."""
         limit = _UNLIMITED if max_records is None else max_records
+        if self.native is not None:
+            return self._reput_native(limit)
         cl = self.commit_log
         pending = cl.pending
         max_phy = cl.max_offset
@@ -288,3 +301,74 @@ class Dispatcher:
                     log.error("reput stopped: corrupt record at phy offset %d", r)
                 break
         return count
+
+    # --- native path ---------------------------------------------------------------------------
+
+    def _reput_native(self, limit: int) -> int:
+        """``reput`` by native scans of the commit log; each record a scan leaves is dispatched by
+        ``_reput_one`` (the parse path's rules), then the scan goes on behind it."""
+        native = self.native
+        assert native is not None
+        cl = self.commit_log
+        if cl.pending:
+            cl.pending.clear()  # metas queued before the switch: the bytes say the same
+        max_phy = cl.max_offset
+        if self.reput_phy_offset < cl.min_offset:
+            self.reput_phy_offset = cl.min_offset
+        want_index = self.index is not None
+        count = 0
+        while count < limit and self.reput_phy_offset < max_phy:
+            r = self.reput_phy_offset
+            mf = cl.mfq.find(r)
+            if mf is None:
+                break
+            base = mf.file_from_offset
+            end = min(mf.wrote_position, max_phy - base)
+            window = min(limit - count, NATIVE_SCAN_RECORDS_MAX)
+            records, end_pos, last_ts, stop, runs, entries = native.scan_dispatch(
+                mf.mm, r - base, end, window, base, want_index)
+            if records:
+                self._apply_scan(native, runs, entries)
+                self.last_dispatch_timestamp = last_ts
+                self.dispatched_total += records
+                self.reput_phy_offset = base + end_pos
+                count += records
+                if stop != speedups.SCAN_STOP_RECORD or count >= limit:
+                    continue  # a full window (or the end): scan on
+            # the record at end_pos is not for the scan (or nothing was readable): the parse path decides
+            done = self._reput_one(mf, base + end_pos)
+            if done < 0:
+                break
+            count += done
+        return count
+
+    def _apply_scan(self, native: ModuleType, runs: list[tuple[str, int, int, bytes]], entries: bytes) -> None:
+        """Write a scan's consume queue runs (in scan order per queue), table updates and index entries."""
+        queues = self.queues
+        table = self.commit_log.topic_queue_table
+        for topic, queue_id, first_queue_offset, units in runs:
+            key = (topic, queue_id)
+            cq = queues.queues.get(key) or queues.get_or_create(topic, queue_id)
+            if cq.put_units_packed(first_queue_offset, units):
+                queues.mark_dirty(cq)
+            next_queue_offset = first_queue_offset + len(units) // CQ_STORE_UNIT_SIZE
+            if table.get(key, 0) < next_queue_offset:
+                table[key] = next_queue_offset
+        if entries and self.index is not None:
+            self.index.build_index_packed(native, entries)
+
+    def _reput_one(self, mf: MappedFile, r: int) -> int:
+        """The parse path for the one record at ``r`` in ``mf``: 1 if dispatched, 0 if skipped (BLANK: on
+        to the next segment), -1 to stop (END, INCOMPLETE, CORRUPT)."""
+        status, size, meta = check_record_meta(mf.mm, r - mf.file_from_offset, mf.wrote_position)
+        if meta is not None:  # RecordCheck.OK
+            self.dispatch(meta, r)
+            self.reput_phy_offset = r + size
+            return 1
+        if status is RecordCheck.BLANK:
+            self.reput_phy_offset = mf.end_offset
+            return 0
+        if status is RecordCheck.CORRUPT and self._corrupt_logged_at != r:
+            self._corrupt_logged_at = r
+            log.error("reput stopped: corrupt record at phy offset %d", r)
+        return -1

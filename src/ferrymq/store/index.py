@@ -22,10 +22,12 @@ import os
 import struct
 import time
 from collections.abc import Callable
+from types import ModuleType
 
 from ferrymq.common.message import java_string_hash
 from ferrymq.store.errors import StoreCorruptError
 from ferrymq.store.mapped_file import MappedFile
+from ferrymq.store.speedups import SCAN_INDEX_ENTRY
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +174,19 @@ class IndexFile:
             self.dirty = True
         return i
 
+    def put_packed(self, native: ModuleType, entries: bytes, start: int = 0) -> int:
+        """``put_hashed_many`` for packed scan index entries (``speedups.SCAN_INDEX_ENTRY``) by the native
+        ``index_put_many``; returns the index of the first entry not put (the file is full)."""
+        (done, self.index_count, self.hash_slot_count, self.begin_timestamp, self.begin_phy_offset, end_phy,
+         end_ts) = native.index_put_many(
+            self.mf.mm, entries, start, self.slot_num, self.index_num, self.index_count, self.hash_slot_count,
+            self.begin_timestamp, self.begin_phy_offset)  # fmt: skip
+        if done > start:
+            self.end_phy_offset = end_phy
+            self.end_timestamp = end_ts
+            self.dirty = True
+        return int(done)
+
     def _write_header(self) -> None:
         HEADER.pack_into(
             self.mf.mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
@@ -312,6 +327,18 @@ class IndexService:
         while done < total:  # f is full: the rest goes to a new file (an entry even a new file refuses is dropped)
             f = self._new_file()
             put = f.put_hashed_many(hashed, done)
+            done = put if put > done else done + 1
+
+    def build_index_packed(self, native: ModuleType, entries: bytes) -> None:
+        """``build_index_many`` for entries hashed by the native scan (packed ``SCAN_INDEX_ENTRY``s)."""
+        total = len(entries) // SCAN_INDEX_ENTRY.size
+        if not total:
+            return
+        f = self.files[-1] if self.files else self._new_file()
+        done = f.put_packed(native, entries, 0)
+        while done < total:  # as build_index_many: the rest goes to a new file, an entry it refuses is dropped
+            f = self._new_file()
+            put = f.put_packed(native, entries, done)
             done = put if put > done else done + 1
 
     def query(

@@ -81,6 +81,24 @@ class MappedFile:
         self.wrote_position = end
         return pos
 
+    def append_written(self, data: bytes | memoryview) -> int:
+        """``append`` through ``pwrite(2)`` on the file instead of the mapping: on Linux both are the same
+        page-cache pages, so the mapping sees the bytes at once, but the writer takes no page fault per new
+        page (about half the CPU of a slice copy into fresh pages of a sparse file). For large appends
+        (replicated chunks). Returns the position written at."""
+        pos = self.wrote_position
+        n = len(data)
+        assert pos + n <= self.file_size, "append past segment end"
+        with memoryview(data) as view:
+            done = 0
+            while done < n:
+                written = os.pwrite(self._fd, view[done:], pos + done)
+                if written <= 0:
+                    raise OSError(errno.EIO, f"pwrite wrote nothing at {pos + done} of {self.path}")
+                done += written
+        self.wrote_position = pos + n
+        return pos
+
     def write_at(self, pos: int, data: bytes) -> None:
         assert 0 <= pos and pos + len(data) <= self.file_size
         self.mm[pos : pos + len(data)] = data

@@ -1,0 +1,18 @@
+"""Build hook for the optional C extension; the project metadata lives in pyproject.toml.
+
+``ferrymq.store._speedups`` speeds up reput (see ``ferrymq.store.speedups``). It is optional: without a
+compiler the build warns and the install goes on with the pure-Python store code.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "ferrymq.store._speedups",
+            sources=["src/ferrymq/store/_speedups.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        )
+    ],
+)
