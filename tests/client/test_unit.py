@@ -420,3 +420,86 @@ def test_retry_message_copies_the_message_for_the_retry_topic() -> None:
     r = c.retry_message(m, to_dlq=True)
     assert r.properties["RETRY_TOPIC"] == "Orig" and r.properties["ORIGIN_MESSAGE_ID"] == "ABC"
     assert "DELAY" not in r.properties
+
+
+# ---- producer send-path caches ---------------------------------------------------------------------------------
+def _reference_select(mqs: list[MessageQueue], start: int, fault: LatencyFaultTolerance,
+                      last_broker: str | None) -> MessageQueue:
+    """The selection rule spelled out with a candidate list (what Producer._select must choose)."""
+    candidates = [mqs[(start + i) % len(mqs)] for i in range(len(mqs))]
+    if fault.enabled:
+        for mq in candidates:
+            if fault.is_available(mq.broker_name) and mq.broker_name != last_broker:
+                return mq
+        for mq in candidates:
+            if fault.is_available(mq.broker_name):
+                return mq
+    for mq in candidates:
+        if mq.broker_name != last_broker:
+            return mq
+    return candidates[0]
+
+
+def test_producer_select_matches_the_rule() -> None:
+    import random
+
+    from ferrymq.client.producer import Producer
+
+    rnd = random.Random(3)
+    now = [0.0]
+    for trial in range(400):
+        p = Producer("127.0.0.1:9876", "pg", send_latency_fault_enable=rnd.random() < 0.7)
+        p.fault = LatencyFaultTolerance(lambda: now[0], enabled=p.fault.enabled)
+        brokers = ["a", "b", "c"][: rnd.randint(1, 3)]
+        mqs = [MessageQueue("T", b, q) for b in brokers for q in range(rnd.randint(1, 4))]
+        for b in brokers:
+            if rnd.random() < 0.5:
+                p.fault.update(b, rnd.choice([0, 20, 600, 5000]), isolation=rnd.random() < 0.3)
+        last = rnd.choice([None, *brokers])
+        start = rnd.randrange(1 << 20)
+        p._rr = RoundRobin(start)
+        assert p._select(mqs, last) == _reference_select(mqs, start + 1, p.fault, last), trial
+
+
+async def test_producer_publish_queue_cache_follows_the_route_object() -> None:
+    from ferrymq.client.producer import Producer
+
+    rt1 = route(("a", {0: "m1"}, 4, 4, 6))
+    inst = SimpleNamespace(routes={"T": rt1}, trigger_route_refresh=lambda: None)
+
+    async def get_route(topic: str) -> TopicRouteData:
+        return inst.routes[topic]
+
+    inst.get_route = get_route
+    p = Producer("127.0.0.1:9876", "pg")
+    p._instance = inst  # type: ignore[assignment]
+    assert p._queues_now("T") is None  # nothing computed yet
+    mqs, via = await p.publish_queues("T")
+    assert not via and [m.queue_id for m in mqs] == [0, 1, 2, 3]
+    mqs.clear()  # callers get their own list: the cache is not affected
+    cached = p._queues_now("T")
+    assert cached is not None and len(cached) == 4
+    assert (await p.fetch_publish_message_queues("T")) == cached
+    inst.routes["T"] = route(("a", {0: "m1"}, 2, 2, 6), ("b", {0: "m2"}, 1, 1, 6))  # a refresh replaces it
+    assert p._queues_now("T") is None
+    mqs, _ = await p.publish_queues("T")
+    assert [(m.broker_name, m.queue_id) for m in mqs] == [("a", 0), ("a", 1), ("b", 0)]
+    assert p._queues_now("T") == mqs
+    p._fallback_since["T"] = 0.0  # a topic on the TBW102 fallback never uses the cache
+    assert p._queues_now("T") is None
+
+
+def test_validate_caches_only_good_topics() -> None:
+    from ferrymq.client.producer import Producer
+    from ferrymq.errors import ClientError
+
+    p = Producer("127.0.0.1:9876", "pg")
+    for _ in range(2):
+        with pytest.raises(ClientError, match="illegal characters"):
+            p._validate(new_message("bad topic", b"x"))
+        with pytest.raises(ClientError, match="forbidden"):
+            p._validate(new_message("SCHEDULE_TOPIC_XXXX", b"x"))
+        p._validate(new_message("GoodTopic", b"x"))
+        with pytest.raises(ClientError, match="empty"):
+            p._validate(new_message("GoodTopic", b""))
+    assert p._valid_topics == {"GoodTopic"}

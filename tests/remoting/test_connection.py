@@ -170,3 +170,47 @@ async def test_server_can_call_client_on_same_connection(loopback: Loopback) -> 
     conn = await loopback.connect(await loopback.serve(server_d), client_d)
     r = await conn.invoke(RemotingCommand.request(1), 3000)
     assert r.ext_fields["client_said"] == "hi" and got.done()
+
+
+async def test_request_deadlines_share_one_timer(loopback: Loopback) -> None:
+    """Requests with different timeouts on one connection each fail at their own deadline (a shorter one
+    sent after a longer one re-arms the timer); answered and cancelled requests leave nothing pending."""
+    d = Dispatcher()
+    hanging(d, 1)
+    d.register(2, lambda conn, cmd: cmd.response(0))
+    conn = await loopback.connect(await loopback.serve(d))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    slow = asyncio.ensure_future(conn.invoke(RemotingCommand.request(1), 400))
+    fast = conn.request(RemotingCommand.request(1), 60)
+    answered = conn.request(RemotingCommand.request(2), 100)
+    cancelled = asyncio.ensure_future(conn.invoke(RemotingCommand.request(1), 200))
+    assert (await answered).code == 0
+    with pytest.raises(RemotingTimeoutError, match="to code 1 within 60 ms"):
+        await fast
+    t_fast = loop.time() - t0
+    assert not slow.done()
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    with pytest.raises(RemotingTimeoutError, match="within 400 ms"):
+        await slow
+    t_slow = loop.time() - t0
+    assert 0.05 <= t_fast < 0.35 and 0.39 <= t_slow < 1.5, (t_fast, t_slow)
+    assert conn._pending == {}
+    # an abandoned (cancelled) request future is dropped when its deadline passes
+    abandoned = conn.request(RemotingCommand.request(1), 30)
+    abandoned.cancel()
+    await wait_for(lambda: not conn._pending, what="the abandoned request to be dropped")
+    assert (await conn.invoke(RemotingCommand.request(2), 3000)).code == 0
+    assert conn._pending == {}
+
+
+async def test_request_on_closed_connection_leaves_nothing_pending(loopback: Loopback) -> None:
+    d = Dispatcher()
+    d.register(2, lambda conn, cmd: cmd.response(0))
+    conn = await loopback.connect(await loopback.serve(d))
+    conn.close()
+    with pytest.raises(ConnectionClosedError):
+        conn.request(RemotingCommand.request(2), 1000)
+    assert conn._pending == {} and conn._timer is None

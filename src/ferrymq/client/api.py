@@ -32,6 +32,7 @@ from ferrymq.client.values import (
     PullResult,
     PullStatus,
     SendResult,
+    SendStatus,
 )
 from ferrymq.common import message_codec
 from ferrymq.common.message import (
@@ -46,7 +47,7 @@ from ferrymq.common.route import MessageQueue, TopicRouteData
 from ferrymq.common.topic import DEFAULT_TOPIC
 from ferrymq.errors import BrokerError, ProtocolError, for_code
 from ferrymq.remoting import jsonx
-from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codec import FLAG_ONEWAY, RemotingCommand, to_wire_str
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 
 PULL_FLAG_COMMIT_OFFSET = 0x1
@@ -60,6 +61,8 @@ CONSUMER_TIMEOUT_WHEN_SUSPEND_MS = 30_000
 #: QUERY_MESSAGE: how many messages one broker returns at most (defaultQueryMaxNum).
 QUERY_MAX_NUM = 32
 SUB_ALL = "*"
+_SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_SEND_BATCH_MESSAGE = int(RequestCode.SEND_BATCH_MESSAGE)
 
 
 class Remote(Protocol):
@@ -133,30 +136,60 @@ def build_send(
     default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS,
     oneway: bool = False,
 ) -> RemotingCommand:
-    fields: dict[str, Any] = {
+    code = _SEND_BATCH_MESSAGE if batch else _SEND_MESSAGE_V2
+    if (type(producer_group) is not str or type(topic) is not str or type(default_topic) is not str
+            or type(properties) is not str or (broker_name is not None and type(broker_name) is not str)):
+        return RemotingCommand.request(code, {
+            "a": producer_group, "b": topic, "c": default_topic, "d": default_topic_queue_nums, "e": queue_id,
+            "f": sys_flag, "g": born_timestamp_ms, "h": flag, "i": properties, "j": reconsume_times, "k": False,
+            "l": max_reconsume_times, "m": True if batch else None, "n": broker_name,
+        }, body, oneway=oneway)
+    # what RemotingCommand.request makes of the fields above (None dropped, values as wire strings), built
+    # directly: this runs once per send
+    fields = {
         "a": producer_group,
         "b": topic,
         "c": default_topic,
-        "d": default_topic_queue_nums,
-        "e": queue_id,
-        "f": sys_flag,
-        "g": born_timestamp_ms,
-        "h": flag,
+        "d": str(default_topic_queue_nums) if type(default_topic_queue_nums) is int
+        else to_wire_str(default_topic_queue_nums),
+        "e": str(queue_id) if type(queue_id) is int else to_wire_str(queue_id),
+        "f": str(sys_flag) if type(sys_flag) is int else to_wire_str(sys_flag),
+        "g": str(born_timestamp_ms) if type(born_timestamp_ms) is int else to_wire_str(born_timestamp_ms),
+        "h": str(flag) if type(flag) is int else to_wire_str(flag),
         "i": properties,
-        "j": reconsume_times,
-        "k": False,
-        "l": max_reconsume_times,
-        "m": True if batch else None,
-        "n": broker_name,
+        "j": str(reconsume_times) if type(reconsume_times) is int else to_wire_str(reconsume_times),
+        "k": "false",
     }
-    code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
-    return RemotingCommand.request(code, fields, body, oneway=oneway)
+    if max_reconsume_times is not None:
+        fields["l"] = to_wire_str(max_reconsume_times)
+    if batch:
+        fields["m"] = "true"
+    if broker_name is not None:
+        fields["n"] = broker_name
+    return RemotingCommand(code, fields, body, 0, FLAG_ONEWAY if oneway else 0)
 
 
 def parse_send(resp: RemotingCommand, mq: MessageQueue, uniq_key: str) -> SendResult:
     status = SEND_STATUS_BY_CODE.get(resp.code)
     if status is None:
         raise for_code(resp.code, resp.remark)
+    ext = resp.ext_fields
+    raw_queue_id = ext.get("queueId")
+    raw_offset = ext.get("queueOffset")
+    try:  # plain decimal strings (the usual case); anything else goes through get_int
+        queue_id = mq.queue_id if raw_queue_id is None else int(raw_queue_id)
+        queue_offset = -1 if raw_offset is None else int(raw_offset)
+    except ValueError:
+        return _parse_send_general(resp, status, mq, uniq_key)
+    return SendResult(
+        status, uniq_key, ext.get("msgId") or "",
+        mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id),
+        queue_offset,
+    )
+
+
+def _parse_send_general(resp: RemotingCommand, status: SendStatus, mq: MessageQueue, uniq_key: str) -> SendResult:
+    """parse_send for answers whose numbers are not plain decimal strings (``get_int`` rules)."""
     queue_id = resp.get_int("queueId")
     return SendResult(
         status=status,

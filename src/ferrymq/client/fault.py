@@ -21,7 +21,12 @@ NOT_AVAILABLE_MS = (600_000, 180_000, 120_000, 60_000, 30_000, 0, 0)
 FAILURE_LATENCY_MS = 30_000
 
 
+_SMALLEST_STEP_MS = min(LATENCY_STEPS_MS)
+
+
 def not_available_duration_ms(latency_ms: float) -> int:
+    if latency_ms < _SMALLEST_STEP_MS:  # the usual case (a fast answer): no steps to walk
+        return 0
     for step, duration in zip(LATENCY_STEPS_MS, NOT_AVAILABLE_MS, strict=True):
         if latency_ms >= step:
             return duration
@@ -49,8 +54,13 @@ class LatencyFaultTolerance:
         if not self.enabled:
             return
         latency = self.failure_latency_ms if isolation else latency_ms
-        duration = not_available_duration_ms(latency)
-        self._items[broker_name] = FaultItem(broker_name, latency, self._clock() + duration)
+        available_at = self._clock() + not_available_duration_ms(latency)
+        item = self._items.get(broker_name)
+        if item is None:
+            self._items[broker_name] = FaultItem(broker_name, latency, available_at)
+        else:  # updated in place: one send updates its broker's item every time
+            item.latency_ms = latency
+            item.available_at_ms = available_at
 
     def is_available(self, broker_name: str) -> bool:
         item = self._items.get(broker_name)

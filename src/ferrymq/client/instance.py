@@ -191,6 +191,13 @@ class ClientInstance:
         self._down_brokers.discard(addr)
         return conn
 
+    def ready_connection(self, addr: str) -> Connection | None:
+        """The open connection to ``addr`` when using it needs no bookkeeping (no backoff entry, not marked
+        down), else None: then ``await connection(addr)``, which connects and updates that state."""
+        if addr in self._backoff or addr in self._down_brokers:
+            return None
+        return self.pool.open_connection(addr)
+
     def is_suspect(self, addr: str) -> bool:
         """True while the last attempt to reach ``addr`` failed (its reconnect backoff is running)."""
         return addr in self._backoff
@@ -205,7 +212,9 @@ class ClientInstance:
         self._refresh_now.set()
 
     async def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int | None = None) -> RemotingCommand:
-        conn = await self.connection(addr)
+        conn = self.ready_connection(addr)
+        if conn is None:
+            conn = await self.connection(addr)
         return await conn.invoke(self._stamp(cmd), timeout_ms or self.config.request_timeout_ms)
 
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:

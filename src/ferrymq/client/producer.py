@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import calendar
 import itertools
 import logging
 import os
@@ -24,7 +25,6 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Any
 
 from ferrymq.client import api, routes
@@ -42,15 +42,17 @@ from ferrymq.client.selectors import RoundRobin
 from ferrymq.client.values import SendResult
 from ferrymq.common import message_codec
 from ferrymq.common.message import (
+    NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_MAX_RECONSUME_TIMES,
     PROPERTY_RECONSUME_TIME,
+    PROPERTY_SEPARATOR,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     SYSFLAG_COMPRESSED,
     Message,
     properties_to_string,
 )
-from ferrymq.common.route import MessageQueue
+from ferrymq.common.route import MessageQueue, TopicRouteData
 from ferrymq.common.topic import (
     DEFAULT_TOPIC,
     NOT_ALLOWED_SEND_TOPICS,
@@ -63,23 +65,47 @@ log = logging.getLogger(__name__)
 
 Selector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
 
+#: bound of the per-producer topic caches (cleared when full)
+_CACHE_MAX = 4096
+_PROPERTY_SEPARATOR = PROPERTY_SEPARATOR
+_NAME_VALUE_SEPARATOR = NAME_VALUE_SEPARATOR
+
 _UNIQ_COUNTER = itertools.count(random.randrange(1 << 16))
 _UNIQ_PREFIX: bytes | None = None
+#: uppercase hex of _UNIQ_PREFIX (20 chars), and the bytes it was made from
+_uniq_prefix_hex = ""
+_uniq_prefix_src: bytes | None = None
+#: [second of the last lookup, epoch time of that second's local month start (naive local arithmetic)]
+_month_base: list[float] = [-1.0, 0.0]
+
+
+def _month_start(sec: int) -> float:
+    """Epoch seconds ``b`` such that ``t - b`` is the naive local time at ``t`` (in second ``sec``) minus
+    local midnight of the 1st of that month: ``datetime.now() - month_start``, without datetimes."""
+    lt = time.localtime(sec)
+    return calendar.timegm((lt.tm_year, lt.tm_mon, 1, 0, 0, 0)) - lt.tm_gmtoff
 
 
 def new_uniq_key(client_ip: str = "127.0.0.1") -> str:
     """A 32-hex-char client message id: IPv4(4) pid(2) random(4) ms-since-month-start(4) counter(2)."""
-    global _UNIQ_PREFIX
+    global _UNIQ_PREFIX, _uniq_prefix_hex, _uniq_prefix_src
     if _UNIQ_PREFIX is None:
         try:
             ip = socket.inet_aton(client_ip)
         except OSError:
             ip = b"\x7f\x00\x00\x01"
         _UNIQ_PREFIX = ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)
-    now = datetime.now()
-    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    ms = int((now - month_start).total_seconds() * 1000) & 0xFFFFFFFF
-    return (_UNIQ_PREFIX + struct.pack(">IH", ms, next(_UNIQ_COUNTER) & 0xFFFF)).hex().upper()
+    if _UNIQ_PREFIX is not _uniq_prefix_src:
+        _uniq_prefix_src = _UNIQ_PREFIX
+        _uniq_prefix_hex = _UNIQ_PREFIX.hex().upper()
+    t = time.time()
+    cache = _month_base
+    sec = int(t)
+    if sec != cache[0]:
+        cache[1] = _month_start(sec)
+        cache[0] = sec
+    ms = int((t - cache[1]) * 1000) & 0xFFFFFFFF
+    return _uniq_prefix_hex + ((ms << 16) | (next(_UNIQ_COUNTER) & 0xFFFF)).to_bytes(6, "big").hex().upper()
 
 
 class Producer:
@@ -115,6 +141,10 @@ class Producer:
         self._instance: ClientInstance | None = None
         #: topic -> monotonic time of the last "topic not in name server" answer (TBW102 fallback)
         self._fallback_since: dict[str, float] = {}
+        #: topic -> (route object, its publish queues): recomputed whenever the instance replaces the route
+        self._mq_cache: dict[str, tuple[TopicRouteData, list[MessageQueue]]] = {}
+        #: topics that passed the name checks of ``_validate``
+        self._valid_topics: set[str] = set()
 
     @classmethod
     def bound_to(cls, instance: ClientInstance, group: str) -> Producer:
@@ -161,9 +191,15 @@ class Producer:
             try:
                 route = await inst.get_route(topic)
                 self._fallback_since.pop(topic, None)
+                cached = self._mq_cache.get(topic)
+                if cached is not None and cached[0] is route:
+                    return list(cached[1]), False  # callers get their own list, as before the cache
                 mqs = routes.publish_queues(topic, route)
                 if mqs:
-                    return mqs, False
+                    if len(self._mq_cache) >= _CACHE_MAX:
+                        self._mq_cache.clear()
+                    self._mq_cache[topic] = (route, mqs)
+                    return list(mqs), False
                 inst.trigger_route_refresh()
                 raise ClientError(f"no writable master queue for topic {topic}")
             except TopicNotExistError:
@@ -177,29 +213,52 @@ class Producer:
             raise ClientError(f"no route info of topic {topic}")
         return mqs, True
 
+    def _queues_now(self, topic: str) -> list[MessageQueue] | None:
+        """The publish queues ``publish_queues`` would return right now without I/O (the topic's route is
+        cached, not via TBW102, queues already computed for that route object), else None."""
+        if topic in self._fallback_since:
+            return None
+        cached = self._mq_cache.get(topic)
+        if cached is None or self.instance.routes.get(topic) is not cached[0]:
+            return None
+        return cached[1]
+
     def _select(self, mqs: list[MessageQueue], last_broker: str | None) -> MessageQueue:
+        """Round-robin from the next index: the first queue whose broker is available (latency fault
+        tolerance) and not ``last_broker``, else the first available one, else the first not on
+        ``last_broker``, else the first."""
         n = len(mqs)
         start = self._rr.next_index()
-        candidates = [mqs[(start + i) % n] for i in range(n)]
-        if self.fault.enabled:
-            for mq in candidates:
-                if self.fault.is_available(mq.broker_name) and mq.broker_name != last_broker:
+        fault = self.fault
+        if fault.enabled:
+            is_available = fault.is_available
+            for i in range(start, start + n):
+                mq = mqs[i % n]
+                if mq.broker_name != last_broker and is_available(mq.broker_name):
                     return mq
-            for mq in candidates:
-                if self.fault.is_available(mq.broker_name):
+            for i in range(start, start + n):
+                mq = mqs[i % n]
+                if is_available(mq.broker_name):
                     return mq
-        for mq in candidates:
-            if mq.broker_name != last_broker:
-                return mq
-        return candidates[0]
+        if last_broker is not None:
+            for i in range(start, start + n):
+                mq = mqs[i % n]
+                if mq.broker_name != last_broker:
+                    return mq
+        return mqs[start % n]
 
     # ---- message preparation ---------------------------------------------------------------------------
     def _validate(self, msg: Message) -> None:
-        reason = validate_topic(msg.topic)
-        if reason:
-            raise ClientError(reason)
-        if msg.topic in NOT_ALLOWED_SEND_TOPICS:
-            raise ClientError(f"sending to topic {msg.topic} is forbidden")
+        topic = msg.topic
+        if topic not in self._valid_topics:
+            reason = validate_topic(topic)
+            if reason:
+                raise ClientError(reason)
+            if topic in NOT_ALLOWED_SEND_TOPICS:
+                raise ClientError(f"sending to topic {topic} is forbidden")
+            if len(self._valid_topics) >= _CACHE_MAX:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
         if not msg.body:
             raise ClientError("message body is empty")
         if len(msg.body) > self.max_message_size_bytes:
@@ -224,10 +283,15 @@ class Producer:
             reconsume_times = int(msg.properties.get(PROPERTY_RECONSUME_TIME, "0") or 0)
             max_raw = msg.properties.get(PROPERTY_MAX_RECONSUME_TIMES)
             max_reconsume = int(max_raw) if max_raw else None
+        props = msg.properties
+        try:  # all keys and values str (the usual case): joined in C
+            properties = _PROPERTY_SEPARATOR.join(map(_NAME_VALUE_SEPARATOR.join, props.items()))
+        except TypeError:  # a None (skipped) or non-str value
+            properties = properties_to_string(props)
         return api.build_send(
             producer_group=self.group, topic=msg.topic, queue_id=mq.queue_id, sys_flag=sys_flag,
             born_timestamp_ms=int(time.time() * 1000), flag=msg.flag,
-            properties=properties_to_string(msg.properties), body=body, reconsume_times=reconsume_times,
+            properties=properties, body=body, reconsume_times=reconsume_times,
             max_reconsume_times=max_reconsume, broker_name=mq.broker_name,
             default_topic_queue_nums=self.default_topic_queue_nums, oneway=oneway,
         )
@@ -288,14 +352,20 @@ class Producer:
     ) -> SendResult:
         inst = self.instance
         total_ms = timeout_ms or self.send_timeout_ms
-        deadline = time.monotonic() + total_ms / 1000
+        monotonic = time.monotonic
+        deadline = monotonic() + total_ms / 1000
         fixed: MessageQueue | None = queue
-        mqs, via_default = await self.publish_queues(topic)
+        cached = self._queues_now(topic)
+        if cached is not None:
+            mqs, via_default = cached, False
+        else:
+            mqs, via_default = await self.publish_queues(topic)
         if fixed is None and selector is not None:
-            fixed = selector(mqs)
+            fixed = selector(list(mqs))  # a copy: the list is cached
         attempts = 1 if fixed is not None else 1 + max(0, self.retry_times_when_send_failed)
         last_broker: str | None = None
         last_exc: Exception | None = None
+        fault = self.fault
         for attempt in range(attempts):
             mq = fixed or self._select(mqs, last_broker)
             last_broker = mq.broker_name
@@ -303,31 +373,37 @@ class Producer:
             if addr is None:
                 inst.trigger_route_refresh()
                 last_exc = ClientError(f"broker {mq.broker_name} has no master in the route")
-                self.fault.update(mq.broker_name, 0, isolation=True)
+                fault.update(mq.broker_name, 0, isolation=True)
                 continue
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            started = monotonic()
+            remaining_ms = int((deadline - started) * 1000)
             if remaining_ms <= 0:
                 raise RemotingTimeoutError(f"send to {topic} timed out after {total_ms} ms "
                                            f"({attempt} attempts)") from last_exc
-            started = time.monotonic()
             try:
-                resp = await inst.invoke(addr, build(mq, via_default), remaining_ms)
+                cmd = build(mq, via_default)
+                conn = inst.ready_connection(addr)
+                if conn is not None:  # connected: no coroutine and no connection bookkeeping in between
+                    resp = await conn.request(inst._stamp(cmd), remaining_ms)
+                else:
+                    resp = await inst.invoke(addr, cmd, remaining_ms)
                 result = api.parse_send(resp, mq, uniq)
             except BrokerError as exc:
-                self.fault.update(mq.broker_name, (time.monotonic() - started) * 1000, isolation=True)
+                fault.update(mq.broker_name, (monotonic() - started) * 1000, isolation=True)
                 if not exc.retriable or fixed is not None:
                     raise
                 last_exc = exc
                 log.debug("send to %s failed (%s); retrying", mq, exc)
                 continue
             except RemotingError as exc:
-                self.fault.update(mq.broker_name, (time.monotonic() - started) * 1000, isolation=True)
+                fault.update(mq.broker_name, (monotonic() - started) * 1000, isolation=True)
                 if fixed is not None:
                     raise
                 last_exc = exc
                 log.debug("send to %s failed (%s); retrying", mq, exc)
                 continue
-            self.fault.update(mq.broker_name, (time.monotonic() - started) * 1000)
+            if fault.enabled:
+                fault.update(mq.broker_name, (monotonic() - started) * 1000)
             return result
         assert last_exc is not None
         raise last_exc
@@ -336,7 +412,11 @@ class Producer:
         """Fire and forget: no answer is awaited and no retry is made."""
         self._validate(msg)
         self._ensure_uniq_key(msg)
-        mqs, via_default = await self.publish_queues(msg.topic)
+        cached = self._queues_now(msg.topic)
+        if cached is not None:
+            mqs, via_default = cached, False
+        else:
+            mqs, via_default = await self.publish_queues(msg.topic)
         mq = queue or self._select(mqs, None)
         addr = self.instance.master_addr(mq.broker_name)
         if addr is None:

@@ -30,7 +30,7 @@ def new_message(
     """Build a message. ``keys`` is one key or several (stored space-separated, each indexed)."""
     if isinstance(body, str):
         body = body.encode("utf-8")
-    props: dict[str, str] = {k: str(v) for k, v in (properties or {}).items()}
+    props: dict[str, str] = {k: str(v) for k, v in properties.items()} if properties else {}
     if tags:
         props[PROPERTY_TAGS] = tags
     if keys:
@@ -40,7 +40,7 @@ def new_message(
         if delay_level < 0:
             raise ValueError("delay_level must be >= 0")
         props[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level)
-    return Message(topic=topic, body=bytes(body), flag=flag, properties=props)
+    return Message(topic, bytes(body), flag, props)
 
 
 class SendStatus(enum.Enum):

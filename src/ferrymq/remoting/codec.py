@@ -57,7 +57,6 @@ _BODY_VIEW_MIN_BYTES = 4096
 _PREFIX = struct.Struct(">iI")
 _BIN_FIXED = struct.Struct(">hbhii")
 _LANG_BY_CODE = {m.value: m.name for m in LanguageCode}
-_STR_ONLY = {str}
 _LANG_NAMES = frozenset(m.name for m in LanguageCode)
 
 
@@ -139,12 +138,13 @@ def to_wire_str(value: Any) -> str:
 
 def encode(cmd: RemotingCommand) -> bytes:
     """One whole frame for ``cmd``."""
-    header = encode_binary_header(cmd) if cmd.serialize_type == SERIALIZE_ROCKETMQ else encode_json_header(cmd)
-    return (
-        _PREFIX.pack(4 + len(header) + len(cmd.body), (cmd.serialize_type << 24) | len(header))
-        + header
-        + cmd.body
-    )
+    stype = cmd.serialize_type
+    header = encode_binary_header(cmd) if stype == SERIALIZE_ROCKETMQ else encode_json_header(cmd)
+    body = cmd.body
+    if not body:
+        return _PREFIX.pack(4 + len(header), (stype << 24) | len(header)) + header
+    # one join: the body is copied once (``a + b + c`` copies it twice)
+    return b"".join((_PREFIX.pack(4 + len(header) + len(body), (stype << 24) | len(header)), header, body))
 
 
 def encode_json_header(cmd: RemotingCommand) -> bytes:
@@ -183,7 +183,11 @@ def _coerce_ext(raw: Any) -> dict[str, str]:
         return {}
     if not isinstance(raw, dict):
         raise ProtocolError("extFields is not an object")
-    if not raw or set(map(type, raw.values())) == _STR_ONLY:
+    try:
+        "".join(raw.values())  # raises TypeError unless every value is a string
+    except TypeError:
+        pass
+    else:
         return raw  # the usual case: every value already a string (no None, no numbers)
     out: dict[str, str] = {}
     for k, v in raw.items():
@@ -307,12 +311,18 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> list[RemotingCommand]:
         buf = self._buf
-        buf += data
+        if buf or type(data) is not bytes:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            # nothing buffered (the usual case: whole frames per read): decode straight from ``data``, keep
+            # only an incomplete tail
+            src = data
         out: list[RemotingCommand] = []
         pos = 0
-        n = len(buf)
+        n = len(src)
         while n - pos >= 4:
-            (length,) = _INT.unpack_from(buf, pos)
+            (length,) = _INT.unpack_from(src, pos)
             if length < 4 or length > self.max_frame_bytes:
                 self._buf = bytearray()
                 if length > self.max_frame_bytes:
@@ -321,26 +331,31 @@ class FrameDecoder:
             if n - pos - 4 < length:
                 break
             start = pos + 4
-            (word,) = _UINT.unpack_from(buf, start)
+            (word,) = _UINT.unpack_from(src, start)
             hlen = word & 0xFFFFFF
             if word >> 24 == SERIALIZE_JSON and hlen <= length - 4 and hlen <= MAX_HEADER_BYTES:
                 # decode_frame() inlined for the usual JSON frame: one copy of header and body each
                 hstart = start + 4
                 bstart = hstart + hlen
                 bend = start + length
-                if bend - bstart >= _BODY_VIEW_MIN_BYTES:
-                    with memoryview(buf) as view:
+                if src is data:
+                    body = data[bstart:bend]
+                elif bend - bstart >= _BODY_VIEW_MIN_BYTES:
+                    with memoryview(src) as view:
                         body = bytes(view[bstart:bend])
                 else:
-                    body = bytes(buf[bstart:bend])
-                out.append(decode_json_header(buf[hstart:bstart], body))
+                    body = bytes(src[bstart:bend])
+                out.append(decode_json_header(src[hstart:bstart], body))
             else:
-                frame = memoryview(buf)[start : start + length]
+                frame = memoryview(src)[start : start + length]
                 try:
                     out.append(decode_frame(frame))
                 finally:
                     frame.release()
             pos = start + length
-        if pos:
-            del buf[:pos]
+        if src is buf:
+            if pos:
+                del buf[:pos]
+        elif pos < n:
+            buf += memoryview(data)[pos:]
         return out

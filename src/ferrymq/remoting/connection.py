@@ -6,6 +6,10 @@ table of pending outgoing requests keyed by this connection's own ``opaque`` cou
 
 Requests on one connection are served concurrently: a handler may return a command directly (fast
 path, answered inline) or an awaitable (run as a task, answered when it completes).
+
+Outgoing requests with a timeout share one timer per connection (armed for the earliest deadline; when it
+fires, every expired request fails with RemotingTimeoutError), instead of a ``wait_for`` (an extra future,
+a timer handle and callbacks) per request.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from ferrymq.errors import (
     ProtocolError,
     RemotingTimeoutError,
 )
-from ferrymq.remoting.codec import MAX_FRAME_BYTES, FrameDecoder, RemotingCommand, encode
+from ferrymq.remoting.codec import FLAG_RESPONSE, MAX_FRAME_BYTES, FrameDecoder, RemotingCommand, encode
 from ferrymq.remoting.codes import ResponseCode
 
 log = logging.getLogger(__name__)
@@ -71,8 +75,13 @@ class Connection(asyncio.Protocol):
         self._on_close = on_close
         self._decoder = FrameDecoder(max_frame_bytes)
         self._transport: asyncio.Transport | None = None
-        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        #: opaque -> (future, deadline in loop time or None, request code, timeout in ms)
+        self._pending: dict[int, tuple[asyncio.Future[RemotingCommand], float | None, int, int]] = {}
         self._opaque = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: the one timer of this connection's request deadlines, and when it fires
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed_fut: asyncio.Future[None] | None = None
         self._write_paused = False
@@ -89,7 +98,8 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses; they quack the same
         self._transport = transport  # type: ignore[assignment]
-        self._closed_fut = asyncio.get_running_loop().create_future()
+        self._loop = loop = asyncio.get_running_loop()
+        self._closed_fut = loop.create_future()
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("sockname")
         if peer:
@@ -106,10 +116,10 @@ class Connection(asyncio.Protocol):
             self.close(exc)
             return
         for cmd in commands:
-            if cmd.is_response:
-                fut = self._pending.pop(cmd.opaque, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(cmd)
+            if cmd.flag & FLAG_RESPONSE:
+                entry = self._pending.pop(cmd.opaque, None)
+                if entry is not None and not entry[0].done():
+                    entry[0].set_result(cmd)
             else:
                 self._serve(cmd)
 
@@ -171,9 +181,10 @@ class Connection(asyncio.Protocol):
 
     # ---- sending -------------------------------------------------------------
     def send(self, cmd: RemotingCommand) -> None:
-        if self._transport is None or self.closed:
+        transport = self._transport
+        if transport is None or self.closed:
             raise ConnectionClosedError(f"connection to {self.peer_addr} is closed")
-        self._transport.write(encode(cmd))
+        transport.write(encode(cmd))
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark."""
@@ -184,27 +195,82 @@ class Connection(asyncio.Protocol):
 
     def invoke_future(self, cmd: RemotingCommand) -> asyncio.Future[RemotingCommand]:
         """Send a request; the future resolves with the response (no timeout applied)."""
+        return self._request(cmd, None, 0)
+
+    def request(self, cmd: RemotingCommand, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> asyncio.Future[RemotingCommand]:
+        """Send a request; the future resolves with the response, or fails with RemotingTimeoutError when no
+        answer came within ``timeout_ms`` (``await conn.request(...)`` is ``await conn.invoke(...)`` without
+        the coroutine). Cancelling the future abandons the request."""
+        return self._request(cmd, timeout_ms, timeout_ms)
+
+    def _request(self, cmd: RemotingCommand, timeout_ms: float | None,
+                 timeout_label: int) -> asyncio.Future[RemotingCommand]:
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer_addr} is closed") from self.close_reason
-        if len(self._pending) >= MAX_PENDING_REQUESTS_PER_CONNECTION:
+        pending = self._pending
+        if len(pending) >= MAX_PENDING_REQUESTS_PER_CONNECTION:
             raise RemotingTimeoutError("too many pending requests on one connection")
-        cmd.opaque = next(self._opaque) & 0x7FFFFFFF
+        loop = self._loop or asyncio.get_running_loop()
+        cmd.opaque = opaque = next(self._opaque) & 0x7FFFFFFF
         cmd.flag &= ~1
-        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
-        self._pending[cmd.opaque] = fut
-        self.send(cmd)
+        fut: asyncio.Future[RemotingCommand] = loop.create_future()
+        if timeout_ms is None:
+            pending[opaque] = (fut, None, cmd.code, 0)
+        else:
+            deadline = loop.time() + timeout_ms / 1000
+            pending[opaque] = (fut, deadline, cmd.code, timeout_label)
+            timer = self._timer
+            if timer is None:
+                self._timer_at = deadline
+                self._timer = loop.call_at(deadline, self._expire)
+            elif deadline < self._timer_at:
+                timer.cancel()
+                self._timer_at = deadline
+                self._timer = loop.call_at(deadline, self._expire)
+        try:
+            self.send(cmd)
+        except BaseException:
+            pending.pop(opaque, None)
+            raise
         return fut
 
+    def _expire(self) -> None:
+        """The deadline timer: fail the requests whose time is up, drop abandoned ones, re-arm."""
+        self._timer = None
+        loop = self._loop
+        if self.closed or loop is None:
+            return
+        # a timer may run up to a clock tick early; count deadlines within 1 ms as reached
+        now = loop.time() + 0.001
+        earliest: float | None = None
+        expired: list[tuple[int, asyncio.Future[RemotingCommand], int, int]] = []
+        for opaque, (fut, deadline, code, timeout_ms) in self._pending.items():
+            if deadline is None:
+                continue
+            if fut.done():
+                expired.append((opaque, fut, code, timeout_ms))
+            elif deadline <= now:
+                expired.append((opaque, fut, code, timeout_ms))
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        for opaque, fut, code, timeout_ms in expired:
+            del self._pending[opaque]
+            if not fut.done():
+                exc = RemotingTimeoutError(f"no answer from {self.peer_addr} to code {code} within {timeout_ms} ms")
+                exc.__suppress_context__ = True
+                fut.set_exception(exc)
+        if earliest is not None:
+            self._timer_at = earliest
+            self._timer = loop.call_at(earliest, self._expire)
+
     async def invoke(self, cmd: RemotingCommand, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> RemotingCommand:
-        fut = self.invoke_future(cmd)
+        fut = self._request(cmd, timeout_ms, timeout_ms)
         opaque = cmd.opaque
         try:
-            return await asyncio.wait_for(fut, timeout_ms / 1000)
-        except TimeoutError:
-            raise RemotingTimeoutError(
-                f"no answer from {self.peer_addr} to code {cmd.code} within {timeout_ms} ms") from None
-        finally:
+            return await fut
+        except asyncio.CancelledError:
             self._pending.pop(opaque, None)
+            raise
 
     def invoke_oneway(self, cmd: RemotingCommand) -> None:
         cmd.opaque = next(self._opaque) & 0x7FFFFFFF
@@ -228,7 +294,10 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.close_reason = reason
         pending, self._pending = self._pending, {}
-        for fut in pending.values():
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for fut, _, _, _ in pending.values():
             if not fut.done():
                 err = ConnectionClosedError(f"connection to {self.peer_addr} closed: {reason}")
                 err.__cause__ = reason

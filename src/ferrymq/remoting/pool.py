@@ -32,6 +32,11 @@ class ConnectionPool:
         self._on_close = on_close
         self.closed = False
 
+    def open_connection(self, addr: str) -> Connection | None:
+        """The pooled connection to ``addr`` if it is open (no await, no connect)."""
+        conn = self._conns.get(addr)
+        return conn if conn is not None and not conn.closed else None
+
     async def get(self, addr: str) -> Connection:
         conn = self._conns.get(addr)
         if conn is not None and not conn.closed:
