@@ -64,6 +64,10 @@ class ProcessQueue:
         except TimeoutError:
             pass
 
+    def wake(self) -> None:
+        """Wake ``wait_change`` waiters without dropping the queue (the consumer is closing)."""
+        self._changed.set()
+
     def drop(self) -> None:
         self.dropped = True
         self._changed.set()

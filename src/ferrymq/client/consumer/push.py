@@ -207,11 +207,15 @@ class PushConsumer(ConsumerBase):
             return
         self._closing = True
         self._rebalance_event.set()
-        for pq in self.process_queues.values():
-            pq.drop()
+        # stop pulling, let listeners already running finish and commit (batches not yet started are
+        # skipped: _closing), then drop the queues and push the offsets
         await cancel_and_wait([*self._tasks, *self._pullers.values()])
+        for pq in self.process_queues.values():
+            pq.wake()
         if self._consume_tasks:
             await asyncio.wait(list(self._consume_tasks), timeout=self.consumer_timeout_when_suspend_ms / 1000)
+        for pq in self.process_queues.values():
+            pq.drop()
         await self.offset_store.persist(list(self.process_queues))
         if self.orderly and self.clustering:
             await self._unlock(list(self.process_queues))
@@ -569,7 +573,7 @@ class PushConsumer(ConsumerBase):
     async def _consume_concurrently(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         assert self._consume_sem is not None
         async with self._consume_sem:
-            if pq.dropped:
+            if pq.dropped or self._closing:
                 return
             ok = await self._call_listener(msgs)
         if pq.dropped:
