@@ -5,10 +5,14 @@ byte range with ``store.append_at`` at exactly the pushed offset, reports the ne
 calls ``on_appended()`` so the broker reputs (builds consume queues). All protocol decisions are
 made by the sans-IO ``SlaveConnection``; this module only moves bytes and time.
 
-The connection is an asyncio Protocol (``_MasterLink``): pushed bytes are appended and the new
-offset is written back inside ``data_received`` — the SYNC_MASTER round trip has no reader task,
-stream buffer or loop turn on the slave, and ``on_appended`` (the reput) runs after the report is
-on its way. An awaitable returned by ``on_appended`` runs as a task (reading does not wait for it).
+The connection is an ``asyncio.BufferedProtocol`` (``_MasterLink``): the socket reads straight into
+the session's receive buffer, pushed bytes are appended from there (one copy, socket -> buffer,
+before the store's ``pwrite``) and the new offset is written back inside ``buffer_updated`` — the
+SYNC_MASTER round trip has no reader task, stream buffer or loop turn on the slave, and
+``on_appended`` (the reput) runs after the report is on its way. While catching up, a read that
+ends inside the next transfer defers its report (``SlaveConnection``: at most every 1 MiB / 10 ms);
+a read that ends on a transfer boundary always reports at once. An awaitable returned by
+``on_appended`` runs as a task (reading does not wait for it).
 
 Connection policy: with no connection it tries every ``reconnect_interval_ms`` (5 s); after a
 session ends (master gone, offset mismatch, housekeeping) it waits ``session_retry_delay_ms``
@@ -252,14 +256,17 @@ class HAClient:
                 pass
 
 
-class _MasterLink(asyncio.Protocol):
-    """The slave's TCP connection to the master: feeds the session's ``SlaveConnection`` from
-    ``data_received`` and performs its outputs inline (report first, then ``on_appended``)."""
+class _MasterLink(asyncio.BufferedProtocol):
+    """The slave's TCP connection to the master: the socket reads straight into the session's
+    ``SlaveConnection`` receive buffer (``get_buffer`` / ``buffer_updated``, so a transfer body is
+    copied once, socket -> buffer, before the store writes it out) and its outputs are performed
+    inline (report first, then ``on_appended``)."""
 
     def __init__(self, client: HAClient) -> None:
         self._client = client
         self._proto: SlaveConnection | None = None
         self._early: list[bytes] = []
+        self._early_buf: bytearray | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def attach(self, proto: SlaveConnection) -> None:
@@ -273,14 +280,26 @@ class _MasterLink(asyncio.Protocol):
     def detach(self) -> None:
         self._proto = None
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
         proto = self._proto
         if proto is None:
+            # bytes before the session is set up (rare: the master waits for the first report)
+            self._early_buf = self._early_buf or bytearray(64 * 1024)
+            return memoryview(self._early_buf)
+        self._early_buf = None
+        return proto.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        early_buf = self._early_buf
+        if early_buf is not None:
             if not self.lost.done():
-                self._early.append(data)
+                self._early.append(bytes(early_buf[:nbytes]))
+            return
+        proto = self._proto
+        if proto is None:  # detached between get_buffer and buffer_updated: drop
             return
         client = self._client
-        client._perform(proto.receive_data(data, client._clock_ms()))
+        client._perform(proto.buffer_updated(nbytes, client._clock_ms()))
 
     def eof_received(self) -> bool:
         self._closed("master closed the connection")

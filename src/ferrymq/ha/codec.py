@@ -30,6 +30,8 @@ from ferrymq.errors import FrameTooLargeError, ProtocolError
 
 __all__ = [
     "HEADER_SIZE",
+    "DEFAULT_BUFFER_CAPACITY",
+    "DEFAULT_READ_CHUNK",
     "MAX_TRANSFER_BODY_SIZE",
     "REPORT_SIZE",
     "ReportDecoder",
@@ -54,6 +56,13 @@ HEADER_SIZE = _HEADER.size  # 12
 MAX_TRANSFER_BODY_SIZE = 4 * 1024 * 1024 - HEADER_SIZE
 #: Largest phy offset representable (int64).
 MAX_PHY_OFFSET = (1 << 63) - 1
+#: Slave receive buffer: at most this many bytes are handed to one socket read (bigger reads mean
+#: fewer read callbacks and reports per byte; 256 KiB keeps a read's bytes in cache until appended).
+DEFAULT_READ_CHUNK = 256 * 1024
+#: Slave receive buffer capacity (an unfinished frame moves to the front only when the tail runs short).
+DEFAULT_BUFFER_CAPACITY = 4 * 1024 * 1024
+#: A free tail shorter than this is compacted away instead of being handed to a read.
+MIN_READ = 64 * 1024
 
 
 def encode_report(max_phy_offset: int) -> bytes:
@@ -151,53 +160,131 @@ class Transfer:
 
 
 class TransferDecoder:
-    """Incremental decoder of the master's ``[header][body]`` stream.
+    """Incremental decoder of the master's ``[header][body]`` stream over one preallocated buffer.
 
-    Memory is bounded by ``HEADER_SIZE + max_body_size`` plus one ``feed`` argument.
+    Two ways in, one buffer:
+
+    * zero-copy (an ``asyncio.BufferedProtocol`` receiving straight into it): ``get_buffer()`` hands
+      out the free region after the unparsed bytes, the socket reads into it, ``take_frames(nbytes)``
+      returns every completed transfer as ``(phy_offset, body)`` where ``body`` is a ``memoryview``
+      **into the buffer**, valid until the next ``get_buffer`` / ``feed`` (the slave writes it out
+      to the commit log right away, so a body is copied once, socket -> buffer, before the store);
+    * ``feed(data)``: copies ``data`` in and returns ``Transfer`` objects with ``bytes`` bodies.
+
+    Only an unfinished frame is ever moved (to the front, when the free tail runs short), so a
+    read of N bytes costs no user-space copy beyond that one frame per ``capacity`` bytes.
+    Memory: ``capacity`` (grown once to ``HEADER_SIZE + max_body_size`` plus one read chunk if a
+    frame that large arrives).
     """
 
-    def __init__(self, max_body_size: int = MAX_TRANSFER_BODY_SIZE) -> None:
+    def __init__(
+        self,
+        max_body_size: int = MAX_TRANSFER_BODY_SIZE,
+        *,
+        read_chunk: int = DEFAULT_READ_CHUNK,
+        capacity: int = 0,
+    ) -> None:
         if not 0 < max_body_size <= MAX_TRANSFER_BODY_SIZE:
             raise ValueError(f"max_body_size out of range: {max_body_size}")
+        if read_chunk <= 0:
+            raise ValueError(f"read_chunk must be > 0: {read_chunk}")
         self._max_body_size = max_body_size
-        self._buf = bytearray()
+        self._read_chunk = read_chunk
+        #: a free tail shorter than this is not handed out: the unfinished frame moves to the front
+        self._min_free = min(read_chunk, MIN_READ)
+        cap = capacity or DEFAULT_BUFFER_CAPACITY
+        # a small max_body_size (tests) needs no megabytes of buffer
+        cap = max(min(cap, 4 * (HEADER_SIZE + max_body_size) + read_chunk), read_chunk + HEADER_SIZE)
+        self._buf = bytearray(cap)
+        self._view = memoryview(self._buf)
+        self._head = self._view[:read_chunk]  # the region handed out while nothing is buffered
+        self._start = 0  # first unparsed byte
+        self._end = 0  # end of received bytes
+        self._frame_size = 0  # header + body of the unfinished frame at _start, 0 while its header is incomplete
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Transfer]:
-        """Return every transfer completed by ``data`` (in stream order)."""
-        out: list[Transfer] = []
+    # ---- zero-copy path ----------------------------------------------------------------------------
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """The writable region the next received bytes go to (never empty, at most ``read_chunk``)."""
+        start = self._start
+        end = self._end
+        if start == end:  # nothing unfinished (the idle stream: every SYNC_MASTER push)
+            self._start = self._end = 0
+            return self._head
+        cap = len(self._buf)
+        if cap - end < self._min_free or start + self._frame_size > cap:
+            need = max(self._frame_size, end - start) + self._read_chunk
+            if need > cap:
+                self._grow(need)
+            else:
+                n = end - start
+                self._view[:n] = self._view[start:end]  # memmove of the unfinished frame only
+                self._start = 0
+                self._end = n
+            end = self._end
+            cap = len(self._buf)
+        return self._view[end : min(cap, end + self._read_chunk)]
+
+    def _grow(self, capacity: int) -> None:
+        n = self._end - self._start
+        buf = bytearray(capacity)
+        buf[:n] = self._view[self._start : self._end]
+        self._buf = buf  # the old buffer goes when its last view does
+        self._view = memoryview(buf)
+        self._head = self._view[: self._read_chunk]
+        self._start = 0
+        self._end = n
+
+    def take_frames(self, nbytes: int) -> list[tuple[int, memoryview]]:
+        """``nbytes`` were written at the start of the last ``get_buffer()`` region: return every
+        transfer now complete, bodies as views into the buffer (valid until the next ``get_buffer``).
+        Raises ``ProtocolError`` on a bad header (nothing of that read is returned then)."""
+        end = self._end + nbytes
+        if end > len(self._buf) or nbytes < 0:
+            raise ValueError(f"buffer_updated({nbytes}) beyond the region handed out")
+        self._end = end
+        pos = self._start
+        if end - pos < self._frame_size:
+            return []  # the unfinished frame is still unfinished
+        out: list[tuple[int, memoryview]] = []
         buf = self._buf
-        if not buf and isinstance(data, bytes):
-            # nothing buffered: slice the bodies straight out of ``data``; only a tail goes to the buffer
-            pos = 0
-            end = len(data)
-            while end - pos >= HEADER_SIZE:
-                phy_offset, body_size = _HEADER.unpack_from(data, pos)
-                _check_header(phy_offset, body_size, self._max_body_size)
-                frame_end = pos + HEADER_SIZE + body_size
-                if frame_end > end:
-                    break
-                out.append(Transfer(phy_offset, data[pos + HEADER_SIZE : frame_end]))
-                pos = frame_end
-            if pos < end:
-                buf += data[pos:] if pos else data
-            return out
-        if data:
-            buf += data
-        pos = 0
-        end = len(buf)
+        view = self._view
+        max_body = self._max_body_size
+        unpack_from = _HEADER.unpack_from
         while end - pos >= HEADER_SIZE:
-            phy_offset, body_size = _HEADER.unpack_from(buf, pos)
-            _check_header(phy_offset, body_size, self._max_body_size)
+            phy_offset, body_size = unpack_from(buf, pos)
+            if phy_offset < 0 or body_size < 0 or body_size > max_body:
+                _check_header(phy_offset, body_size, max_body)
             frame_end = pos + HEADER_SIZE + body_size
             if frame_end > end:
-                break
-            out.append(Transfer(int(phy_offset), bytes(buf[pos + HEADER_SIZE : frame_end])))
+                self._start = pos
+                self._frame_size = frame_end - pos
+                return out
+            out.append((phy_offset, view[pos + HEADER_SIZE : frame_end]))
             pos = frame_end
-        # compact: keep only the unfinished frame
-        if pos:
-            del buf[:pos]
+        self._start = pos
+        self._frame_size = 0
+        return out
+
+    def clear(self) -> None:
+        """Drop everything buffered (the connection is closed)."""
+        self._start = self._end = self._frame_size = 0
+
+    # ---- copying path ------------------------------------------------------------------------------
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Transfer]:
+        """Return every transfer completed by ``data`` (in stream order), bodies as ``bytes``."""
+        out: list[Transfer] = []
+        src = memoryview(data).cast("B")
+        pos = 0
+        total = len(src)
+        while pos < total:
+            region = self.get_buffer()
+            n = min(len(region), total - pos)
+            region[:n] = src[pos : pos + n]
+            pos += n
+            out.extend(Transfer(phy_offset, body.tobytes()) for phy_offset, body in self.take_frames(n))
         return out
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        """Received bytes not yet returned as transfers (an unfinished frame)."""
+        return self._end - self._start

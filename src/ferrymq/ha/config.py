@@ -12,6 +12,11 @@ DEFAULT_HOUSEKEEPING_INTERVAL_MS = 20000
 DEFAULT_TRANSFER_BATCH_SIZE = 32 * 1024
 #: ``is_slave_ok`` is False when the slave is this many bytes (or more) behind.
 DEFAULT_SLAVE_FALLBEHIND_MAX = 256 * 1024 * 1024
+#: Slave, while catching up (a read ends inside the next transfer): report at least every this many
+#: appended bytes ... (a read that ends on a transfer boundary reports at once, always)
+DEFAULT_REPORT_EVERY_BYTES = 1024 * 1024
+#: ... or this long after the previous report.
+DEFAULT_REPORT_MAX_DELAY_MS = 10
 #: Slave: wait between connection attempts while no connection is up.
 DEFAULT_RECONNECT_INTERVAL_MS = 5000
 #: Master: how often each slave's lag is logged (printMasterAndSlaveDiff).

@@ -7,6 +7,16 @@ appended bytes the report comes *before* ``Appended``: the master's SYNC_MASTER 
 not wait for the slave's consume queue dispatch. Pushed bytes are written
 through a narrow ``CommitLogSink`` at exactly the pushed offset.
 
+Bytes come in either zero-copy (``get_buffer()`` → the socket reads into it → ``buffer_updated(n)``,
+the ``asyncio.BufferedProtocol`` calls: each body reaches ``append_at`` as a view into the receive
+buffer) or as a bytes object (``receive_data``, copied into the same buffer).
+
+Reports after a receive that appended (RECEIVE row below): the read ended on a transfer boundary
+(nothing buffered: the stream is idle, as after every SYNC_MASTER push) -> report at once, inside
+the same receive; the read ended inside the next transfer (catch-up: its rest is already in
+flight, and the read that completes it reports) -> report only once ``report_every_bytes`` (1 MiB)
+are unreported or ``report_max_delay_ms`` (10 ms) passed since the last report.
+
 State table (unknown (state, input) pairs raise ``ProtocolStateError``):
 
 | state        | input     | effect                                                                    | next         |
@@ -16,7 +26,7 @@ State table (unknown (state, input) pairs raise ``ProtocolStateError``):
 | AWAIT_REPORT | TICK      | heartbeat_interval since connect -> first report; housekeeping            | STREAMING / CLOSED |
 | AWAIT_REPORT | RECEIVE   | like STREAMING + RECEIVE (a master does not normally push before a report) | same         |
 | STREAMING    | RECEIVE   | per transfer: local max != 0 and != pushed offset -> close; else append;   | STREAMING / CLOSED |
-|              |           | then report the new max at once if it grew, then Appended                 |              |
+|              |           | then report the new max if it grew (see above), then Appended             |              |
 | STREAMING    | TICK      | no report for heartbeat_interval -> report; housekeeping                  | STREAMING / CLOSED |
 | any open     | CLOSE     | CloseConnection(reason)                                                   | CLOSED       |
 | CLOSED       | any       | nothing                                                                   | CLOSED       |
@@ -34,8 +44,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ferrymq.errors import ProtocolError
-from ferrymq.ha.codec import MAX_TRANSFER_BODY_SIZE, TransferDecoder, encode_report
-from ferrymq.ha.config import HAConfig
+from ferrymq.ha.codec import DEFAULT_READ_CHUNK, MAX_TRANSFER_BODY_SIZE, TransferDecoder, encode_report
+from ferrymq.ha.config import DEFAULT_REPORT_EVERY_BYTES, DEFAULT_REPORT_MAX_DELAY_MS, HAConfig
 from ferrymq.ha.conn_base import CloseConnection, SendBytes, TableConnection
 
 __all__ = [
@@ -54,7 +64,10 @@ class CommitLogSink(Protocol):
 
     def max_phy_offset(self) -> int: ...
 
-    def append_at(self, phy_offset: int, data: bytes) -> bool: ...
+    def append_at(self, phy_offset: int, data: bytes | memoryview) -> bool:
+        """Append ``data`` at exactly ``phy_offset``. ``data`` may be a view into the receive buffer,
+        valid only during the call: write it out (or copy it) before returning."""
+        ...
 
 
 class SlaveState(enum.Enum):
@@ -91,6 +104,9 @@ class SlaveConnection(TableConnection[SlaveState, SlaveInput, Output]):
         config: HAConfig | None = None,
         report_on_connect: bool = True,
         max_body_size: int = MAX_TRANSFER_BODY_SIZE,
+        read_chunk: int = DEFAULT_READ_CHUNK,
+        report_every_bytes: int = DEFAULT_REPORT_EVERY_BYTES,
+        report_max_delay_ms: int = DEFAULT_REPORT_MAX_DELAY_MS,
     ) -> None:
         super().__init__(
             state=SlaveState.INIT,
@@ -100,16 +116,49 @@ class SlaveConnection(TableConnection[SlaveState, SlaveInput, Output]):
             config=config,
         )
         self._sink = sink
-        self._decoder = TransferDecoder(max_body_size)
+        self._decoder = TransferDecoder(max_body_size, read_chunk=read_chunk)
+        self._report_every_bytes = report_every_bytes
+        self._report_max_delay_ms = report_max_delay_ms
+        #: appended bytes not reported yet (the last read ended inside a frame whose rest is in flight)
+        self._report_deferred = False
         self._report_on_connect = report_on_connect
         self.last_reported_offset = -1
         self.last_report_ms = now_ms
         self.bytes_received = 0
         self.heartbeats_received = 0
 
-    # ---- public inputs (receive_data, tick, close: TableConnection) ----------------------------
+    # ---- public inputs (tick, close: TableConnection) -------------------------------------------
     def connection_made(self, now_ms: int) -> list[Output]:
         return self._dispatch(SlaveInput.CONNECTED, now_ms)
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next received bytes go (``asyncio.BufferedProtocol.get_buffer``); never empty.
+        After writing n bytes there, call ``buffer_updated(n, now_ms)`` before the next ``get_buffer``."""
+        if self.state is _CLOSED:
+            self._decoder.clear()  # late bytes after close are dropped
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int, now_ms: int) -> list[Output]:
+        """RECEIVE input: ``nbytes`` were written into the last ``get_buffer()`` region."""
+        if self.state is _STREAMING:  # the hot row of the table, without the lookup
+            return self._on_receive(now_ms, nbytes)
+        return self._dispatch(SlaveInput.RECEIVE, now_ms, nbytes=nbytes)
+
+    def receive_data(self, data: bytes | bytearray | memoryview, now_ms: int) -> list[Output]:
+        """RECEIVE input from a bytes object: copied into the receive buffer, then ``buffer_updated``."""
+        src = memoryview(data).cast("B")
+        total = len(src)
+        if not total:
+            return self.buffer_updated(0, now_ms)
+        out: list[Output] = []
+        pos = 0
+        while pos < total and self.state is not SlaveState.CLOSED:
+            region = self.get_buffer()
+            n = min(len(region), total - pos)
+            region[:n] = src[pos : pos + n]
+            pos += n
+            out.extend(self.buffer_updated(n, now_ms))
+        return out
 
     def next_timer_ms(self) -> int | None:
         if self.state in (SlaveState.AWAIT_REPORT, SlaveState.STREAMING):
@@ -125,8 +174,9 @@ class SlaveConnection(TableConnection[SlaveState, SlaveInput, Output]):
             offset = self._sink.max_phy_offset()
         self.last_reported_offset = offset
         self.last_report_ms = now_ms
-        if self.state is SlaveState.AWAIT_REPORT:
-            self.state = SlaveState.STREAMING
+        self._report_deferred = False
+        if self.state is _AWAIT_REPORT:
+            self.state = _STREAMING
         return SendBytes(encode_report(offset))
 
     def _on_connected(self, now_ms: int, **_: object) -> list[Output]:
@@ -154,44 +204,61 @@ class SlaveConnection(TableConnection[SlaveState, SlaveInput, Output]):
             return [self._report(now_ms)]
         return []
 
-    def _on_receive(self, now_ms: int, data: object = b"", **_: object) -> list[Output]:
-        assert isinstance(data, (bytes, bytearray, memoryview))
-        if data:
-            self.last_read_ms = now_ms
+    def _on_receive(self, now_ms: int, nbytes: object = 0, **_: object) -> list[Output]:
+        assert isinstance(nbytes, int)
+        if not nbytes:
+            return []
+        self.last_read_ms = now_ms
+        decoder = self._decoder
         try:
-            transfers = self._decoder.feed(data)
+            frames = decoder.take_frames(nbytes)
         except ProtocolError as exc:
             return self._do_close(now_ms, f"bad transfer: {exc}")
+        if not frames:
+            return []
         out: list[Output] = []
         first = -1
         last = -1
         sink = self._sink
         local_max = sink.max_phy_offset()
-        for t in transfers:
-            if local_max != 0 and local_max != t.phy_offset:
+        for phy_offset, body in frames:
+            if local_max != 0 and local_max != phy_offset:
                 out.extend(self._appended(first, last))
                 out.extend(
-                    self._do_close(
-                        now_ms, f"master pushed offset {t.phy_offset} != slave max offset {local_max}"
-                    )
+                    self._do_close(now_ms, f"master pushed offset {phy_offset} != slave max offset {local_max}")
                 )
                 return out
-            if not t.body:
+            size = len(body)
+            if not size:
                 self.heartbeats_received += 1
                 continue
-            if not sink.append_at(t.phy_offset, t.body):
+            # ``body`` is a view into the receive buffer: the store writes it out before returning
+            if not sink.append_at(phy_offset, body):
                 out.extend(self._appended(first, last))
-                out.extend(self._do_close(now_ms, f"append_at({t.phy_offset}, {len(t.body)}) refused"))
+                out.extend(self._do_close(now_ms, f"append_at({phy_offset}, {size}) refused"))
                 return out
-            self.bytes_received += len(t.body)
+            self.bytes_received += size
             if first < 0:
-                first = t.phy_offset
-            last = t.phy_offset + len(t.body)
+                first = phy_offset
+            last = phy_offset + size
             local_max = sink.max_phy_offset()
-        if last >= 0:
-            # report first: the master releases SYNC_MASTER sends before the slave dispatches
-            if local_max > self.last_reported_offset:
+        # report first (the master releases SYNC_MASTER sends before the slave dispatches): at once
+        # when this read ended on a frame boundary (the stream is idle, e.g. every SYNC_MASTER push);
+        # mid-stream (catch-up: the read ended inside the next frame, whose rest is in flight) only
+        # every ``report_every_bytes`` or ``report_max_delay_ms``
+        if last >= 0 or self._report_deferred:
+            unreported = local_max - self.last_reported_offset
+            if unreported <= 0:
+                self._report_deferred = False
+            elif (
+                not decoder.buffered
+                or unreported >= self._report_every_bytes
+                or now_ms - self.last_report_ms >= self._report_max_delay_ms
+            ):
                 out.append(self._report(now_ms, local_max))
+            else:
+                self._report_deferred = True
+        if last >= 0:
             out.append(Appended(first, last))
         return out
 
@@ -215,3 +282,6 @@ _TABLE: dict[tuple[SlaveState, SlaveInput], _Handler] = {
     (SlaveState.CLOSED, SlaveInput.CLOSE): SlaveConnection._ignore,
 }
 SlaveConnection._table = _TABLE
+_AWAIT_REPORT = SlaveState.AWAIT_REPORT
+_STREAMING = SlaveState.STREAMING
+_CLOSED = SlaveState.CLOSED

@@ -41,5 +41,5 @@ class StoreView:
     def read_from(self, phy_offset: int, max_bytes: int) -> bytes:
         return bytes(self.store.read_from(phy_offset, max_bytes))
 
-    def append_at(self, phy_offset: int, data: bytes) -> bool:
+    def append_at(self, phy_offset: int, data: bytes | memoryview) -> bool:
         return bool(self.store.append_at(phy_offset, data))
