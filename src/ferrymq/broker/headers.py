@@ -116,18 +116,18 @@ class SendHeader:
     def _parse_v2(cls, f: dict[str, str], code: int) -> SendHeader | None:
         """Single-letter header without its V1 names: read the letters directly (the hot path).
         None when a field needs the general parser's fallbacks (missing, float-like, ...)."""
-        topic = f.get("b")
+        get = f.get
+        topic = get("b")
         if not topic:
             return None
-        get = f.get
+        d = get("d")
+        e = get("e")
+        fl = get("f")
+        g = get("g")
+        h = get("h")
+        j = get("j")
+        l_ = get("l")
         try:
-            d = get("d")
-            e = get("e")
-            fl = get("f")
-            g = get("g")
-            h = get("h")
-            j = get("j")
-            l_ = get("l")
             queue_nums = int(d) if d else CLIENT_DEFAULT_TOPIC_QUEUE_NUMS
             queue_id = int(e) if e else -1
             sys_flag = int(fl) if fl else 0
@@ -137,12 +137,20 @@ class SendHeader:
             max_rt = int(l_) if l_ else None
         except ValueError:
             return None
-        ints = (queue_nums, queue_id, sys_flag, born, flag, reconsume, 0 if max_rt is None else max_rt)
-        if min(ints) < JAVA_LONG_MIN or max(ints) > JAVA_LONG_MAX:
-            return None  # the general parser refuses it with its message
+        # every value of a string of at most 18 characters is inside the Java long range: only longer
+        # strings need the range check (the general parser refuses them with its message)
+        if ((d is not None and len(d) > 18) or (e is not None and len(e) > 18) or (fl is not None and len(fl) > 18)
+                or (g is not None and len(g) > 18) or (h is not None and len(h) > 18)
+                or (j is not None and len(j) > 18) or (l_ is not None and len(l_) > 18)):
+            ints = (queue_nums, queue_id, sys_flag, born, flag, reconsume, 0 if max_rt is None else max_rt)
+            if min(ints) < JAVA_LONG_MIN or max(ints) > JAVA_LONG_MAX:
+                return None
+        k = get("k")
+        m = get("m")
         return cls(
-            get("a", ""), topic, get("c") or "TBW102", queue_nums, queue_id, sys_flag, born, flag,
-            get("i", ""), reconsume, parse_bool(get("k")), max_rt, code == _SEND_BATCH or parse_bool(get("m")),
+            get("a", ""), topic, get("c") or "TBW102", queue_nums, queue_id, sys_flag, born, flag, get("i", ""),
+            reconsume, False if k is None or k == "false" else parse_bool(k), max_rt,
+            code == _SEND_BATCH or (m is not None and m != "false" and parse_bool(m)),
         )
 
 

@@ -147,6 +147,33 @@ def encode(cmd: RemotingCommand) -> bytes:
     return b"".join((_PREFIX.pack(4 + len(header) + len(body), (stype << 24) | len(header)), header, body))
 
 
+#: the JSON header of a SEND answer with PUT_OK, in the key order ``encode`` writes (what
+#: ``encode_send_ok_response`` fills in: msgId, queueId, queueOffset, opaque)
+_SEND_OK_HEADER = (
+    b'{"code":0,"extFields":{"msgId":"%s","queueId":"%d","queueOffset":"%d","MSG_REGION":"DefaultRegion",'
+    b'"TRACE_ON":"true"},"flag":1,"language":"JAVA","opaque":%d,"serializeTypeCurrentRPC":"JSON","version":'
+    + str(CURRENT_VERSION).encode() + b"}"
+)
+
+
+def encode_send_ok_response(opaque: int, msg_id: str, queue_id: int, queue_offset: int,
+                            serialize_type: int = SERIALIZE_JSON) -> bytes:
+    """The whole frame of a SEND answer with code SUCCESS and extFields msgId, queueId, queueOffset,
+    MSG_REGION=DefaultRegion, TRACE_ON=true (no remark, no body): byte for byte what ``encode`` writes for
+    that ``RemotingCommand`` (language JAVA, current version), from a template instead of a dict and
+    ``orjson.dumps``. A handler may return these bytes instead of the command (``Connection`` writes them
+    as they are), so ``opaque`` must be the request's. Unusual values take the generic encoder."""
+    if (serialize_type == SERIALIZE_JSON and type(queue_id) is int and type(queue_offset) is int
+            and type(opaque) is int and msg_id.isalnum() and msg_id.isascii()):
+        header = _SEND_OK_HEADER % (msg_id.encode(), queue_id, queue_offset, opaque)
+        n = len(header)
+        return _PREFIX.pack(4 + n, n) + header
+    return encode(RemotingCommand(
+        0, {"msgId": msg_id, "queueId": str(queue_id), "queueOffset": str(queue_offset),
+            "MSG_REGION": "DefaultRegion", "TRACE_ON": "true"},
+        b"", opaque, FLAG_RESPONSE, None, "JAVA", CURRENT_VERSION, serialize_type))
+
+
 def encode_json_header(cmd: RemotingCommand) -> bytes:
     obj: dict[str, Any] = {
         "code": cmd.code,
@@ -209,6 +236,31 @@ def decode_json_header(header: bytes | bytearray, body: bytes) -> RemotingComman
         obj = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(f"header is not valid JSON: {exc}") from None
+    # the usual header (every client we know): all fields present with their JSON types, every extFields
+    # value a string — read with subscripts, one C-level "all strings" check; anything else: the general path
+    try:
+        code = obj["code"]
+        opaque = obj["opaque"]
+        flag = obj["flag"]
+        version = obj["version"]
+        language = obj["language"]
+        ext = obj["extFields"]
+    except (KeyError, TypeError):
+        return _decode_json_header_general(obj, body)
+    if (type(code) is int and type(opaque) is int and type(flag) is int and type(version) is int
+            and type(language) is str and type(ext) is dict):
+        try:
+            "".join(ext.values())  # raises TypeError unless every value is a string
+        except TypeError:
+            return _decode_json_header_general(obj, body)
+        remark = obj.get("remark")
+        # positional: RemotingCommand(code, ext_fields, body, opaque, flag, remark, language, version, type)
+        return RemotingCommand(code, ext, body, opaque, flag, remark if type(remark) is str else None, language,
+                               version, SERIALIZE_JSON)
+    return _decode_json_header_general(obj, body)
+
+
+def _decode_json_header_general(obj: Any, body: bytes) -> RemotingCommand:
     if not isinstance(obj, dict):
         raise ProtocolError("header is not a JSON object")
     get = obj.get
@@ -311,6 +363,13 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> list[RemotingCommand]:
         buf = self._buf
+        if not buf and type(data) is bytes and len(data) >= 8:
+            # one whole JSON frame and nothing buffered: the usual read with one request in flight
+            length, word = _PREFIX.unpack_from(data)
+            hlen = word & 0xFFFFFF
+            if (length == len(data) - 4 and word >> 24 == SERIALIZE_JSON and hlen <= length - 4
+                    and hlen <= MAX_HEADER_BYTES and 4 <= length <= self.max_frame_bytes):
+                return [decode_json_header(data[8:8 + hlen], data[8 + hlen:])]
         if buf or type(data) is not bytes:
             buf += data
             src: bytes | bytearray = buf

@@ -29,12 +29,21 @@ from ferrymq.errors import (
     ProtocolError,
     RemotingTimeoutError,
 )
-from ferrymq.remoting.codec import FLAG_RESPONSE, MAX_FRAME_BYTES, FrameDecoder, RemotingCommand, encode
+from ferrymq.remoting.codec import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    MAX_FRAME_BYTES,
+    FrameDecoder,
+    RemotingCommand,
+    encode,
+)
 from ferrymq.remoting.codes import ResponseCode
 
 log = logging.getLogger(__name__)
 
-HandlerResult = RemotingCommand | None | Awaitable[RemotingCommand | None]
+#: a handler answers with a command, or with the whole frame already encoded (``bytes``, carrying the
+#: request's opaque, e.g. ``codec.encode_send_ok_response``), or None (no answer), or an awaitable of those
+HandlerResult = RemotingCommand | bytes | None | Awaitable[RemotingCommand | bytes | None]
 Handler = Callable[["Connection", RemotingCommand], HandlerResult]
 
 #: Requests served at once on one connection before SYSTEM_BUSY answers.
@@ -46,7 +55,8 @@ CONNECT_TIMEOUT_MS = 3000
 
 
 class Dispatcher:
-    """Request code → handler. Shared by servers and clients."""
+    """Request code → handler. Shared by servers and clients. (``Connection`` reads ``_handlers`` directly on
+    the per-request path instead of calling ``get``.)"""
 
     def __init__(self) -> None:
         self._handlers: dict[int, Handler] = {}
@@ -138,7 +148,7 @@ class Connection(asyncio.Protocol):
 
     # ---- serving incoming requests -----------------------------------------
     def _serve(self, cmd: RemotingCommand) -> None:
-        handler = self.dispatcher.get(cmd.code)
+        handler = self.dispatcher._handlers.get(cmd.code)
         if handler is None:
             self._reply(cmd, cmd.response(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark=f" request type {cmd.code} not supported"))
@@ -151,7 +161,21 @@ class Connection(asyncio.Protocol):
         except Exception as exc:  # a handler fault answers SYSTEM_ERROR; the connection lives on
             self._reply(cmd, self._error_response(cmd, exc))
             return
-        if result is None or isinstance(result, RemotingCommand):
+        rtype = type(result)
+        if rtype is RemotingCommand or rtype is bytes:
+            # _reply() + send() inlined for the usual answers
+            if cmd.flag & FLAG_ONEWAY or self.closed:
+                return
+            transport = self._transport
+            if transport is None:
+                raise ConnectionClosedError(f"connection to {self.peer_addr} is closed")
+            if rtype is bytes:
+                transport.write(result)  # type: ignore[arg-type]
+            else:
+                result.opaque = cmd.opaque  # type: ignore[union-attr]
+                transport.write(encode(result))  # type: ignore[arg-type]
+            return
+        if result is None or isinstance(result, (RemotingCommand, bytes)):
             self._reply(cmd, result)
             return
         task = asyncio.ensure_future(result)
@@ -173,18 +197,20 @@ class Connection(asyncio.Protocol):
             log.exception("handler for code %s failed", cmd.code, exc_info=exc)
         return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}")
 
-    def _reply(self, request: RemotingCommand, response: RemotingCommand | None) -> None:
+    def _reply(self, request: RemotingCommand, response: RemotingCommand | bytes | None) -> None:
         if response is None or request.is_oneway or self.closed:
             return
-        response.opaque = request.opaque
+        if not isinstance(response, bytes):
+            response.opaque = request.opaque
         self.send(response)
 
     # ---- sending -------------------------------------------------------------
-    def send(self, cmd: RemotingCommand) -> None:
+    def send(self, cmd: RemotingCommand | bytes) -> None:
+        """Write one command, or one already encoded frame (``bytes``)."""
         transport = self._transport
         if transport is None or self.closed:
             raise ConnectionClosedError(f"connection to {self.peer_addr} is closed")
-        transport.write(encode(cmd))
+        transport.write(cmd if isinstance(cmd, bytes) else encode(cmd))
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark."""

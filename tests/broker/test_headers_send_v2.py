@@ -1,0 +1,50 @@
+"""SendHeader's single-letter (V2) fast path answers exactly like the general parser (round 3)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ferrymq.broker.headers import V2_TO_V1, SendHeader
+from ferrymq.errors import ProtocolError
+from ferrymq.remoting.codec import RemotingCommand
+
+numbers = st.one_of(
+    st.integers(-(2**64), 2**64).map(str),
+    st.integers(-(10**18), 10**18).map(str),
+    st.sampled_from(["", " 7 ", "1_000", "+5", "-0", "1.5", "1e3", "abc", "９", "9" * 18, "-" + "9" * 18,
+                     str(2**63 - 1), str(-(2**63)), str(2**63), str(-(2**63) - 1), "0" * 25 + "1"]),
+)
+bools = st.sampled_from(["", "true", "false", "TRUE", " true ", "1", "0", "yes", "False"])
+strings = st.sampled_from(["", "pg", "T", "TBW102", "WAIT\x01true\x02TAGS\x01A"])
+V2_FIELDS = {"a": strings, "b": strings, "c": strings, "d": numbers, "e": numbers, "f": numbers, "g": numbers,
+             "h": numbers, "i": strings, "j": numbers, "k": bools, "l": numbers, "m": bools, "n": strings}
+
+
+def _outcome(cmd: RemotingCommand) -> SendHeader | str:
+    try:
+        return SendHeader.parse(cmd)
+    except ProtocolError as exc:
+        return f"ProtocolError: {exc}"
+
+
+@settings(max_examples=400)
+@given(st.fixed_dictionaries({}, optional=V2_FIELDS), st.sampled_from([310, 320]))
+def test_v2_fast_path_equals_general_parser(fields: dict[str, str], code: int) -> None:
+    fast = _outcome(RemotingCommand(code, dict(fields)))
+    # the same header with V1 names never takes the fast path
+    general = _outcome(RemotingCommand(code, {V2_TO_V1[k]: v for k, v in fields.items()}))
+    assert fast == general
+
+
+@pytest.mark.parametrize("value", [str(2**63), str(-(2**63) - 1), "9" * 19])
+def test_v2_out_of_long_range_refused(value: str) -> None:
+    fields = {"a": "pg", "b": "T", "g": value}
+    with pytest.raises(ProtocolError, match="64-bit"):
+        SendHeader.parse(RemotingCommand(310, fields))
+
+
+def test_v2_long_range_edges_accepted() -> None:
+    h = SendHeader.parse(RemotingCommand(310, {"b": "T", "g": str(2**63 - 1), "h": str(-(2**63))}))
+    assert (h.born_timestamp, h.flag) == (2**63 - 1, -(2**63))
