@@ -1,6 +1,7 @@
 """Build hook for the optional C extension; the project metadata lives in pyproject.toml.
 
-``ferrymq.store._speedups`` speeds up reput (see ``ferrymq.store.speedups``). It is optional: without a
+``ferrymq.store._speedups`` speeds up reput and batch puts (see
+``ferrymq.store.speedups``). It is optional: without a
 compiler the build warns and the install goes on with the pure-Python store code.
 """
 
@@ -12,6 +13,7 @@ setup(
             "ferrymq.store._speedups",
             sources=["src/ferrymq/store/_speedups.c"],
             extra_compile_args=["-O2"],
+            libraries=["z"],  # crc32 of batch bodies (put_batch), the same zlib as Python's zlib module
             optional=True,
         )
     ],

@@ -94,6 +94,7 @@ def set_mode(store: MessageStore, native: bool) -> None:
     """Switch a freshly loaded store to the native or the pure-Python dispatch path."""
     store.dispatcher.native = require_extension() if native else None
     store.commit_log.queue_metas = not native
+    store.commit_log.native = store.dispatcher.native  # put_batch_raw
 
 
 @contextlib.contextmanager

@@ -58,6 +58,19 @@ class MessageWriter:
             self._appended((inners[0].topic, inners[0].queue_id))
         return result
 
+    def put_batch_raw(self, topic: str, queue_id: int, batch_body: bytes, merge_props: bytes, cluster: bytes,
+                      sys_flag: int, born_timestamp: int, born_host: bytes, store_host: bytes,
+                      reconsume_times: int) -> Any:
+        """The native SEND_BATCH put (``MessageStore.put_batch_raw``); None = use ``put_batch``."""
+        put_raw = getattr(self._store, "put_batch_raw", None)
+        if put_raw is None:
+            return None
+        result = put_raw(topic, queue_id, batch_body, merge_props, cluster, sys_flag, born_timestamp, born_host,
+                         store_host, reconsume_times)
+        if result is not None and result.append_result is not None:
+            self._appended((topic, queue_id))
+        return result
+
     def _appended(self, key: QueueKey) -> None:
         self._pending_keys.add(key)
         if self.ha_service is not None:

@@ -74,6 +74,8 @@ class CommitLog:
         self.pending: deque[RecordMeta] = deque()
         #: False with the C extension: its reput scans the bytes just written instead (faster than the metas)
         self.queue_metas = speedups.NATIVE is None
+        #: the C extension for put_batch_raw (None: put_batch_raw declines, callers use put_messages)
+        self.native = speedups.NATIVE
         # first valid byte when the first segment was started mid-file by append_at (slave)
         self.data_start_phy_offset = 0
         self.last_store_timestamp = 0  # of the newest appended record
@@ -284,6 +286,67 @@ class CommitLog:
         result = AppendMessageResult(
             AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, len(offsets),
             first.store_host, tuple(offsets),
+        )  # fmt: skip
+        return PutMessageResult(PutMessageStatus.PUT_OK, result)
+
+    def put_batch_raw(self, topic: str, queue_id: int, batch_body: bytes, merge_props: bytes, cluster: bytes,
+                      sys_flag: int, born_timestamp: int, born_host: bytes, store_host: bytes,
+                      reconsume_times: int) -> PutMessageResult | None:
+        """SEND_BATCH_MESSAGE straight from the request body: the C extension's ``put_batch`` validates the
+        entries, merges each one's properties with ``merge_props`` (the batch header's, WAIT removed, ASCII),
+        drops WAIT, sets CLUSTER, and writes the records into the segment (what the send processor's
+        ``MessageExtBrokerInner`` list + ``put_messages`` store, byte for byte). None = not handled here
+        (no extension, queued metas, malformed or unusual entries, any refusal): the caller takes the
+        ``put_messages`` path, which answers exactly as before."""
+        native = self.native
+        if native is None or self.queue_metas:
+            return None
+        topic_bytes = self._encode_topic(topic)
+        if (topic_bytes is None or not 0 <= queue_id < 1 << 31 or sys_flag & SYSFLAG_TRANSACTION_MASK
+                or len(born_host) != 8 or len(store_host) != 8):
+            return None
+        key = (topic, queue_id)
+        queue_offset = self.topic_queue_table.get(key, 0)
+        max_props = min(32767, self.config.max_properties_size)
+        max_body = self.config.max_message_size
+        files = self.mfq.files
+        mf = files[-1] if files else None
+        for attempt in range(2):
+            if mf is None or mf.is_full():
+                pos, room, base = 0, -1, 0  # validate and size only: put_messages' segment logic decides
+            else:
+                pos = mf.wrote_position
+                room = mf.file_size - pos - END_FILE_MIN_BLANK_LENGTH
+                base = mf.file_from_offset + pos
+            try:
+                res = native.put_batch(mf.mm if mf is not None else b"", pos, room, batch_body, topic_bytes, queue_id,
+                                       queue_offset, base, merge_props, cluster, born_host, store_host,
+                                       born_timestamp, self.clock_ms, sys_flag & _HOST_V4_MASK, reconsume_times,
+                                       max_props, max_body)
+            except OverflowError:  # a field out of its record range: put_messages raises as before
+                return None
+            if res is None:
+                return None
+            count, total, offsets, msg_ids, store_ts = res
+            if offsets is not None:
+                break
+            if attempt or total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+                return None  # too large for any segment: MESSAGE_ILLEGAL from put_messages
+            try:
+                mf = self._segment_with_room(total)
+            except (StoreError, OSError) as exc:
+                log.error("cannot create commit log segment: %s", exc)
+                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        else:  # pragma: no cover - the second call always has room
+            return None
+        assert mf is not None
+        mf.wrote_position = pos + total  # published once, like put_messages
+        self.topic_queue_table[key] = queue_offset + count
+        self.last_store_timestamp = store_ts
+        self.put_message_times_total += count
+        self.put_message_size_total += total
+        result = AppendMessageResult(
+            AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, count, store_host, offsets, msg_ids,
         )  # fmt: skip
         return PutMessageResult(PutMessageStatus.PUT_OK, result)
 

@@ -156,6 +156,15 @@ class MessageStore:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
         return self.commit_log.put_messages(inners)
 
+    def put_batch_raw(self, topic: str, queue_id: int, batch_body: bytes, merge_props: bytes, cluster: bytes,
+                      sys_flag: int, born_timestamp: int, born_host: bytes, store_host: bytes,
+                      reconsume_times: int) -> PutMessageResult | None:
+        """``CommitLog.put_batch_raw`` (the native SEND_BATCH put); None = use ``put_messages``."""
+        if not self._running or self.config.is_slave:
+            return None  # put_messages answers SERVICE_NOT_AVAILABLE
+        return self.commit_log.put_batch_raw(topic, queue_id, batch_body, merge_props, cluster, sys_flag,
+                                             born_timestamp, born_host, store_host, reconsume_times)
+
     def reput(self, max_records: int | None = None) -> int:
         return self.dispatcher.reput(max_records)
 

@@ -54,10 +54,14 @@ class AppendMessageResult:
     msg_num: int = 1
     store_host: bytes = b"\x00" * 8
     record_offsets: tuple[int, ...] = ()  # phy offset of each record (batch)
+    #: the comma-joined batch ``msg_id`` when the native batch put built it (same text; not compared)
+    joined_msg_id: str = field(default="", compare=False, repr=False)
 
     @property
     def msg_id(self) -> str:
         """Offset msgId of the (first) record; for a batch, the comma-joined ids as SEND returns."""
+        if self.joined_msg_id:
+            return self.joined_msg_id
         if len(self.record_offsets) > 1:
             return ",".join(self.msg_ids)
         return encode_offset_msg_id_raw(self.store_host, self.wrote_offset)

@@ -15,6 +15,10 @@ C functions (see the field table at the top of ``_speedups.c``):
 * ``index_put_many(mm, entries, start, slot_num, index_num, index_count, hash_slot_count,
   begin_timestamp, begin_phy_offset)`` -> ``(next, index_count, hash_slot_count, begin_timestamp,
   begin_phy_offset, end_phy_offset, end_timestamp)``: ``IndexFile.put_hashed_many`` for packed entries.
+* ``put_batch(mm, pos, room, batch_body, topic, queue_id, queue_offset, phy_offset, merge_props, cluster,
+  born_host, store_host, born_timestamp, clock_ms, sys_flag, reconsume_times, max_props, max_body)`` ->
+  None (the Python path decides) or ``(count, total, offsets, msg_ids, store_timestamp)``: the SEND_BATCH
+  records written into the segment (``CommitLog.put_batch_raw``; offsets None = does not fit in ``room``).
 """
 
 from __future__ import annotations
