@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from ferrymq.broker.app import BrokerController
 from ferrymq.cli.broker import command
-from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codec import FrameDecoder, RemotingCommand
 
 
 def test_invalid_value_exits_2_with_one_line(tmp_path) -> None:
@@ -40,4 +40,7 @@ async def test_async_send_is_answered_inline(tmp_path) -> None:
         handler = ctl.dispatcher.get(10)
         assert handler is not None
         resp = handler(_Peer(), RemotingCommand.request(10, send_v1("Fast"), b"x"))
-        assert isinstance(resp, RemotingCommand) and resp.code == 0
+        # the usual SEND_OK answer is an already-encoded frame (Connection writes bytes as they are)
+        assert isinstance(resp, bytes)
+        frame = FrameDecoder().feed(resp)
+        assert len(frame) == 1 and frame[0].code == 0 and frame[0].ext_fields["queueOffset"] == "0"

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import ferrymq.broker.app as app_mod
 from ferrymq.broker.app import BrokerController
 from ferrymq.common.message import host_to_bytes
-from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codec import FrameDecoder, RemotingCommand
 from ferrymq.store import speedups
 from support.inproc import broker_config
 
@@ -170,6 +170,10 @@ def answer(ctl: BrokerController, cmd: RemotingCommand) -> tuple[Any, ...]:
     proc = ctl.dispatcher.get(320)
     assert proc is not None
     resp = proc(FakeConn(), cmd)
+    if isinstance(resp, bytes):  # the templated SEND_OK frame
+        decoded = FrameDecoder().feed(resp)
+        assert len(decoded) == 1
+        resp = decoded[0]
     assert isinstance(resp, RemotingCommand)
     return resp.code, resp.remark, resp.ext_fields, resp.body, resp.opaque
 

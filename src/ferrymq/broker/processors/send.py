@@ -55,7 +55,7 @@ from ferrymq.common.topic import (
     validate_topic,
 )
 from ferrymq.errors import ProtocolError
-from ferrymq.remoting.codec import FLAG_RESPONSE, RemotingCommand
+from ferrymq.remoting.codec import FLAG_RESPONSE, RemotingCommand, encode_send_ok_response
 from ferrymq.remoting.codes import CURRENT_VERSION, RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 from ferrymq.store.results import PutMessageStatus
@@ -160,7 +160,7 @@ class SendProcessor:
             dispatcher.register(code, self.handle)
 
     # ---- entry -------------------------------------------------------------------------------
-    def handle(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand] | None:
+    def handle(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand | bytes | Awaitable[RemotingCommand] | None:
         ctx = self.ctx
         if ctx.config.is_slave:
             return cmd.response(R.SERVICE_NOT_AVAILABLE, remark=SERVICE_NOT_AVAILABLE_REMARK)
@@ -228,7 +228,7 @@ class SendProcessor:
         return dlq, 0
 
     def _send_one(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
-                  ) -> RemotingCommand | Awaitable[RemotingCommand] | None:
+                  ) -> RemotingCommand | bytes | Awaitable[RemotingCommand] | None:
         ctx = self.ctx
         routed = self._retry_to_dlq(cmd, h, h.topic, queue_id)
         if isinstance(routed, RemotingCommand):
@@ -269,7 +269,7 @@ class SendProcessor:
 
     # ---- batch ---------------------------------------------------------------------------------
     def _send_batch(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
-                    ) -> RemotingCommand | Awaitable[RemotingCommand] | None:
+                    ) -> RemotingCommand | bytes | Awaitable[RemotingCommand] | None:
         ctx = self.ctx
         if h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             return cmd.response(R.MESSAGE_ILLEGAL, remark="batch request does not support retry group "
@@ -348,7 +348,7 @@ class SendProcessor:
 
     # ---- response ---------------------------------------------------------------------------------
     def _finish(self, cmd: RemotingCommand, result: Any, queue_id: int, wait: bool, conn: Any = None
-                ) -> RemotingCommand | Awaitable[RemotingCommand] | None:
+                ) -> RemotingCommand | bytes | Awaitable[RemotingCommand] | None:
         status = result.status
         if status is PutMessageStatus.PUT_OK and result.append_result is not None:
             writer = self.ctx.writer
@@ -356,7 +356,9 @@ class SendProcessor:
                 if writer.sync_master and not writer.sync_flush and hasattr(writer.ha_service, "on_slave_ack"):
                     return self._finish_on_slave_ack(conn, cmd, result, queue_id)
                 return self._finish_after_wait(cmd, result, queue_id)
-            return self._ok_response(cmd, result.append_result, queue_id)
+            ar = result.append_result
+            # the usual answer: a templated frame, byte for byte what encode() writes for _ok_response
+            return encode_send_ok_response(cmd.opaque, ar.msg_id, queue_id, ar.queue_offset, cmd.serialize_type)
         outcome = send_outcome(status)
         if outcome.stored and result.append_result is not None and self.ctx.writer.needs_wait(wait):
             return self._finish_after_wait(cmd, result, queue_id)
