@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import functools
 import itertools
 import logging
 import os
@@ -25,6 +26,8 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from itertools import islice, repeat
+from operator import and_, attrgetter, contains, setitem
 from typing import Any
 
 from ferrymq.client import api, routes
@@ -69,6 +72,12 @@ Selector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
 _CACHE_MAX = 4096
 _PROPERTY_SEPARATOR = PROPERTY_SEPARATOR
 _NAME_VALUE_SEPARATOR = NAME_VALUE_SEPARATOR
+_join_props = PROPERTY_SEPARATOR.join
+_join_item = NAME_VALUE_SEPARATOR.join
+_topic_of = attrgetter("topic")
+_body_of = attrgetter("body")
+_flag_of = attrgetter("flag")
+_properties_of = attrgetter("properties")
 
 _UNIQ_COUNTER = itertools.count(random.randrange(1 << 16))
 _UNIQ_PREFIX: bytes | None = None
@@ -106,6 +115,35 @@ def new_uniq_key(client_ip: str = "127.0.0.1") -> str:
         cache[0] = sec
     ms = int((t - cache[1]) * 1000) & 0xFFFFFFFF
     return _uniq_prefix_hex + ((ms << 16) | (next(_UNIQ_COUNTER) & 0xFFFF)).to_bytes(6, "big").hex().upper()
+
+
+#: above this many keys per call, ``new_uniq_keys`` makes them one by one (the clock read per key)
+_BULK_UNIQ_MAX = 4096
+
+
+@functools.lru_cache(maxsize=16)
+def _hex4_slices(n: int) -> tuple[slice, ...]:
+    """slice(0, 4), slice(4, 8), ... (n of them): the 4-char counter pieces of a key block."""
+    return tuple(map(slice, range(0, 4 * n, 4), range(4, 4 * n + 4, 4)))
+
+
+def _uniq_key_block(n: int, client_ip: str) -> tuple[str, str]:
+    """(prefix, counters) of ``n`` (2 .. 4096) keys as ``new_uniq_key`` makes them with the clock read once:
+    key i is ``prefix`` (28 chars: IP, pid, random, ms since month start) + ``counters[4i:4i+4]`` (the next
+    counter values, uppercase hex)."""
+    first = new_uniq_key(client_ip)
+    m = n - 1
+    last = next(islice(_UNIQ_COUNTER, m - 1, None))  # takes m more counter values: last - m + 1 .. last
+    rest = struct.pack(f">{m}H", *map(and_, range(last - m + 1, last + 1), repeat(0xFFFF))).hex().upper()
+    return first[:28], first[28:] + rest
+
+
+def new_uniq_keys(n: int, client_ip: str = "127.0.0.1") -> list[str]:
+    """``n`` keys as ``new_uniq_key`` makes them, the clock read once (the counter still counts per key)."""
+    if n <= 1 or n > _BULK_UNIQ_MAX:
+        return [new_uniq_key(client_ip) for _ in range(n)]
+    prefix, counters = _uniq_key_block(n, client_ip)
+    return list(map(prefix.__add__, map(counters.__getitem__, _hex4_slices(n))))
 
 
 class Producer:
@@ -318,16 +356,7 @@ class Producer:
         if not msgs:
             raise ClientError("batch is empty")
         topic = msgs[0].topic
-        for m in msgs:
-            self._validate(m)
-            if m.topic != topic:
-                raise ClientError("all messages of a batch must have the same topic")
-            if m.delay_level or PROPERTY_DELAY_TIME_LEVEL in m.properties:
-                raise ClientError("delayed messages cannot be batched")
-            if m.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-                raise ClientError("retry-topic messages cannot be batched")
-        uniqs = [self._ensure_uniq_key(m) for m in msgs]
-        body = message_codec.encode_batch_body((m.flag, m.body, properties_to_string(m.properties)) for m in msgs)
+        body, uniq = self._encode_batch(msgs, topic)
         if len(body) > self.max_message_size_bytes:
             raise ClientError(f"batch body is {len(body)} bytes, above the {self.max_message_size_bytes} limit")
 
@@ -337,8 +366,72 @@ class Producer:
                 born_timestamp_ms=int(time.time() * 1000), flag=0, properties="", body=body, batch=True,
                 broker_name=mq.broker_name, default_topic_queue_nums=self.default_topic_queue_nums)
 
-        return await self._send_with_retries(topic, build, ",".join(uniqs), queue=queue, selector=None,
-                                             timeout_ms=timeout_ms)
+        return await self._send_with_retries(topic, build, uniq, queue=queue, selector=None, timeout_ms=timeout_ms)
+
+    def _check_batch(self, msgs: Sequence[Message], topic: str) -> None:
+        """The batch checks, message by message (raises the first failure)."""
+        for m in msgs:
+            self._validate(m)
+            if m.topic != topic:
+                raise ClientError("all messages of a batch must have the same topic")
+            if m.delay_level or PROPERTY_DELAY_TIME_LEVEL in m.properties:
+                raise ClientError("delayed messages cannot be batched")
+            if m.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                raise ClientError("retry-topic messages cannot be batched")
+
+    def _encode_batch(self, msgs: Sequence[Message], topic: str) -> tuple[bytes, str]:
+        """(SEND_BATCH body, comma-joined UNIQ_KEYs) after the batch checks; sets a missing UNIQ_KEY property
+        on each message. The usual case (plain dicts of str, no UNIQ_KEY yet, distinct dicts) runs column-wise
+        in C-level ``map``s; anything else goes message by message. Same bytes either way."""
+        n = len(msgs)
+        props_list = list(map(_properties_of, msgs))
+        bodies = list(map(_body_of, msgs))
+        try:
+            lens = list(map(len, bodies))
+            suspect = (topic not in self._valid_topics or list(map(_topic_of, msgs)).count(topic) != n
+                       or not min(lens) or max(lens) > self.max_message_size_bytes
+                       or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+                       or any(map(contains, props_list, repeat(PROPERTY_DELAY_TIME_LEVEL))))
+        except TypeError:  # a body without len(), properties that are not a container, ...
+            suspect = True
+        if suspect:
+            self._check_batch(msgs, topic)  # raises the message-by-message error (or finds none)
+        uniq_key = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+        first = props_list[0]
+        if (1 < n <= _BULK_UNIQ_MAX and type(first) is dict and uniq_key not in first
+                and props_list.count(first) == n  # all equal to the first (dict ==: not the order) ...
+                and (len(first) < 2 or list(map(tuple, props_list)).count(tuple(first)) == n)  # ... same order
+                and all(map(str.__instancecheck__, first)) and all(map(str.__instancecheck__, first.values()))
+                and len(set(map(id, props_list))) == n):
+            return self._encode_batch_shared(msgs, props_list, bodies, lens, first)
+        if (all(map(isinstance, props_list, repeat(dict))) and not any(map(contains, props_list, repeat(uniq_key)))
+                and len(set(map(id, props_list))) == n):
+            uniqs = new_uniq_keys(n, self.config.client_ip)
+            any(map(setitem, props_list, repeat(uniq_key), uniqs))  # setitem returns None: consumes all
+        else:
+            uniqs = [self._ensure_uniq_key(m) for m in msgs]
+        try:  # all dicts of str keys and values (the usual case): joined in C
+            strings = list(map(_join_props, map(map, repeat(_join_item), map(dict.items, props_list))))
+        except TypeError:  # a None (skipped) or non-str value, or not a dict
+            strings = list(map(properties_to_string, props_list))
+        body = message_codec.encode_batch_columns(map(_flag_of, msgs), bodies, list(map(str.encode, strings)))
+        return body, ",".join(uniqs)
+
+    def _encode_batch_shared(self, msgs: Sequence[Message], props_list: list[dict[str, str]], bodies: list[bytes],
+                             lens: list[int], shared: dict[str, str]) -> tuple[bytes, str]:
+        """``_encode_batch`` for 2..4096 messages with distinct properties dicts all equal to ``shared`` (str
+        keys and values, same order, no UNIQ_KEY): every entry's properties are one text + its UNIQ_KEY."""
+        n = len(msgs)
+        key_prefix, counters = _uniq_key_block(n, self.config.client_ip)
+        slices = _hex4_slices(n)
+        uniqs = list(map(key_prefix.__add__, map(counters.__getitem__, slices)))
+        text = _join_props(map(_join_item, shared.items()))  # before the keys go in (``shared`` is msgs[0]'s)
+        any(map(setitem, props_list, repeat(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX), uniqs))  # consumes all
+        head = f"{text}{_PROPERTY_SEPARATOR if text else ''}{PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}" \
+               f"{_NAME_VALUE_SEPARATOR}{key_prefix}".encode()
+        body = message_codec.encode_batch_shared_properties(
+            list(map(_flag_of, msgs)), bodies, lens, head, counters.encode("ascii"), slices)
+        return body, ",".join(uniqs)
 
     async def _send_with_retries(
         self,

@@ -28,8 +28,8 @@ def new_message(
     flag: int = 0,
 ) -> Message:
     """Build a message. ``keys`` is one key or several (stored space-separated, each indexed)."""
-    if isinstance(body, str):
-        body = body.encode("utf-8")
+    if type(body) is not bytes:  # bytes(b) of a bytes object is b itself: skip the call
+        body = bytes(body.encode("utf-8") if isinstance(body, str) else body)
     props: dict[str, str] = {k: str(v) for k, v in properties.items()} if properties else {}
     if tags:
         props[PROPERTY_TAGS] = tags
@@ -40,7 +40,7 @@ def new_message(
         if delay_level < 0:
             raise ValueError("delay_level must be >= 0")
         props[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level)
-    return Message(topic, bytes(body), flag, props)
+    return Message(topic, body, flag, props)
 
 
 class SendStatus(enum.Enum):
