@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,6 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-_OPAQUE = re.compile(rb'"opaque":(\d+)')
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -46,65 +44,15 @@ def _proc_cpu_s(pid: int) -> float:
 def child(a: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
-    import orjson
     import uvloop
+    from _fake_transport import TOPIC as topic
+    from _fake_transport import close_fake_producer, start_fake_producer
 
     from ferrymq.client import Producer, new_message
     from ferrymq.client.values import SendStatus
 
-    topic = "HotPath"
-
     async def start_inproc(i: int) -> Any:
-        from ferrymq.common.route import BrokerData, QueueData, TopicRouteData
-        from ferrymq.remoting.connection import Connection
-
-        addr = "127.0.0.1:10911"
-
-        class FakeBroker:
-            def __init__(self, conn: Connection) -> None:
-                self.conn = conn
-                self.loop = asyncio.get_running_loop()
-                self.offset = 0
-
-            def write(self, data: bytes) -> None:
-                m = _OPAQUE.search(data, 8, 800)
-                assert m is not None
-                self.offset += a.batch
-                header = orjson.dumps({
-                    "code": 0, "extFields": {"msgId": "7F00000100002A9F0000000000A1B2C3", "queueId": "3",
-                                             "queueOffset": str(self.offset), "MSG_REGION": "DefaultRegion",
-                                             "TRACE_ON": "true"},
-                    "flag": 1, "language": "JAVA", "opaque": int(m.group(1)), "serializeTypeCurrentRPC": "JSON",
-                    "version": 407})
-                frame = (4 + len(header)).to_bytes(4, "big") + len(header).to_bytes(4, "big") + header
-                self.loop.call_soon(self.conn.data_received, frame)
-
-            def writelines(self, parts: Any) -> None:
-                self.write(b"".join(parts))
-
-            def get_extra_info(self, key: str, default: Any = None) -> Any:
-                return ("127.0.0.1", 10911) if key in ("peername", "sockname") else default
-
-            def is_closing(self) -> bool:
-                return False
-
-            def close(self) -> None:
-                pass
-
-            def abort(self) -> None:
-                pass
-
-        p = Producer("127.0.0.1:9876", f"cb_{i}", send_latency_fault_enable=False)
-        await p.start()
-        inst = p.instance
-        inst.routes[topic] = TopicRouteData(
-            queue_datas=[QueueData("broker-a", 16, 16, 6)],
-            broker_datas=[BrokerData("DefaultCluster", "broker-a", {0: addr})])
-        inst._rebuild_broker_addrs()
-        conn = Connection(inst.pool.dispatcher)
-        conn.connection_made(FakeBroker(conn))  # type: ignore[arg-type]
-        inst.pool._conns[addr] = conn
-        return p
+        return await start_fake_producer(f"cb_{i}", msgs_per_request=a.batch)
 
     async def main() -> dict[str, Any]:
         producers = []
@@ -144,12 +92,10 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
             pstats.Stats(prof, stream=sys.stderr).sort_stats(a.profile).print_stats(30)
         if not a.ns:
             for p in producers:
-                p.instance._inner_producer = None
-                p.instance.pool._conns.clear()
-                p.instance.routes.clear()
-                p.instance.broker_addrs = {}
-        for p in producers:
-            await p.close()
+                await close_fake_producer(p)
+        else:
+            for p in producers:
+                await p.close()
         n = per * a.producers * a.batch
         return {"n": n, "us": (c1 - c0) / n * 1e6, "broker_us": (b1 - b0) / n * 1e6,
                 "mbs": n * a.size / (t1 - t0) / 1e6, "bad": bad}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -25,69 +24,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-_OPAQUE = re.compile(rb'"opaque":(\d+)')
-
 
 def child(a: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
-    import orjson
     import uvloop
+    from _fake_transport import TOPIC as topic
+    from _fake_transport import close_fake_producer, start_fake_producer
 
-    from ferrymq.client import Producer, new_message
+    from ferrymq.client import new_message
     from ferrymq.client.values import SendStatus
-    from ferrymq.common.route import BrokerData, QueueData, TopicRouteData
-    from ferrymq.remoting.connection import Connection
-
-    topic = "HotPath"
-    addr = "127.0.0.1:10911"
-
-    class FakeBroker:
-        """Transport of a client Connection: answers every request with SEND_OK."""
-
-        def __init__(self, conn: Connection) -> None:
-            self.conn = conn
-            self.loop = asyncio.get_running_loop()
-            self.offset = 0
-
-        def write(self, data: bytes) -> None:
-            m = _OPAQUE.search(data, 8, 600)
-            assert m is not None
-            self.offset += 1
-            header = orjson.dumps({
-                "code": 0, "extFields": {"msgId": "7F00000100002A9F0000000000A1B2C3", "queueId": "3",
-                                         "queueOffset": str(self.offset), "MSG_REGION": "DefaultRegion",
-                                         "TRACE_ON": "true"},
-                "flag": 1, "language": "JAVA", "opaque": int(m.group(1)), "serializeTypeCurrentRPC": "JSON",
-                "version": 407})
-            frame = (4 + len(header)).to_bytes(4, "big") + len(header).to_bytes(4, "big") + header
-            self.loop.call_soon(self.conn.data_received, frame)
-
-        def get_extra_info(self, key: str, default: Any = None) -> Any:
-            return ("127.0.0.1", 10911) if key in ("peername", "sockname") else default
-
-        def is_closing(self) -> bool:
-            return False
-
-        def close(self) -> None:
-            pass
-
-        def abort(self) -> None:
-            pass
 
     async def main() -> dict[str, Any]:
         producers = []
         for i in range(a.producers):
-            p = Producer("127.0.0.1:9876", f"inproc_{i}", send_latency_fault_enable=a.fault)
-            await p.start()
-            inst = p.instance
-            inst.routes[topic] = TopicRouteData(
-                queue_datas=[QueueData("broker-a", 16, 16, 6)],
-                broker_datas=[BrokerData("DefaultCluster", "broker-a", {0: addr})])
-            inst._rebuild_broker_addrs()
-            conn = Connection(inst.pool.dispatcher)
-            conn.connection_made(FakeBroker(conn))  # type: ignore[arg-type]
-            inst.pool._conns[addr] = conn
+            p = await start_fake_producer(f"inproc_{i}", fault=a.fault)
             producers.append(p)
         body = b"x" * a.size
         bad = 0
@@ -114,11 +65,7 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
             prof.disable()
             pstats.Stats(prof, stream=sys.stderr).sort_stats(a.profile).print_stats(35)
         for p in producers:
-            p.instance._inner_producer = None
-            p.instance.pool._conns.clear()
-            p.instance.routes.clear()
-            p.instance.broker_addrs = {}
-            await p.close()
+            await close_fake_producer(p)
         return {"us": (c1 - c0) / (per * a.producers) * 1e6, "bad": bad}
 
     return uvloop.run(main())

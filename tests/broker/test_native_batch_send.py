@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import struct
 import tempfile
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,8 +22,8 @@ import ferrymq.broker.app as app_mod
 from ferrymq.broker.app import BrokerController
 from ferrymq.common.message import host_to_bytes
 from ferrymq.remoting.codec import FrameDecoder, RemotingCommand
-from ferrymq.store import speedups
 from support.inproc import broker_config
+from support.native import require_extension
 
 STORE_CONFIG_OF = app_mod.store_config_of
 EXAMPLES = 80
@@ -39,12 +37,6 @@ ODD_NAMES = ["DELAY", "TRAN_MSG"]
 VALUES = ["", "true", "false", "FALSE", "TRUE", "0", "3", "-1", " 2", "abc", "k1 k2", "TagA", "v\x01w"]
 
 
-def require_extension() -> Any:
-    if speedups.EXTENSION is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("ferrymq.store._speedups was not built (CI must build the C extension)")
-        pytest.skip("ferrymq.store._speedups not built here")
-    return speedups.EXTENSION
 
 
 class StepClock:

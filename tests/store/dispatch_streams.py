@@ -4,18 +4,17 @@ and a byte-level snapshot of what dispatch produced (no fixtures)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from store_helpers import FakeClock, make_config
 
 from ferrymq.common.message import MessageExtBrokerInner
 from ferrymq.common.message_codec import END_FILE_MIN_BLANK_LENGTH, blank_filler, encode_record
-from ferrymq.store import MessageStore, speedups
+from ferrymq.store import MessageStore
+from support.native import require_extension as require_extension
 
 BORN_HOST = b"\x0a\x00\x00\x01\x00\x00\x30\x39"
 STORE_HOST = b"\x7f\x00\x00\x01\x00\x00\x51\xaf"
@@ -26,13 +25,6 @@ SYSFLAG_STOREHOST_V6 = 0x20
 MIN_HASH_KEY = "VA4r2px"
 
 
-def require_extension() -> object:
-    """The built extension; fails under CI (CI=true) when it is missing, skips elsewhere."""
-    if speedups.EXTENSION is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("ferrymq.store._speedups was not built (CI must build the C extension)")
-        pytest.skip("ferrymq.store._speedups not built here")
-    return speedups.EXTENSION
 
 
 @dataclass(frozen=True)
