@@ -144,3 +144,40 @@ async def test_slave_refuses_sends_and_rewrites_offset_moved(tmp_path) -> None:
         admin = await c.call(17, {"topic": "X", "readQueueNums": 1, "writeQueueNums": 1, "perm": 6})
         assert admin.code == R.SYSTEM_ERROR and admin.remark.startswith("Can't modify topic")
         c.close()
+
+
+async def test_sync_master_send_ok_is_the_plain_send_ok_frame(tmp_path) -> None:
+    """SEND_OK written from the ack callback is the templated frame of a plain send: same fields, same
+    opaque, byte for byte what ``encode`` writes for that SUCCESS command."""
+    from types import SimpleNamespace
+
+    from ferrymq.broker.processors.send import MSG_REGION, _SlaveAckReply
+    from ferrymq.remoting.codec import FLAG_RESPONSE, encode
+    from ferrymq.remoting.codes import CURRENT_VERSION
+
+    cfg = make_config(str(tmp_path / "s"), broker_role=BrokerRole.SYNC_MASTER)
+    async with BrokerController(cfg) as ctl:
+        c = await Client().open(ctl.broker_addr)
+        real_ha = ctl.writer.ha_service
+        plain = await c.call(10, send_v1("SM", 0, "WAIT\x01false\x02"), b"plain")  # answered at once
+        ctl.writer.ha_service = CallbackHA(True, True, "later")
+        synced = await c.call(10, send_v1("SM"), b"synced")
+        ctl.writer.ha_service = real_ha
+        c.close()
+    assert synced.code == plain.code == R.SUCCESS
+    assert set(synced.ext_fields) == set(plain.ext_fields)
+    assert synced.ext_fields["MSG_REGION"] == plain.ext_fields["MSG_REGION"] == MSG_REGION
+    assert (synced.language, synced.version, synced.flag) == (plain.language, plain.version, plain.flag)
+
+    written: list[bytes] = []
+    conn = SimpleNamespace(closed=False, send=written.append)
+    ar = SimpleNamespace(msg_id="7F00000100002A9F00000000000A1B2C", queue_offset=77)
+    req = RemotingCommand.request(10, send_v1("SM"), b"x")
+    req.opaque = 4242
+    reply = _SlaveAckReply(None, conn, req, SimpleNamespace(append_result=ar), 3)  # type: ignore[arg-type]
+    reply.inline = False
+    reply(True)
+    expected = RemotingCommand(
+        R.SUCCESS, {"msgId": ar.msg_id, "queueId": "3", "queueOffset": "77", "MSG_REGION": MSG_REGION,
+                    "TRACE_ON": "true"}, b"", 4242, FLAG_RESPONSE, None, "JAVA", CURRENT_VERSION, req.serialize_type)
+    assert written == [encode(expected)]

@@ -7,7 +7,8 @@ writable → 16; body too large → 13; retry topic past max reconsume → DLQ; 
 The handler is a plain function: it answers inline unless the put must wait (SYNC_FLUSH /
 SYNC_MASTER with WAIT != false), in which case it returns a coroutine — or, for SYNC_MASTER with
 ASYNC_FLUSH, None: the HA ack handler (or the shared deadline sweep) writes the answer to the
-connection itself (``_SlaveAckReply``: no task, no future, no loop turn between ack and answer).
+connection itself (``_SlaveAckReply``: no task, no future, no loop turn between ack and answer; SEND_OK
+is the same templated frame as a plain send's, ``encode_send_ok_response``).
 
 Hot-path notes: topic validation, tags hash codes and born hosts are cached per processor; the
 properties string is parsed/re-joined with C-level splits (the tolerant parser is the fallback).
@@ -55,8 +56,8 @@ from ferrymq.common.topic import (
     validate_topic,
 )
 from ferrymq.errors import ProtocolError
-from ferrymq.remoting.codec import FLAG_RESPONSE, RemotingCommand, encode_send_ok_response
-from ferrymq.remoting.codes import CURRENT_VERSION, RequestCode
+from ferrymq.remoting.codec import FLAG_ONEWAY, RemotingCommand, encode_send_ok_response
+from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 from ferrymq.store.results import PutMessageStatus
 
@@ -357,25 +358,15 @@ class SendProcessor:
                     return self._finish_on_slave_ack(conn, cmd, result, queue_id)
                 return self._finish_after_wait(cmd, result, queue_id)
             ar = result.append_result
-            # the usual answer: a templated frame, byte for byte what encode() writes for _ok_response
+            # the usual answer: a templated frame, byte for byte what encode() writes for the SUCCESS command
             return encode_send_ok_response(cmd.opaque, ar.msg_id, queue_id, ar.queue_offset, cmd.serialize_type)
         outcome = send_outcome(status)
         if outcome.stored and result.append_result is not None and self.ctx.writer.needs_wait(wait):
             return self._finish_after_wait(cmd, result, queue_id)
         return self._response(cmd, result, queue_id, status.name)
 
-    @staticmethod
-    def _ok_response(cmd: RemotingCommand, ar: Any, queue_id: int) -> RemotingCommand:
-        """PUT_OK without waits: what ``_response`` builds, minus the generic field conversion."""
-        return RemotingCommand(
-            R.SUCCESS,
-            {"msgId": ar.msg_id, "queueId": str(queue_id), "queueOffset": str(ar.queue_offset),
-             "MSG_REGION": MSG_REGION, "TRACE_ON": "true"},
-            b"", cmd.opaque, FLAG_RESPONSE, None, "JAVA", CURRENT_VERSION, cmd.serialize_type,
-        )
-
     def _finish_on_slave_ack(self, conn: Any, cmd: RemotingCommand, result: Any, queue_id: int
-                             ) -> RemotingCommand | None:
+                             ) -> RemotingCommand | bytes | None:
         """SYNC_MASTER + ASYNC_FLUSH: ``MessageWriter.wait_stored`` without a task or future — the HA
         ack handler writes the answer to ``conn`` itself (same statuses: SLAVE_NOT_AVAILABLE /
         FLUSH_SLAVE_TIMEOUT). Returns the answer when it is known at once, else None (answered later)."""
@@ -422,13 +413,17 @@ class _SlaveAckReply:
         self.result = result
         self.queue_id = queue_id
         self.inline = True
-        self.response: RemotingCommand | None = None
+        self.response: RemotingCommand | bytes | None = None
 
     def __call__(self, ok: bool) -> None:
         cmd = self.cmd
+        resp: RemotingCommand | bytes
         try:
             if ok:
-                resp = self.proc._ok_response(cmd, self.result.append_result, self.queue_id)
+                ar = self.result.append_result
+                # the templated SEND_OK frame (as SendProcessor._finish), carrying the request's opaque
+                resp = encode_send_ok_response(cmd.opaque, ar.msg_id, self.queue_id, ar.queue_offset,
+                                               cmd.serialize_type)
             else:
                 resp = self.proc._response(cmd, self.result, self.queue_id, "FLUSH_SLAVE_TIMEOUT")
         except Exception as exc:  # answered as SYSTEM_ERROR, like a failing handler
@@ -438,9 +433,10 @@ class _SlaveAckReply:
             self.response = resp
             return
         conn = self.conn
-        if cmd.is_oneway or conn is None or conn.closed:
+        if cmd.flag & FLAG_ONEWAY or conn is None or conn.closed:
             return
-        resp.opaque = cmd.opaque
+        if type(resp) is not bytes:
+            resp.opaque = cmd.opaque  # type: ignore[union-attr]
         try:
             conn.send(resp)
         except Exception as exc:  # the connection went away meanwhile
