@@ -589,7 +589,7 @@ PyDoc_STRVAR(scan_dispatch_doc,
 "-> (records, end_pos, last_store_timestamp, stop, runs, index_entries)\n\n"
 "Walk the commit log records in buf[pos:end] (a segment; file_from_offset is its first phy offset)\n"
 "while they are OK for check_record_meta and plain for dispatch; stop before the first other one\n"
-"(stop=2) so the Python path handles it. runs: [(topic, queue_id, first_queue_offset, units)],\n"
+"(stop=2) so the Python path handles it (at pos when a phy offset would not be an int64). runs: [(topic, queue_id, first_queue_offset, units)],\n"
 "units = packed 20-byte consume queue units at consecutive queue offsets, per queue in order.\n"
 "index_entries: packed scan index entries (24 bytes each) when want_index, else b''.");
 
@@ -619,7 +619,9 @@ static PyObject *scan_dispatch(PyObject *self, PyObject *args)
         return PyErr_NoMemory();
     }
     ScanResult res;
-    if (pos > end) { /* nothing readable: the Python path reports INCOMPLETE */
+    /* pos > end: nothing readable, the Python path reports INCOMPLETE. A file_from_offset for which a
+     * phy offset in buf[pos:end] would not be an int64 (a corrupt segment name): the Python path decides. */
+    if (pos > end || file_from_offset < 0 || file_from_offset > INT64_MAX - (long long)end) {
         res.records = 0;
         res.end_pos = pos;
         res.last_store_timestamp = 0;
@@ -675,8 +677,10 @@ static PyObject *index_put_many(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOnLLLLLL:index_put_many", &mm_obj, &entries_obj, &start, &slot_num, &index_num,
                           &count, &slots_used, &begin_ts, &begin_phy))
         return NULL;
-    if (slot_num <= 0 || slot_num > INT32_MAX_VALUE || index_num < 0 || index_num > INT32_MAX_VALUE || count < 0) {
-        PyErr_SetString(PyExc_ValueError, "index_put_many: bad slot_num, index_num or index_count");
+    /* hash_slot_count is an int32 of the header: out of that range it could overflow below */
+    if (slot_num <= 0 || slot_num > INT32_MAX_VALUE || index_num < 0 || index_num > INT32_MAX_VALUE || count < 0 ||
+        slots_used < INT32_MIN || slots_used > INT32_MAX_VALUE) {
+        PyErr_SetString(PyExc_ValueError, "index_put_many: bad slot_num, index_num, index_count or hash_slot_count");
         return NULL;
     }
     Py_buffer mm, entries;
@@ -697,16 +701,28 @@ static PyObject *index_put_many(PyObject *self, PyObject *args)
     uint8_t *base = (uint8_t *)mm.buf;
     uint8_t *entries_base = base + INDEX_HEADER_SIZE + slot_num * INDEX_SLOT_SIZE;
     const uint8_t *src = (const uint8_t *)entries.buf;
+    /* every key hash that would be put is checked first: on the error nothing is written (the caller's
+     * index_count / hash_slot_count stay those of the file) */
+    Py_ssize_t last = n; /* the loop below stops before entries[last] */
+    if (count >= index_num)
+        last = start;
+    else if (index_num - count < n - start)
+        last = start + (Py_ssize_t)(index_num - count);
+    for (Py_ssize_t k = start; k < last; k++) {
+        IndexEntry e;
+        memcpy(&e, src + k * SCAN_INDEX_ENTRY_SIZE, sizeof(e));
+        if (e.key_hash > (uint32_t)INT32_MAX_VALUE) {
+            PyBuffer_Release(&entries);
+            PyBuffer_Release(&mm);
+            PyErr_SetString(PyExc_ValueError, "index_put_many: key hash above INT32_MAX");
+            return NULL;
+        }
+    }
     Py_ssize_t i = start;
     int64_t end_phy = -1, end_ts = -1;
-    int bad_hash = 0;
     while (i < n && count < index_num) {
         IndexEntry e;
         memcpy(&e, src + i * SCAN_INDEX_ENTRY_SIZE, sizeof(e));
-        if (e.key_hash > (uint32_t)INT32_MAX_VALUE) {
-            bad_hash = 1;
-            break;
-        }
         uint8_t *slot = base + INDEX_HEADER_SIZE + (long long)(e.key_hash % (uint64_t)slot_num) * INDEX_SLOT_SIZE;
         int32_t prev = rd_i32(slot);
         if (prev <= 0 || prev >= count)
@@ -730,10 +746,6 @@ static PyObject *index_put_many(PyObject *self, PyObject *args)
     }
     PyBuffer_Release(&entries);
     PyBuffer_Release(&mm);
-    if (bad_hash) {
-        PyErr_SetString(PyExc_ValueError, "index_put_many: key hash above INT32_MAX");
-        return NULL;
-    }
     return Py_BuildValue("(nLLLLLL)", i, count, slots_used, begin_ts, begin_phy, (long long)end_phy,
                          (long long)end_ts);
 }
@@ -961,6 +973,8 @@ static int batch_plan(Batch *b, const uint8_t *buf, Py_ssize_t len, const PropLi
         Py_ssize_t text_len = prop_text_len(&pl);
         if (text_len > max_props || body_len > max_body)
             return BATCH_PYTHON; /* PROPERTIES_SIZE_EXCEEDED / MESSAGE_ILLEGAL, answered by the Python path */
+        if (fixed + body_len + text_len > INT32_MAX_VALUE)
+            return BATCH_PYTHON; /* TOTALSIZE is an int32 */
         if (batch_reserve(b, text_len) < 0)
             return BATCH_NO_MEMORY;
         BatchEntry *be = &b->entries[b->count++];
@@ -1014,7 +1028,7 @@ static void batch_write(const Batch *b, const uint8_t *body, const BatchRecordFi
         wr_i64(dst + OFFSET_PREPARED_OFFSET, 0);
         wr_u32(dst + OFFSET_BODY_LENGTH, (uint32_t)be->body_len);
         uint8_t *p = dst + HEAD_V4_SIZE;
-        memcpy(p, msg, (size_t)be->body_len);
+        memmove(p, msg, (size_t)be->body_len); /* the body may lie in mm itself */
         p += be->body_len;
         *p++ = (uint8_t)f->topic_len;
         memcpy(p, f->topic, (size_t)f->topic_len);
@@ -1081,8 +1095,8 @@ PyDoc_STRVAR(put_batch_doc,
 "log record per entry into mm at pos (queue offsets from queue_offset, phy offsets from phy_offset,\n"
 "BODYCRC = zlib crc32 & 0x7FFFFFFF, properties merged with merge_props, WAIT dropped, CLUSTER set).\n"
 "None: not handled (malformed, empty, non-ASCII properties, DELAY/TRAN_MSG, too many items, a size\n"
-"limit): the Python path answers. total > room: nothing written, offsets and msg_ids None (roll the\n"
-"segment and call again). Else clock_ms() was called once (STORETIMESTAMP), offsets = tuple of each\n"
+"limit, a negative or int64-overflowing offset, IPv6 host flags): the Python path answers.\n"
+"total > room: nothing written, offsets and msg_ids None (roll the segment and call again). Else clock_ms() was called once (STORETIMESTAMP), offsets = tuple of each\n"
 "record's phy offset, msg_ids = the comma-joined offset msgIds. merge_props and cluster are ASCII\n"
 "bytes; merge_props has no WAIT.");
 
@@ -1103,7 +1117,9 @@ static PyObject *put_batch(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "put_batch: bad topic, host, queue id, position or limit");
         return NULL;
     }
-    if (reconsume < INT32_MIN || reconsume > INT32_MAX || !all_ascii((const uint8_t *)merge_text, merge_len) ||
+    /* negative offsets, or IPv6 host flags on this IPv4 layout: the Python path answers */
+    if (queue_offset < 0 || phy_offset < 0 || (sys_flag & SYSFLAG_HOST_V6_MASK) != 0 || reconsume < INT32_MIN ||
+        reconsume > INT32_MAX || !all_ascii((const uint8_t *)merge_text, merge_len) ||
         !all_ascii((const uint8_t *)cluster, cluster_len))
         Py_RETURN_NONE;
     PropList merge;
@@ -1118,6 +1134,9 @@ static PyObject *put_batch(PyObject *self, PyObject *args)
     Py_ssize_t fixed = RECORD_MIN_SIZE + topic_len;
     int rc = batch_plan(&b, (const uint8_t *)body.buf, body.len, &merge, (const uint8_t *)cluster, cluster_len,
                         fixed, max_props, max_body);
+    /* the last record's queue offset and the phy offset past the batch must be int64s */
+    if (rc == BATCH_OK && (b.count > INT64_MAX - queue_offset || b.total > INT64_MAX - phy_offset))
+        rc = BATCH_PYTHON;
     PyObject *result = NULL;
     if (rc == BATCH_NO_MEMORY) {
         PyErr_NoMemory();

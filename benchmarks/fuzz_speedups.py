@@ -1,0 +1,382 @@
+"""Structured fuzzer for the C extension ``ferrymq.store._speedups`` (not a test: run it by hand).
+
+Feeds the three entry points (``scan_dispatch``, ``index_put_many``, ``put_batch``) mutations of valid input
+made by the repo's own encoders (length fields set to -1, 0, INT32_MAX, off by one; truncation at every
+byte; random bytes and splices), position/end/room arguments at and past the buffer ends, odd
+``max_records``, wrong argument types, clocks that raise or return non-ints, closed mmaps. Each call must
+return or raise a Python exception; the point is to run it under AddressSanitizer + UBSan, which turn a
+memory error into an abort::
+
+    mkdir /tmp/asan && git -C . archive HEAD | tar -x -C /tmp/asan
+    cp src/ferrymq/store/_speedups.c /tmp/asan/src/ferrymq/store/   # the working copy under test
+    cd /tmp/asan && CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined \\
+        -fno-omit-frame-pointer -O1 -g" LDFLAGS="-fsanitize=address,undefined" \\
+        python setup.py build_ext --inplace
+    ASAN_OPTIONS=detect_leaks=0 \\
+        LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so) \\
+        PYTHONPATH=/tmp/asan/src python benchmarks/fuzz_speedups.py --cases 300000
+
+``--leaks`` instead calls each function ~100k times on valid and invalid input and prints the RSS
+growth (``/proc/self/statm``) and, on a debug build, ``sys.gettotalrefcount()`` growth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import random
+import struct
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ferrymq.common.message import MessageExtBrokerInner
+from ferrymq.common.message_codec import encode_batch_body, encode_record
+from ferrymq.store.speedups import EXTENSION
+
+HOST = b"\x7f\x00\x00\x01\x00\x00\x51\xaf"
+INT32_EDGES = [-(1 << 31), -2, -1, 0, 1, 2, 90, 91, 127, 128, 32767, 32768, 65535, (1 << 31) - 1]
+SSIZE_EDGES = [-(1 << 63), -1, 0, 1, (1 << 62), (1 << 63) - 1]
+PROP_TEXTS = ["", "TAGS\x01a", "KEYS\x01k1 k2  k3", "UNIQ_KEY\x01u1\x02TAGS\x01t\x02KEYS\x01 ", "\x01\x02\x02",
+              "TAGS\x01\x02KEYS\x01", "WAIT\x01true\x02X\x01y", "DELAY\x013", "a" * 300, "\x02".join(["K\x01v"] * 70)]
+TOPICS = ["TopicA", "T", "SCHEDULE_TOPIC_XXXX", "..", "a/b", "t" * 127]
+
+
+def _record(rng: random.Random, qo: int, phy: int) -> bytes:
+    inner = MessageExtBrokerInner(rng.choice(TOPICS), rng.randrange(4), rng.randbytes(rng.randrange(40)),
+                                  0, rng.choice(PROP_TEXTS), 0, rng.choice([0, 0, 0, 4, 8, 0xC]),
+                                  1_690_000_000_000, HOST, HOST, 0)
+    return encode_record(inner, qo, phy, 1_690_000_000_000 + rng.randrange(10**6))
+
+
+def record_stream(rng: random.Random) -> bytes:
+    out = bytearray()
+    for i in range(rng.randrange(1, 6)):
+        out += _record(rng, i, len(out))
+    return bytes(out)
+
+
+def batch_body(rng: random.Random) -> bytes:
+    return encode_batch_body([(rng.choice([0, 1, -1]), rng.randbytes(rng.randrange(60)), rng.choice(PROP_TEXTS))
+                              for _ in range(rng.randrange(1, 5))])
+
+
+def mutate(rng: random.Random, data: bytes, int_offsets: list[int]) -> bytes:
+    buf = bytearray(data)
+    for _ in range(rng.randrange(1, 4)):
+        op = rng.randrange(7)
+        if not buf:
+            buf += rng.randbytes(rng.randrange(200))
+            continue
+        if op == 0 and int_offsets:  # a known int32 field set to an edge value (+/- 1)
+            off = rng.choice(int_offsets)
+            if off + 4 <= len(buf):
+                v = rng.choice(INT32_EDGES) + rng.choice([-1, 0, 0, 1])
+                struct.pack_into(">I", buf, off, v & 0xFFFFFFFF)
+        elif op == 1:  # any int32 / int16 anywhere
+            off = rng.randrange(len(buf))
+            width = rng.choice([2, 4])
+            if off + width <= len(buf):
+                v = rng.choice(INT32_EDGES) + rng.choice([-1, 0, 1])
+                buf[off:off + width] = (v & ((1 << (8 * width)) - 1)).to_bytes(width, "big")
+        elif op == 2:
+            del buf[rng.randrange(len(buf) + 1):]
+        elif op == 3:
+            buf[rng.randrange(len(buf))] = rng.randrange(256)
+        elif op == 4:
+            at = rng.randrange(len(buf) + 1)
+            buf[at:at] = rng.randbytes(rng.randrange(1, 40))
+        elif op == 5:
+            a = rng.randrange(len(buf))
+            b = rng.randrange(len(buf))
+            buf[a:a] = buf[b:b + rng.randrange(1, 100)]
+        else:
+            buf = bytearray(rng.randbytes(rng.randrange(300)))
+    return bytes(buf)
+
+
+def record_int_offsets(data: bytes) -> list[int]:
+    """TOTALSIZE, BODYLENGTH and the topic / properties length fields of every (intact) record."""
+    out: list[int] = []
+    pos = 0
+    while pos + 88 <= len(data):
+        total = struct.unpack_from(">i", data, pos)[0]
+        body_len = struct.unpack_from(">i", data, pos + 84)[0]
+        out += [pos, pos + 84, pos + 12, pos + 20, pos + 36]
+        t = pos + 88 + body_len
+        if 0 <= body_len and t < len(data):
+            out += [t - 3, t + data[t] - 2]  # int32 ending at the topic length byte / over the properties length
+        if total <= 0:
+            break
+        pos += total
+    return out
+
+
+def batch_int_offsets(data: bytes) -> list[int]:
+    out: list[int] = []
+    pos = 0
+    while pos + 20 <= len(data):
+        total = struct.unpack_from(">i", data, pos)[0]
+        body_len = struct.unpack_from(">i", data, pos + 16)[0]
+        out += [pos, pos + 16, pos + 18 + body_len]
+        if total <= 0:
+            break
+        pos += total
+    return out
+
+
+def _buffer(rng: random.Random, data: bytes, writable: bool = False) -> Any:
+    kind = rng.randrange(4)
+    if kind == 0 and not writable:
+        return data
+    if kind == 1 and data:
+        m = mmap.mmap(-1, len(data))
+        m[:] = data
+        return m
+    if kind == 2 and not writable:
+        return memoryview(data)
+    return bytearray(data)
+
+
+def _pick(rng: random.Random, good: Any, *bad: Any, p: float = 0.04) -> Any:
+    """Mostly the valid value; now and then one of the odd ones (so most calls get deep into the C code)."""
+    return rng.choice(bad) if bad and rng.random() < p else good
+
+
+def _edge(rng: random.Random, n: int) -> int:
+    return rng.choice([0, 1, n - 1, n, n + 1, n + 91, -1, rng.randrange(-5, n + 5), rng.choice(SSIZE_EDGES)])
+
+
+def fuzz_scan(rng: random.Random, native: Any) -> None:
+    data = record_stream(rng)
+    if rng.random() < 0.7:
+        data = mutate(rng, data, record_int_offsets(data))
+    buf = _buffer(rng, data)
+    n = len(data)
+    pos = _pick(rng, 0, _edge(rng, n), p=0.15)
+    end = _pick(rng, n, _edge(rng, n), p=0.15)
+    max_records = _pick(rng, 1 << 20, 1, 0, -1, 3, rng.choice(SSIZE_EDGES), p=0.15)
+    ffo = _pick(rng, rng.choice([0, 1 << 30]), -1, (1 << 63) - 1, -(1 << 63), (1 << 63) - 100, p=0.1)
+    try:
+        res = native.scan_dispatch(buf, pos, end, max_records, ffo, rng.random() < 0.8)
+    except (ValueError, OverflowError):
+        return
+    records, end_pos, _ts, _stop, runs, index = res
+    assert 0 <= records and (records == 0 or pos <= end_pos <= end), res[:4]
+    assert len(index) % native.SCAN_INDEX_ENTRY_SIZE == 0
+    for _topic, _qid, _qo, units in runs:
+        assert len(units) % 20 == 0
+    if rng.random() < 0.3 and index:  # feed the entries to the index writer too
+        fuzz_index(rng, native, index)
+
+
+def fuzz_index(rng: random.Random, native: Any, entries: bytes | None = None) -> None:
+    size = native.SCAN_INDEX_ENTRY_SIZE
+    if entries is None:
+        entries = b"".join(struct.pack("=qqI4x", rng.randrange(-(1 << 63), 1 << 63), rng.randrange(-(1 << 63), 1 << 63),
+                                       _pick(rng, rng.randrange(1 << 31), 0, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF))
+                           for _ in range(rng.randrange(8)))
+    if rng.random() < 0.1:
+        entries = mutate(rng, entries, [])
+    slot_num = _pick(rng, rng.choice([1, 2, 7, 100]), 0, -1, 1 << 31, (1 << 31) - 1, p=0.1)
+    index_num = _pick(rng, rng.choice([0, 1, 3, 50]), -1, 1 << 31, (1 << 31) - 1, p=0.1)
+    need = 40 + max(slot_num, 0) * 4 + max(index_num, 0) * 20
+    mm_len = _pick(rng, need, need - 1, need + 1, 0, 40, p=0.2) if need < 1 << 20 else rng.choice([0, 4096])
+    mm_len = max(mm_len, 0)
+    mm = _buffer(rng, bytes(mm_len), writable=True) if mm_len else bytearray()
+    n = len(entries) // size
+    count = _pick(rng, rng.choice([0, 1, 2, index_num - 1]), index_num, index_num + 1, -1, (1 << 63) - 1, p=0.2)
+    try:
+        native.index_put_many(mm, entries, _pick(rng, 0, n, n + 1, -1, 1, p=0.2), slot_num, index_num, count,
+                              _pick(rng, count, 0, -1, (1 << 63) - 1, -(1 << 63), p=0.2),
+                              _pick(rng, 1_690_000_000_000, 0, -(1 << 63), (1 << 63) - 1, p=0.2),
+                              _pick(rng, 0, -1, (1 << 63) - 1, p=0.2))
+    except (ValueError, OverflowError):
+        pass
+
+
+def _clock(rng: random.Random) -> Callable[[], Any]:
+    kind = rng.randrange(40)
+    if kind == 0:
+        def boom() -> int:
+            raise RuntimeError("clock")
+        return boom
+    if kind == 1:
+        return lambda: "now"
+    if kind == 2:
+        return lambda: 1 << 70
+    if kind == 3:
+        return lambda: 1.5
+    if kind == 4:
+        return lambda: None
+    return lambda: 1_690_000_000_000
+
+
+def fuzz_batch(rng: random.Random, native: Any) -> None:
+    data = batch_body(rng)
+    if rng.random() < 0.7:
+        data = mutate(rng, data, batch_int_offsets(data))
+    body = _buffer(rng, data)
+    mm_len = rng.choice([0, 1, 64, 1024, 4096, rng.randrange(2000)])
+    mm: Any = _buffer(rng, bytes(mm_len), writable=True) if mm_len else bytearray()
+    closed = False
+    if isinstance(mm, mmap.mmap) and rng.random() < 0.1:
+        mm.close()
+        closed = True
+    try:
+        pos = _pick(rng, rng.choice([0, 0, rng.randrange(mm_len + 1)]), _edge(rng, mm_len), p=0.1)
+        room = _pick(rng, mm_len - max(pos, 0), mm_len, 1 << 40, -1, 0, _edge(rng, mm_len), p=0.2)
+        topic = _pick(rng, b"TopicA", b"t" * 127, b"t" * 128, b"", b"a\x00b", "é".encode(), "TopicA", p=0.1)
+        merge = _pick(rng, rng.choice([b"", b"TAGS\x01m", b"WAIT\x01false\x02KEYS\x01a b"]),
+                      b"\x02".join([b"M\x01v"] * 70), b"DELAY\x011", "é\x01x".encode(), b"x" * 40000, p=0.1)
+        cluster = _pick(rng, b"DefaultCluster", b"", b"c" * 33000, p=0.1)
+        native.put_batch(mm, pos, room, body, topic, _pick(rng, 3, 0, -1, (1 << 31) - 1, 1 << 31),
+                         _pick(rng, 7, 0, -1, (1 << 63) - 1, (1 << 63) - 2, 1 << 63),
+                         _pick(rng, 4096, 0, -1, (1 << 63) - 1, (1 << 63) - 200, -(1 << 63)),
+                         merge, cluster, _pick(rng, HOST, HOST[:7], HOST + b"x", bytearray(HOST)), HOST,
+                         _pick(rng, 1, 0, -1, (1 << 63) - 1), _clock(rng), _pick(rng, 0, 0x30, -1, 0xC),
+                         _pick(rng, 0, -1, 1 << 31, -(1 << 40)), _pick(rng, 32767, 0, 100, -1, 40000),
+                         _pick(rng, 4 << 20, 0, 50, -1, (1 << 63) - 1))
+    except (ValueError, OverflowError, TypeError, RuntimeError, BufferError):
+        pass
+    if not closed and isinstance(mm, mmap.mmap):
+        mm.close()
+
+
+def fuzz_types(rng: random.Random, native: Any) -> None:
+    junk = [None, 1, -1, 1.5, "s", b"b", bytearray(4), object(), [], (1 << 80)]
+    for fn, nargs in ((native.scan_dispatch, 6), (native.index_put_many, 9), (native.put_batch, 18)):
+        args = [rng.choice(junk) for _ in range(rng.choice([nargs, nargs, 0, nargs - 1, nargs + 1]))]
+        try:
+            fn(*args)
+        except (TypeError, ValueError, OverflowError, BufferError, RuntimeError):
+            pass
+
+
+def run_cases(native: Any, cases: int, seed: int) -> None:
+    rng = random.Random(seed)
+    start = time.perf_counter()
+    counts = {"scan": 0, "index": 0, "batch": 0, "types": 0}
+    for i in range(cases):
+        r = i % 10
+        if r < 4:
+            fuzz_scan(rng, native)
+            counts["scan"] += 1
+        elif r < 6:
+            fuzz_index(rng, native)
+            counts["index"] += 1
+        elif r < 9:
+            fuzz_batch(rng, native)
+            counts["batch"] += 1
+        else:
+            fuzz_types(rng, native)
+            counts["types"] += 1
+        if i and i % 50000 == 0:
+            print(f"{i} cases, {time.perf_counter() - start:.0f}s", flush=True)
+    print(f"done: {counts} in {time.perf_counter() - start:.0f}s (seed {seed})")
+
+
+def truncations(native: Any, seed: int) -> None:
+    """Every prefix of a few valid streams and batch bodies (the torn tail of a segment / a short read)."""
+    rng = random.Random(seed)
+    for _ in range(50):
+        data = record_stream(rng)
+        for cut in range(len(data) + 1):
+            native.scan_dispatch(data[:cut], 0, cut, 1 << 20, 0, True)
+            native.scan_dispatch(data, 0, cut, 1 << 20, 0, True)
+        body = batch_body(rng)
+        mm = bytearray(4096)
+        for cut in range(len(body) + 1):
+            native.put_batch(mm, 0, 4096, body[:cut], b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST, 0,
+                             lambda: 1, 0, 0, 32767, 1 << 22)
+    print("truncations done")
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def leaks(native: Any, calls: int) -> None:
+    rng = random.Random(1)
+    stream = record_stream(rng) + _record(rng, 9, 0)
+    bad_stream = stream[:-1]
+    body = batch_body(rng)
+    entries = struct.pack("=qqI4x", 1, 2, 3) * 4
+    mm = bytearray(1 << 16)
+    imm = bytearray(40 + 4 * 16 + 20 * 100)
+
+    def boom() -> int:
+        raise RuntimeError
+
+    cases: dict[str, Callable[[], Any]] = {
+        "scan ok": lambda: native.scan_dispatch(stream, 0, len(stream), 100, 0, True),
+        "scan bad": lambda: native.scan_dispatch(bad_stream, 0, len(bad_stream), 100, 0, True),
+        "scan err": lambda: native.scan_dispatch(stream, 0, len(stream) + 1, 100, 0, True),
+        "index ok": lambda: native.index_put_many(imm, entries, 0, 16, 100, 1, 0, 0, 0),
+        "index err": lambda: native.index_put_many(imm, entries + b"x", 0, 16, 100, 1, 0, 0, 0),
+        "batch ok": lambda: native.put_batch(mm, 0, 1 << 16, body, b"TopicA", 0, 0, 0, b"A\x01b", b"C", HOST, HOST,
+                                             0, lambda: 5, 0, 0, 32767, 1 << 22),
+        "batch none": lambda: native.put_batch(mm, 0, 1 << 16, body[:-1], b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST,
+                                               0, lambda: 5, 0, 0, 32767, 1 << 22),
+        "batch clock": lambda: native.put_batch(mm, 0, 1 << 16, body, b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST,
+                                                0, boom, 0, 0, 32767, 1 << 22),
+        "batch nonint": lambda: native.put_batch(mm, 0, 1 << 16, body, b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST,
+                                                 0, lambda: "x", 0, 0, 32767, 1 << 22),
+        "batch nofit": lambda: native.put_batch(bytearray(10), 0, 1 << 16, body, b"TopicA", 0, 0, 0, b"", b"C", HOST,
+                                                HOST, 0, lambda: 5, 0, 0, 32767, 1 << 22),
+    }
+    # references kept on the arguments / the clock's result show up in their own counts on any build
+    now = 1_690_000_000_123
+    pinned = (stream, body, entries, mm, imm, now)
+    before = [sys.getrefcount(o) for o in pinned]
+    for _ in range(calls // 10):
+        native.put_batch(mm, 0, 1 << 16, body, b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST, 0, lambda: now, 0, 0,
+                         32767, 1 << 22)
+        native.put_batch(mm, 0, 1 << 16, body[:-1], b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST, 0, lambda: now, 0,
+                         0, 32767, 1 << 22)
+        native.scan_dispatch(stream, 0, len(stream), 100, 0, True)
+        native.index_put_many(imm, entries, 0, 16, 100, 1, 0, 0, 0)
+    after = [sys.getrefcount(o) for o in pinned]
+    print(f"argument refcounts before {before} after {after}")
+    refcount: Callable[[], int] | None = getattr(sys, "gettotalrefcount", None)
+    for name, fn in cases.items():
+        for _ in range(1000):  # warm up allocator pools
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - the error paths are the point
+                pass
+        rss0 = _rss_kib()
+        ref0 = refcount() if refcount else 0
+        for _ in range(calls):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                pass
+        grew = _rss_kib() - rss0
+        ref = f", refs {refcount() - ref0:+d}" if refcount else ""
+        print(f"{name:14s} {calls} calls: RSS {grew:+d} KiB{ref}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--leaks", action="store_true", help="RSS / refcount growth over --calls calls per case")
+    ap.add_argument("--calls", type=int, default=100_000)
+    args = ap.parse_args()
+    native = EXTENSION
+    if native is None:
+        sys.exit("ferrymq.store._speedups is not built")
+    print(f"extension: {native.__file__}")
+    if args.leaks:
+        leaks(native, args.calls)
+        return
+    truncations(native, args.seed)
+    run_cases(native, args.cases, args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""Adversarial input for the C extension (ferrymq.store._speedups): malformed batch bodies and commit log
+bytes, arguments at and past the buffer ends, out-of-range offsets, odd clocks, wrong types. Every call
+returns or raises a Python exception, and nothing is written out of place. The regression tests of the
+safety review; the long-running fuzzer (run under AddressSanitizer) is benchmarks/fuzz_speedups.py."""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from typing import Any
+
+import pytest
+from dispatch_streams import BORN_HOST, STORE_HOST, RecordSpec, encode_spec, require_extension
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ferrymq.common.message_codec import encode_batch_body
+from ferrymq.store import speedups
+
+INT64_MAX = (1 << 63) - 1
+TS = 1_700_000_000_000
+BODY = encode_batch_body([(0, b"abc", "TAGS\x01a\x02KEYS\x01k1 k2"), (1, b"", "UNIQ_KEY\x01u")])
+ENTRY = speedups.SCAN_INDEX_ENTRY
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def put(native: Any, mm: Any, body: Any = BODY, pos: int = 0, room: int | None = None, queue_offset: int = 0,
+        phy_offset: int = 0, sys_flag: int = 0, clock: Any = lambda: TS, max_body: int = 1 << 22) -> Any:
+    return native.put_batch(mm, pos, len(mm) - pos if room is None else room, body, b"TopicA", 0, queue_offset,
+                            phy_offset, b"", b"DefaultCluster", BORN_HOST, STORE_HOST, TS, clock, sys_flag, 0,
+                            32767, max_body)
+
+
+def stream(n: int = 3) -> bytes:
+    out = b""
+    for i in range(n):
+        out += encode_spec(RecordSpec("TopicA", i % 2, i // 2, 0, f"KEYS\x01k{i}\x02TAGS\x01t", b"x" * i, TS + i),
+                           len(out))
+    return out
+
+
+# ---- put_batch ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("queue_offset", "phy_offset"), [
+    (INT64_MAX, 0), (INT64_MAX - 1, 0), (0, INT64_MAX), (0, INT64_MAX - 100), (-1, 0), (0, -1),
+])
+def test_put_batch_offsets_that_would_overflow_int64_are_left_to_python(queue_offset: int, phy_offset: int) -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+    assert put(native, mm, queue_offset=queue_offset, phy_offset=phy_offset) is None
+    assert mm == bytearray(4096)
+    # the largest offsets that still fit are written
+    count, total, offsets, _ids, _ts = put(native, mm, queue_offset=INT64_MAX - 2)
+    assert count == 2 and offsets[0] == 0 and 0 < offsets[1] < total
+    res = put(native, bytearray(4096), phy_offset=INT64_MAX - total)
+    assert res is not None and res[2][-1] < INT64_MAX
+
+
+@pytest.mark.parametrize("sys_flag", [0x10, 0x20, 0x30, -1])
+def test_put_batch_ipv6_host_flags_are_left_to_python(sys_flag: int) -> None:
+    native = require_extension()
+    assert put(native, bytearray(4096), sys_flag=sys_flag) is None
+
+
+def test_put_batch_clock_errors_write_nothing() -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+
+    def boom() -> int:
+        raise RuntimeError("clock")
+
+    with pytest.raises(RuntimeError):
+        put(native, mm, clock=boom)
+    for bad in ("now", 1.5, None, 1 << 64):
+        with pytest.raises((TypeError, OverflowError)):
+            put(native, mm, clock=lambda bad=bad: bad)
+    with pytest.raises(TypeError):
+        put(native, mm, clock=None)
+    assert mm == bytearray(4096)
+
+
+def test_put_batch_closed_or_read_only_or_short_mm() -> None:
+    native = require_extension()
+    m = mmap.mmap(-1, 4096)
+    m.close()
+    with pytest.raises(ValueError):
+        put(native, m, room=4096)
+    with pytest.raises((TypeError, BufferError)):
+        put(native, bytes(4096))
+    short = bytearray(100)
+    with pytest.raises(ValueError):  # room says it fits, mm does not
+        put(native, short, room=4096)
+    with pytest.raises(ValueError):
+        put(native, short, pos=101, room=4096)
+    assert short == bytearray(100)
+    with pytest.raises(ValueError):
+        put(native, bytearray(10), pos=-1)
+
+
+def test_put_batch_body_inside_mm() -> None:
+    """The batch body a view of the segment it is written to: defined (if useless) bytes, no crash."""
+    native = require_extension()
+    mm = bytearray(4096)
+    mm[: len(BODY)] = BODY
+    view = memoryview(mm)[: len(BODY)]
+    with pytest.raises(BufferError):
+        mm.extend(b"x")  # the view pins mm, as the call's buffer exports do
+    res = put(native, mm, body=view)
+    view.release()
+    assert res is not None and res[0] == 2
+
+
+def _mutations() -> st.SearchStrategy[bytes]:
+    edges = st.sampled_from([-(1 << 31), -1, 0, 1, 19, 20, 21, 22, 0x7FFF, 0x8000, 0xFFFF, (1 << 31) - 1])
+
+    def apply(args: tuple[int, int, int, int, bytes]) -> bytes:
+        kind, at, width, value, extra = args
+        buf = bytearray(BODY)
+        at %= len(buf) + 1
+        if kind == 0:
+            del buf[at:]
+        elif kind == 1 and at + width <= len(buf):
+            buf[at:at + width] = (value & ((1 << 8 * width) - 1)).to_bytes(width, "big")
+        else:
+            buf[at:at] = extra
+        return bytes(buf)
+
+    return st.tuples(st.integers(0, 2), st.integers(0, 200), st.sampled_from([2, 4]), edges,
+                     st.binary(max_size=30)).map(apply)
+
+
+@SETTINGS
+@given(body=st.one_of(_mutations(), st.binary(max_size=200)), room=st.integers(-1, 5000),
+       pos=st.integers(0, 5000))
+def test_put_batch_malformed_bodies_stay_in_bounds(body: bytes, room: int, pos: int) -> None:
+    native = require_extension()
+    guard = b"\xee" * 64
+    mm = bytearray(2048) + guard
+    try:
+        res = native.put_batch(memoryview(mm)[:2048], pos, room, body, b"TopicA", 0, 0, 0, b"", b"C", BORN_HOST,
+                               STORE_HOST, TS, lambda: TS, 0, 0, 32767, 1 << 22)
+    except ValueError:
+        res = None  # pos past mm, or records larger than mm at pos
+    assert mm[2048:] == guard
+    if res is not None and res[2] is not None:
+        count, total, offsets, ids, _ts = res
+        assert 0 < total <= min(room, 2048 - pos) and len(offsets) == count == len(ids.split(","))
+
+
+# ---- scan_dispatch --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("file_from_offset", [INT64_MAX, INT64_MAX - 10, -1, -(1 << 63)])
+def test_scan_phy_offsets_that_would_overflow_are_left_to_python(file_from_offset: int) -> None:
+    native = require_extension()
+    data = stream()
+    assert native.scan_dispatch(data, 0, len(data), 100, file_from_offset, True) == (0, 0, 0, 2, [], b"")
+    # the largest base that still fits is scanned
+    res = native.scan_dispatch(data, 0, len(data), 100, INT64_MAX - len(data), True)
+    assert res[0] == 3 and res[3] == speedups.SCAN_STOP_END
+
+
+def test_scan_arguments_at_and_past_the_buffer_ends() -> None:
+    native = require_extension()
+    data = stream()
+    n = len(data)
+    for pos, end in [(0, n + 1), (-1, n), (0, -1)]:
+        with pytest.raises(ValueError):
+            native.scan_dispatch(data, pos, end, 10, 0, True)
+    assert native.scan_dispatch(data, n + 5, n, 10, 0, True)[:4] == (0, n + 5, 0, speedups.SCAN_STOP_RECORD)
+    assert native.scan_dispatch(data, n, n, 10, 0, True)[:4] == (0, n, 0, speedups.SCAN_STOP_END)
+    assert native.scan_dispatch(data, 0, n, 0, 0, True)[:4] == (0, 0, 0, speedups.SCAN_STOP_LIMIT)
+    with pytest.raises(ValueError):
+        native.scan_dispatch(data, 0, n, -1, 0, True)
+    m = mmap.mmap(-1, n)
+    m.close()
+    with pytest.raises(ValueError):
+        native.scan_dispatch(m, 0, 0, 10, 0, True)
+
+
+def test_scan_every_truncation() -> None:
+    native = require_extension()
+    data = stream(4)
+    for cut in range(len(data) + 1):
+        for buf in (data[:cut], data):
+            records, end_pos, _ts, _stop, runs, index = native.scan_dispatch(buf, 0, cut, 100, 0, True)
+            assert end_pos <= cut and len(index) % ENTRY.size == 0
+            assert sum(len(units) for *_, units in runs) == 20 * records
+
+
+@SETTINGS
+@given(at=st.integers(0, 400), width=st.sampled_from([1, 2, 4]),
+       value=st.sampled_from([-(1 << 31), -1, 0, 1, 90, 91, 127, 128, 0x7FFF, 0x8000, (1 << 31) - 1]),
+       end_cut=st.integers(0, 30))
+def test_scan_corrupt_length_fields_stay_in_bounds(at: int, width: int, value: int, end_cut: int) -> None:
+    native = require_extension()
+    buf = bytearray(stream(4))
+    at %= len(buf) - width
+    buf[at:at + width] = (value & ((1 << 8 * width) - 1)).to_bytes(width, "big")
+    end = len(buf) - end_cut
+    records, end_pos, _ts, stop, runs, index = native.scan_dispatch(bytes(buf), 0, end, 100, 0, True)
+    assert 0 <= end_pos <= end and (stop != speedups.SCAN_STOP_END or end_pos == end)
+    assert sum(len(units) for *_, units in runs) == 20 * records
+
+
+# ---- index_put_many -------------------------------------------------------------------------------------
+
+
+def _index(slot_num: int = 4, index_num: int = 8) -> bytearray:
+    return bytearray(40 + 4 * slot_num + 20 * index_num)
+
+
+def test_index_bad_hash_writes_nothing() -> None:
+    native = require_extension()
+    good = ENTRY.pack(100, TS, 5)
+    bad = ENTRY.pack(200, TS, 0x80000000)
+    mm = _index()
+    with pytest.raises(ValueError):
+        native.index_put_many(mm, good * 3 + bad, 0, 4, 8, 1, 0, 0, 0)
+    assert mm == _index()
+    # past what the file can take, a bad entry is not looked at (as before)
+    res = native.index_put_many(mm, good * 3 + bad, 0, 4, 4, 1, 0, 0, 0)
+    assert res[:3] == (3, 4, 1)
+    assert native.index_put_many(mm, bad, 0, 4, 4, 4, 1, 0, 0)[:2] == (0, 4)
+
+
+@pytest.mark.parametrize("slots_used", [INT64_MAX, -(1 << 63), 1 << 31, -(1 << 31) - 1])
+def test_index_hash_slot_count_out_of_int32(slots_used: int) -> None:
+    native = require_extension()
+    with pytest.raises(ValueError):
+        native.index_put_many(_index(), ENTRY.pack(1, TS, 3), 0, 4, 8, 1, slots_used, 0, 0)
+
+
+def test_index_geometry_and_positions() -> None:
+    native = require_extension()
+    e = ENTRY.pack(1, TS, 3) * 2
+    for args in [(_index()[:-1], e, 0, 4, 8), (_index(), e, 3, 4, 8), (_index(), e, -1, 4, 8), (_index(), e[:-1], 0, 4, 8),
+                 (_index(), e, 0, 0, 8), (_index(), e, 0, 4, -1), (_index(), e, 0, 1 << 31, 8)]:
+        with pytest.raises(ValueError):
+            native.index_put_many(*args, 1, 0, 0, 0)
+    with pytest.raises((TypeError, BufferError)):
+        native.index_put_many(bytes(_index()), e, 0, 4, 8, 1, 0, 0, 0)
+    assert native.index_put_many(_index(), e, 0, 4, 8, 1 << 40, 0, 0, 0)[:2] == (0, 1 << 40)
+
+
+@SETTINGS
+@given(entries=st.lists(st.tuples(st.integers(-(1 << 63), INT64_MAX), st.integers(-(1 << 63), INT64_MAX),
+                                  st.integers(0, 0x7FFFFFFF)), max_size=12),
+       slot_num=st.integers(1, 9), index_num=st.integers(0, 9), count=st.integers(0, 12),
+       slots_used=st.integers(-(1 << 31), 0x7FFFFFFF), start=st.integers(0, 12))
+def test_index_writes_stay_in_the_file(entries: list[tuple[int, int, int]], slot_num: int, index_num: int, count: int,
+                                       slots_used: int, start: int) -> None:
+    native = require_extension()
+    packed = b"".join(ENTRY.pack(*e) for e in entries)
+    guard = b"\xee" * 32
+    size = 40 + 4 * slot_num + 20 * index_num
+    mm = bytearray(size) + guard
+    try:
+        nxt, new_count, *_ = native.index_put_many(memoryview(mm)[:size], packed, start, slot_num, index_num, count,
+                                                   slots_used, 0, 0)
+    except ValueError:
+        assert start > len(entries)
+        return
+    assert mm[size:] == guard and mm[:40] == bytes(40)  # the header is the caller's
+    assert new_count - count == nxt - start and new_count <= max(count, index_num)
+
+
+# ---- wrong types ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["scan_dispatch", "index_put_many", "put_batch"])
+def test_wrong_argument_types_raise(name: str) -> None:
+    native = require_extension()
+    fn = getattr(native, name)
+    nargs = {"scan_dispatch": 6, "index_put_many": 9, "put_batch": 18}[name]
+    for junk in (None, 1.5, "s", object(), 1 << 80, []):
+        for i in range(nargs):
+            args: list[Any] = [0] * nargs
+            args[i] = junk
+            with pytest.raises((TypeError, ValueError, OverflowError, BufferError)):
+                fn(*args)
+    with pytest.raises(TypeError):
+        fn()
+
+
+def test_scan_index_entry_layout() -> None:
+    native = require_extension()
+    assert native.SCAN_INDEX_ENTRY_SIZE == ENTRY.size == struct.calcsize("=qqI4x")
