@@ -148,6 +148,196 @@ def test_put_batch_malformed_bodies_stay_in_bounds(body: bytes, room: int, pos: 
         assert 0 < total <= min(room, 2048 - pos) and len(offsets) == count == len(ids.split(","))
 
 
+# ---- put_one ----------------------------------------------------------------------------------------------
+
+ONE_PROPS = b"TAGS\x01a\x02KEYS\x01k1 k2\x02WAIT\x01false"
+
+
+def put1(native: Any, mm: Any, body: Any = b"abc", props: Any = ONE_PROPS, pos: int = 0, room: int | None = None,
+         queue_offset: int = 0, phy_offset: int = 0, flag: int = 0, sys_flag: int = 0, reconsume: int = 0,
+         clock: Any = lambda: TS, max_props: int = 32767, max_body: int = 1 << 22, topic: bytes = b"TopicA",
+         queue_id: int = 0, born_ts: int = TS) -> Any:
+    return native.put_one(mm, pos, len(mm) - pos if room is None else room, body, props, topic, queue_id,
+                          queue_offset, phy_offset, b"DefaultCluster", BORN_HOST, STORE_HOST, born_ts, clock, flag,
+                          sys_flag, reconsume, max_props, max_body)
+
+
+def python_record(body: bytes, props: bytes, queue_offset: int, phy_offset: int, flag: int = 0,
+                  sys_flag: int = 0, reconsume: int = 0) -> tuple[bytes, bool]:
+    """What SendProcessor._send_one + CommitLog.put_message store for a plain send (the reference)."""
+    from ferrymq.broker.processors.send import _parse_properties, _properties_text  # noqa: PLC0415
+    from ferrymq.common.message import MessageExtBrokerInner  # noqa: PLC0415
+    from ferrymq.common.message_codec import encode_record_parts  # noqa: PLC0415
+
+    p = _parse_properties(props.decode("ascii"))
+    wait = p.pop("WAIT", "true").lower() != "false"
+    p["CLUSTER"] = "DefaultCluster"
+    text = _properties_text(p).encode("utf-8")
+    inner = MessageExtBrokerInner(topic="TopicA", queue_id=0, body=body, flag=flag, properties_string="",
+                                  sys_flag=sys_flag, born_timestamp=TS, born_host=BORN_HOST, store_host=STORE_HOST,
+                                  reconsume_times=reconsume)
+    return encode_record_parts(inner, b"TopicA", text, queue_offset, phy_offset, TS), wait
+
+
+def test_put_one_writes_the_python_record() -> None:
+    from ferrymq.common.message import encode_offset_msg_id_raw  # noqa: PLC0415
+
+    native = require_extension()
+    mm = bytearray(4096) + b"\xee" * 64
+    total, wait, msg_id, ts = put1(native, memoryview(mm)[:4096], pos=100, queue_offset=7, phy_offset=1 << 40)
+    record, py_wait = python_record(b"abc", ONE_PROPS, 7, 1 << 40)
+    assert (total, wait, ts) == (len(record), py_wait, TS) and not wait
+    assert mm[100:100 + total] == record and mm[:100] == bytearray(100) and mm[100 + total:4096] == bytes(
+        4096 - 100 - total)
+    assert mm[4096:] == b"\xee" * 64
+    assert msg_id == encode_offset_msg_id_raw(STORE_HOST, 1 << 40)
+
+
+@pytest.mark.parametrize(("queue_offset", "phy_offset"), [
+    (INT64_MAX, 0), (-1, 0), (0, -1), (0, INT64_MAX), (0, INT64_MAX - 100),
+])
+def test_put_one_offsets_that_would_overflow_int64_are_left_to_python(queue_offset: int, phy_offset: int) -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+    assert put1(native, mm, queue_offset=queue_offset, phy_offset=phy_offset) is None
+    assert mm == bytearray(4096)
+    total = put1(native, bytearray(4096), queue_offset=INT64_MAX - 1)[0]
+    res = put1(native, mm, phy_offset=INT64_MAX - total)
+    assert res is not None and res[2] == encode_id(INT64_MAX - total)
+
+
+def encode_id(phy: int) -> str:
+    from ferrymq.common.message import encode_offset_msg_id_raw  # noqa: PLC0415
+
+    return encode_offset_msg_id_raw(STORE_HOST, phy)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("sys_flag", 0x4), ("sys_flag", 0x8), ("sys_flag", 0xC), ("sys_flag", 0x10), ("sys_flag", 0x20),
+    ("sys_flag", -1), ("sys_flag", 1 << 31), ("flag", 1 << 31), ("flag", -(1 << 31) - 1), ("reconsume", 1 << 31),
+    ("reconsume", -(1 << 31) - 1), ("props", b"DELAY\x013"), ("props", b"DELAY\x010"), ("props", b"TRAN_MSG\x01x"),
+    ("props", "TAGS\x01ü".encode()), ("props", b"\x02".join(b"n%d\x01v" % i for i in range(70))),
+    ("max_props", 10), ("max_body", 2),
+])
+def test_put_one_declines_what_python_decides(field: str, value: Any) -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+    assert put1(native, mm, **{field: value}) is None
+    assert mm == bytearray(4096)
+    # the largest values that still fit are written
+    assert put1(native, mm, flag=(1 << 31) - 1, sys_flag=(1 << 31) - 1 - 0x3C, reconsume=-(1 << 31)) is not None
+
+
+def test_put_one_field_limits() -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+    for kwargs in ({"topic": b""}, {"topic": b"t" * 128}, {"queue_id": -1}, {"pos": -1}, {"max_props": -1},
+                   {"max_props": 1 << 15}, {"max_body": -1}):
+        with pytest.raises(ValueError):
+            put1(native, mm, **kwargs)
+    for kwargs in ({"queue_offset": 1 << 63}, {"flag": 1 << 64}, {"born_ts": 1 << 63}):
+        with pytest.raises(OverflowError):
+            put1(native, mm, **kwargs)
+    with pytest.raises(TypeError):
+        put1(native, mm, props="TAGS\x01a")
+    assert mm == bytearray(4096)
+
+
+def test_put_one_room_and_short_or_closed_mm() -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+    total = put1(native, bytearray(4096))[0]
+    assert put1(native, mm, room=total - 1) == (total, False, None, None)  # roll and call again
+    assert put1(native, mm, room=-1)[2] is None
+    assert mm == bytearray(4096)
+    assert put1(native, mm, room=total)[0] == total
+    short = bytearray(100)
+    with pytest.raises(ValueError):  # room says it fits, mm does not
+        put1(native, short, room=4096)
+    with pytest.raises(ValueError):
+        put1(native, short, pos=101, room=4096)
+    assert short == bytearray(100)
+    m = mmap.mmap(-1, 4096)
+    m.close()
+    with pytest.raises(ValueError):
+        put1(native, m, room=4096)
+    with pytest.raises((TypeError, BufferError)):
+        put1(native, bytes(4096))
+
+
+def test_put_one_clock_errors_write_nothing() -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+
+    def boom() -> int:
+        raise RuntimeError("clock")
+
+    with pytest.raises(RuntimeError):
+        put1(native, mm, clock=boom)
+    for bad in ("now", 1.5, None, 1 << 64):
+        with pytest.raises((TypeError, OverflowError)):
+            put1(native, mm, clock=lambda bad=bad: bad)
+    with pytest.raises(TypeError):
+        put1(native, mm, clock=None)
+    assert mm == bytearray(4096)
+
+
+def test_put_one_large_properties_and_body_inside_mm() -> None:
+    """Properties past the on-stack buffer (heap), a body larger than the GIL-release threshold, and a body that is
+    a view of the segment it is written to (as put_batch's)."""
+    native = require_extension()
+    props = b"KEYS\x01" + b"k" * 5000 + b"\x02TAGS\x01t"
+    body = bytes(range(256)) * 1200
+    mm = bytearray(len(body) + 8000)
+    total, wait, _id, _ts = put1(native, mm, body=body, props=props, phy_offset=5)
+    record, py_wait = python_record(body, props, 0, 5)
+    assert (total, wait) == (len(record), py_wait) and mm[:total] == record
+    mm = bytearray(4096)
+    mm[:10] = b"0123456789"
+    view = memoryview(mm)[:10]
+    res = put1(native, mm, body=view, pos=0)
+    view.release()
+    assert res is not None and res[0] == 147  # defined (if useless) bytes, no crash
+
+
+one_item = st.one_of(
+    st.tuples(st.sampled_from(["TAGS", "KEYS", "WAIT", "CLUSTER", "UNIQ_KEY", "X"]),
+              st.sampled_from(["", "false", "FALSE", "true", "fAlSe", "falsee", "a b", "v\x01w"])).map(
+        lambda nv: f"{nv[0]}\x01{nv[1]}"),
+    st.sampled_from(["", "\x01", "a", "\x01v", "ab"]),
+)
+
+
+@SETTINGS
+@given(items=st.lists(one_item, max_size=8), trailing=st.booleans(), body=st.binary(max_size=300),
+       queue_offset=st.integers(0, 1 << 40), phy_offset=st.integers(0, 1 << 50), flag=st.integers(-(1 << 31), (1 << 31) - 1),
+       reconsume=st.integers(-(1 << 31), (1 << 31) - 1), room=st.integers(-1, 1200), pos=st.integers(0, 1500))
+def test_put_one_matches_the_python_record(items: list[str], trailing: bool, body: bytes, queue_offset: int,
+                                           phy_offset: int, flag: int, reconsume: int, room: int, pos: int) -> None:
+    native = require_extension()
+    props = ("\x02".join(items) + ("\x02" if trailing else "")).encode("ascii")
+    guard = b"\xee" * 64
+    mm = bytearray(1024) + guard
+    record, py_wait = python_record(body, props, queue_offset, phy_offset, flag, 0, reconsume)
+    try:
+        res = put1(native, memoryview(mm)[:1024], body=body, props=props, pos=pos, room=room,
+                   queue_offset=queue_offset, phy_offset=phy_offset, flag=flag, reconsume=reconsume)
+    except ValueError:
+        assert pos > 1024 or 1024 - pos < len(record)  # room said it fits, mm did not
+        res = None
+    assert mm[1024:] == guard
+    if res is None:
+        assert mm[:1024] == bytearray(1024)
+        return
+    total, wait, msg_id, _ts = res
+    assert (total, wait) == (len(record), py_wait)
+    if msg_id is None:
+        assert total > room and mm[:1024] == bytearray(1024)
+    else:
+        assert mm[pos:pos + total] == record and msg_id == encode_id(phy_offset)
+        assert mm[:pos] == bytearray(pos) and mm[pos + total:1024] == bytearray(1024 - pos - total)
+
+
 # ---- scan_dispatch --------------------------------------------------------------------------------------
 
 

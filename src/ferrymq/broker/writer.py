@@ -41,6 +41,20 @@ class MessageWriter:
         self.ha_service: Any = None
         self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.sync_master = config.broker_role is BrokerRole.SYNC_MASTER
+        #: the store's native single put, when it has one (None: ``put`` only)
+        self._put_one_raw: Callable[..., tuple[Any, bool] | None] | None = None
+        #: whether ``put_one_raw`` may handle a send (the send processor skips its preparation otherwise)
+        self.native_put_one = False
+        self.refresh_native()
+
+    def refresh_native(self) -> None:
+        """Take the store's native single put if its commit log has the C extension (again after a test
+        swapped ``commit_log.native``); a pure-Python store's sends go straight to ``put``."""
+        put_raw = getattr(self._store, "put_one_raw", None)
+        if getattr(getattr(self._store, "commit_log", None), "native", None) is None:
+            put_raw = None
+        self._put_one_raw = put_raw
+        self.native_put_one = put_raw is not None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -70,6 +84,19 @@ class MessageWriter:
         if result is not None and result.append_result is not None:
             self._appended((topic, queue_id))
         return result
+
+    def put_one_raw(self, topic: str, queue_id: int, body: bytes, props: bytes, cluster: bytes, flag: int,
+                    sys_flag: int, born_timestamp: int, born_host: bytes, store_host: bytes,
+                    reconsume_times: int) -> tuple[Any, bool] | None:
+        """The native single SEND put (``MessageStore.put_one_raw``): (result, WAIT flag); None = use ``put``."""
+        put_raw = self._put_one_raw
+        if put_raw is None:
+            return None
+        res = put_raw(topic, queue_id, body, props, cluster, flag, sys_flag, born_timestamp, born_host, store_host,
+                      reconsume_times)
+        if res is not None and res[0].append_result is not None:
+            self._appended((topic, queue_id))
+        return res
 
     def _appended(self, key: QueueKey) -> None:
         self._pending_keys.add(key)

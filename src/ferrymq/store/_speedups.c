@@ -1180,12 +1180,167 @@ static PyObject *put_batch(PyObject *self, PyObject *args)
     return result;
 }
 
+/* ---- single put (SEND_MESSAGE / SEND_MESSAGE_V2) ------------------------------------------------ */
+
+/* properties texts up to this long are built on the stack (longer: PyMem_RawMalloc) */
+#define PUT_ONE_STACK_PROPS 1024
+/* bodies at least this long are copied with the GIL released */
+#define PUT_ONE_NOGIL_BODY (256 * 1024)
+static const char WAIT_FALSE[] = "false";
+
+/* the offset msgId of the record at phy (encode_offset_msg_id_raw: uppercase hex of host + offset) */
+static PyObject *msg_id_of(const uint8_t *store_host, int64_t phy)
+{
+    PyObject *text = PyUnicode_New(MSG_ID_HEX_LEN, ASCII_MAX);
+    if (text == NULL)
+        return NULL;
+    Py_UCS1 *out = PyUnicode_1BYTE_DATA(text);
+    for (int k = 0; k < HOST_V4_SIZE; k++) {
+        out[2 * k] = (Py_UCS1)HEX_UPPER[store_host[k] >> 4];
+        out[2 * k + 1] = (Py_UCS1)HEX_UPPER[store_host[k] & 0xF];
+    }
+    uint64_t v = (uint64_t)phy;
+    for (int k = MSG_ID_HEX_LEN - 1; k >= 2 * HOST_V4_SIZE; k--) {
+        out[k] = (Py_UCS1)HEX_UPPER[v & 0xF];
+        v >>= 4;
+    }
+    return text;
+}
+
+PyDoc_STRVAR(put_one_doc,
+"put_one(mm, pos, room, body, props, topic, queue_id, queue_offset, phy_offset, cluster, born_host,\n"
+"        store_host, born_timestamp, clock_ms, flag, sys_flag, reconsume_times, max_props, max_body)\n"
+"-> None | (total, wait, msg_id, store_timestamp)\n\n"
+"The plain SEND_MESSAGE put of CommitLog.put_one_raw: parse props (the request's properties, ASCII bytes)\n"
+"as string_to_properties does, take WAIT out (wait = its value lowercased != 'false'), set CLUSTER, and\n"
+"write one commit log record into mm at pos (queue offset queue_offset, phy offset phy_offset, BODYCRC =\n"
+"zlib crc32 & 0x7FFFFFFF). None: not handled (non-ASCII, DELAY / TRAN_MSG present, transaction or IPv6\n"
+"sys flags, too many items, a size limit, a field out of its record range, a negative or overflowing\n"
+"offset): the Python path answers. total > room: nothing written, msg_id and store_timestamp None (roll\n"
+"the segment and call again). Else clock_ms() was called once (STORETIMESTAMP).");
+
+static PyObject *put_one(PyObject *self, PyObject *args)
+{
+    PyObject *mm_obj, *body_obj, *clock;
+    Py_ssize_t pos, room, props_len, topic_len, cluster_len, born_len, store_len, max_props, max_body;
+    const char *props, *topic, *cluster, *born_host, *store_host;
+    int queue_id;
+    long long queue_offset, phy_offset, born_ts, store_ts = 0, flag, sys_flag, reconsume;
+    if (!PyArg_ParseTuple(args, "OnnOy#y#iLLy#y#y#LOLLLnn:put_one", &mm_obj, &pos, &room, &body_obj, &props,
+                          &props_len, &topic, &topic_len, &queue_id, &queue_offset, &phy_offset, &cluster,
+                          &cluster_len, &born_host, &born_len, &store_host, &store_len, &born_ts, &clock, &flag,
+                          &sys_flag, &reconsume, &max_props, &max_body))
+        return NULL;
+    if (topic_len <= 0 || topic_len > TOPIC_LENGTH_MAX || born_len != HOST_V4_SIZE || store_len != HOST_V4_SIZE ||
+        queue_id < 0 || pos < 0 || max_props < 0 || max_props > INT16_MAX || max_body < 0) {
+        PyErr_SetString(PyExc_ValueError, "put_one: bad topic, host, queue id, position or limit");
+        return NULL;
+    }
+    if (queue_offset < 0 || queue_offset == INT64_MAX || phy_offset < 0 || flag < INT32_MIN ||
+        flag > INT32_MAX || sys_flag < 0 || sys_flag > INT32_MAX ||
+        (sys_flag & (SYSFLAG_HOST_V6_MASK | SYSFLAG_TRANSACTION_MASK)) != 0 || reconsume < INT32_MIN ||
+        reconsume > INT32_MAX || !all_ascii((const uint8_t *)props, props_len) ||
+        !all_ascii((const uint8_t *)cluster, cluster_len))
+        Py_RETURN_NONE;
+    PropList pl;
+    pl.n = 0;
+    if (prop_parse(&pl, (const uint8_t *)props, props_len) < 0)
+        Py_RETURN_NONE;
+    int wait = 1;
+    int w = prop_find(&pl, PROP_WAIT, NEEDLE_LEN(PROP_WAIT));
+    if (w >= 0) {
+        const PropItem *it = &pl.items[w];
+        if (it->value_len == NEEDLE_LEN(WAIT_FALSE)) {
+            wait = 0;
+            for (Py_ssize_t k = 0; k < it->value_len; k++) {
+                uint8_t c = it->value[k];
+                if (c >= 'A' && c <= 'Z')
+                    c = (uint8_t)(c - 'A' + 'a');
+                if (c != (uint8_t)WAIT_FALSE[k]) {
+                    wait = 1;
+                    break;
+                }
+            }
+        }
+        prop_del(&pl, PROP_WAIT, NEEDLE_LEN(PROP_WAIT));
+    }
+    /* DELAY / TRAN_MSG: the Python path routes (schedule topic, half topic) or keeps them */
+    if (prop_find(&pl, PROP_DELAY, NEEDLE_LEN(PROP_DELAY)) >= 0 ||
+        prop_find(&pl, PROP_TRAN_MSG, NEEDLE_LEN(PROP_TRAN_MSG)) >= 0)
+        Py_RETURN_NONE;
+    if (prop_set(&pl, (const uint8_t *)PROP_CLUSTER, NEEDLE_LEN(PROP_CLUSTER), (const uint8_t *)cluster,
+                 cluster_len) < 0)
+        Py_RETURN_NONE;
+    Py_ssize_t text_len = prop_text_len(&pl);
+    Py_buffer body;
+    if (PyObject_GetBuffer(body_obj, &body, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t total = RECORD_MIN_SIZE + body.len + topic_len + text_len;
+    PyObject *result = NULL;
+    if (text_len > max_props || body.len > max_body || total > INT32_MAX_VALUE || total > INT64_MAX - phy_offset) {
+        result = Py_NewRef(Py_None); /* PROPERTIES_SIZE_EXCEEDED / MESSAGE_ILLEGAL: the Python path answers */
+    } else if (total > room) {
+        result = Py_BuildValue("(nOOO)", total, wait ? Py_True : Py_False, Py_None, Py_None);
+    } else {
+        /* the store timestamp is taken once the record is known to go in (as put_message does) */
+        PyObject *now = PyObject_CallNoArgs(clock);
+        if (now != NULL) {
+            store_ts = PyLong_AsLongLong(now);
+            Py_DECREF(now);
+        }
+        Py_buffer mm;
+        uint8_t stack[PUT_ONE_STACK_PROPS];
+        uint8_t *scratch = text_len <= PUT_ONE_STACK_PROPS ? stack : PyMem_RawMalloc((size_t)text_len);
+        if (PyErr_Occurred()) {
+            /* the clock failed or returned something that is not an int64 */
+        } else if (scratch == NULL) {
+            PyErr_NoMemory();
+        } else if (PyObject_GetBuffer(mm_obj, &mm, PyBUF_WRITABLE) == 0) {
+            if (pos > mm.len || mm.len - pos < total) {
+                PyErr_SetString(PyExc_ValueError, "put_one: the record does not fit in mm at pos");
+            } else {
+                prop_write(&pl, scratch);
+                BatchEntry entry = {0, body.len, 0, text_len, (int32_t)flag};
+                Batch one;
+                memset(&one, 0, sizeof(one));
+                one.entries = &entry;
+                one.count = one.cap = 1;
+                one.scratch = scratch;
+                one.scratch_len = one.scratch_cap = text_len;
+                one.total = total;
+                one.body_total = body.len;
+                BatchRecordFields f = {
+                    (const uint8_t *)topic, topic_len, queue_id, (int32_t)sys_flag, (int32_t)reconsume,
+                    queue_offset, phy_offset, born_ts, store_ts,
+                    (const uint8_t *)born_host, (const uint8_t *)store_host,
+                };
+                if (body.len >= PUT_ONE_NOGIL_BODY) {
+                    Py_BEGIN_ALLOW_THREADS
+                    batch_write(&one, (const uint8_t *)body.buf, &f, (uint8_t *)mm.buf + pos);
+                    Py_END_ALLOW_THREADS
+                } else {
+                    batch_write(&one, (const uint8_t *)body.buf, &f, (uint8_t *)mm.buf + pos);
+                }
+                PyObject *id = msg_id_of((const uint8_t *)store_host, phy_offset);
+                if (id != NULL)
+                    result = Py_BuildValue("(nONL)", total, wait ? Py_True : Py_False, id, store_ts);
+            }
+            PyBuffer_Release(&mm);
+        }
+        if (scratch != NULL && scratch != stack)
+            PyMem_RawFree(scratch);
+    }
+    PyBuffer_Release(&body);
+    return result;
+}
+
 /* ---- module -------------------------------------------------------------------------------- */
 
 static PyMethodDef speedups_methods[] = {
     {"scan_dispatch", scan_dispatch, METH_VARARGS, scan_dispatch_doc},
     {"index_put_many", index_put_many, METH_VARARGS, index_put_many_doc},
     {"put_batch", put_batch, METH_VARARGS, put_batch_doc},
+    {"put_one", put_one, METH_VARARGS, put_one_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -350,6 +350,64 @@ class CommitLog:
         )  # fmt: skip
         return PutMessageResult(PutMessageStatus.PUT_OK, result)
 
+    def put_one_raw(self, topic: str, queue_id: int, body: bytes, props: bytes, cluster: bytes, flag: int,
+                    sys_flag: int, born_timestamp: int, born_host: bytes, store_host: bytes,
+                    reconsume_times: int) -> tuple[PutMessageResult, bool] | None:
+        """A plain SEND_MESSAGE straight from the request: the C extension's ``put_one`` parses ``props`` (the
+        header's properties, ASCII), takes WAIT out, sets CLUSTER and writes the record into the segment (what
+        the send processor's ``MessageExtBrokerInner`` + ``put_message`` store, byte for byte). Returns the
+        result and the WAIT flag; None = not handled here (no extension, queued metas, DELAY / TRAN_MSG,
+        transaction flags, any refusal): the caller takes the ``put_message`` path, which answers as before."""
+        native = self.native
+        if native is None or self.queue_metas:
+            return None
+        topic_bytes = self._topic_bytes.get(topic) or self._encode_topic(topic)
+        if (topic_bytes is None or not 0 <= queue_id < 1 << 31 or sys_flag & SYSFLAG_TRANSACTION_MASK
+                or len(born_host) != 8 or len(store_host) != 8):
+            return None
+        key = (topic, queue_id)
+        queue_offset = self.topic_queue_table.get(key, 0)
+        files = self.mfq.files
+        mf = files[-1] if files else None
+        for attempt in range(2):
+            if mf is None:
+                pos, room, base = 0, -1, 0  # validate and size only: put_message's segment logic decides
+            else:  # a full segment has no room (negative): the record goes to the next one
+                pos = mf.wrote_position
+                room = mf.file_size - pos - END_FILE_MIN_BLANK_LENGTH
+                base = mf.file_from_offset + pos
+            try:
+                res = native.put_one(mf.mm if mf is not None else b"", pos, room, body, props, topic_bytes, queue_id,
+                                     queue_offset, base, cluster, born_host, store_host, born_timestamp,
+                                     self.clock_ms, flag, sys_flag & _HOST_V4_MASK, reconsume_times,
+                                     min(32767, self.config.max_properties_size), self.config.max_message_size)
+            except OverflowError:  # a field out of its record range: put_message raises as before
+                return None
+            if res is None:
+                return None
+            total, wait, msg_id, store_ts = res
+            if msg_id is not None:
+                break
+            if attempt or total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+                return None  # too large for any segment: MESSAGE_ILLEGAL from put_message
+            try:
+                mf = self._segment_with_room(total)
+            except (StoreError, OSError) as exc:
+                log.error("cannot create commit log segment: %s", exc)
+                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED), wait
+        else:  # pragma: no cover - the second call always has room
+            return None
+        assert mf is not None
+        mf.wrote_position = pos + total
+        self.topic_queue_table[key] = queue_offset + 1
+        self.last_store_timestamp = store_ts
+        self.put_message_times_total += 1
+        self.put_message_size_total += total
+        result = AppendMessageResult(
+            AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, 1, store_host, (), msg_id,
+        )  # fmt: skip
+        return PutMessageResult(PutMessageStatus.PUT_OK, result), wait
+
     def _queue_dispatch(self, meta: RecordMeta) -> None:
         if not self.queue_metas:
             return

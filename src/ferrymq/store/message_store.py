@@ -165,6 +165,15 @@ class MessageStore:
         return self.commit_log.put_batch_raw(topic, queue_id, batch_body, merge_props, cluster, sys_flag,
                                              born_timestamp, born_host, store_host, reconsume_times)
 
+    def put_one_raw(self, topic: str, queue_id: int, body: bytes, props: bytes, cluster: bytes, flag: int,
+                    sys_flag: int, born_timestamp: int, born_host: bytes, store_host: bytes,
+                    reconsume_times: int) -> tuple[PutMessageResult, bool] | None:
+        """``CommitLog.put_one_raw`` (the native single SEND put); None = use ``put_message``."""
+        if not self._running or self.config.is_slave:
+            return None  # put_message answers SERVICE_NOT_AVAILABLE
+        return self.commit_log.put_one_raw(topic, queue_id, body, props, cluster, flag, sys_flag, born_timestamp,
+                                           born_host, store_host, reconsume_times)
+
     def reput(self, max_records: int | None = None) -> int:
         return self.dispatcher.reput(max_records)
 

@@ -19,6 +19,11 @@ C functions (see the field table at the top of ``_speedups.c``):
   born_host, store_host, born_timestamp, clock_ms, sys_flag, reconsume_times, max_props, max_body)`` ->
   None (the Python path decides) or ``(count, total, offsets, msg_ids, store_timestamp)``: the SEND_BATCH
   records written into the segment (``CommitLog.put_batch_raw``; offsets None = does not fit in ``room``).
+* ``put_one(mm, pos, room, body, props, topic, queue_id, queue_offset, phy_offset, cluster, born_host, store_host,
+  born_timestamp, clock_ms, flag, sys_flag, reconsume_times, max_props, max_body)`` -> None (the Python path
+  decides) or ``(total, wait, msg_id, store_timestamp)``: a plain SEND_MESSAGE's record (header properties
+  parsed, WAIT taken out, CLUSTER set) written into the segment (``CommitLog.put_one_raw``; msg_id None = does
+  not fit in ``room``).
 """
 
 from __future__ import annotations

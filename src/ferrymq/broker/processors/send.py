@@ -11,7 +11,10 @@ connection itself (``_SlaveAckReply``: no task, no future, no loop turn between 
 is the same templated frame as a plain send's, ``encode_send_ok_response``).
 
 Hot-path notes: topic validation, tags hash codes and born hosts are cached per processor; the
-properties string is parsed/re-joined with C-level splits (the tolerant parser is the fallback).
+properties string is parsed/re-joined with C-level splits (the tolerant parser is the fallback). With the store's
+C extension a plain single send (no retry topic, no transaction flag, no DELAY / TRAN_MSG, ASCII properties) is
+put by ``MessageWriter.put_one_raw`` straight from the header (same record, result and WAIT flag); anything it
+declines takes the Python path, which answers as before.
 """
 
 from __future__ import annotations
@@ -136,6 +139,8 @@ class SendProcessor:
         self._tags_codes: dict[str, int] = {}
         #: peer address -> 8-byte born host
         self._born_hosts: dict[str, bytes] = {}
+        #: (cluster name, its ASCII bytes) for the native single put; re-encoded when the name changes
+        self._cluster_bytes: tuple[str | None, bytes] = (None, b"")
 
     def _born_host(self, conn: Any) -> bytes:
         peer = getattr(conn, "peer_addr", "") or ""
@@ -231,6 +236,15 @@ class SendProcessor:
     def _send_one(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
                   ) -> RemotingCommand | bytes | Awaitable[RemotingCommand] | None:
         ctx = self.ctx
+        writer = ctx.writer
+        if (writer.native_put_one and not h.sys_flag & SYSFLAG_TRANSACTION_MASK
+                and not h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
+            fast = self._put_one_native(conn, cmd, h, queue_id)
+            if fast is not None:
+                result, wait = fast
+                if h.topic == SCHEDULE_TOPIC:
+                    ctx.wake_schedule()
+                return self._finish(cmd, result, queue_id, wait, conn)
         routed = self._retry_to_dlq(cmd, h, h.topic, queue_id)
         if isinstance(routed, RemotingCommand):
             return routed
@@ -267,6 +281,29 @@ class SendProcessor:
         if topic == SCHEDULE_TOPIC:
             ctx.wake_schedule()
         return self._finish(cmd, result, queue_id, wait, conn)
+
+    def _put_one_native(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
+                        ) -> tuple[Any, bool] | None:
+        """The put of ``_send_one`` for a plain message (no retry topic, no transaction flag — checked by the
+        caller —, no DELAY / TRAN_MSG property, ASCII properties) done by the C extension from the header's
+        properties string: the same record, result and WAIT flag. None when it declines (anything unusual,
+        any refusal): nothing was stored and the Python path decides and answers."""
+        text = h.properties
+        if text:
+            if not text.isascii():
+                return None
+            props = text.encode("ascii")
+        else:
+            props = b""
+        cluster = self._cluster_bytes
+        name = self.ctx.config.broker_cluster_name
+        if cluster[0] is not name:
+            if not name.isascii():
+                return None
+            cluster = self._cluster_bytes = (name, name.encode("ascii"))
+        return self.ctx.writer.put_one_raw(h.topic, queue_id, cmd.body, props, cluster[1], h.flag, h.sys_flag,
+                                           h.born_timestamp, self._born_host(conn), self.ctx.store_host,
+                                           h.reconsume_times)
 
     # ---- batch ---------------------------------------------------------------------------------
     def _send_batch(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int

@@ -1,0 +1,241 @@
+"""SEND_MESSAGE / SEND_MESSAGE_V2 through the C extension's single put (``CommitLog.put_one_raw``) answers and
+stores exactly what the pure-Python path (``_parse_properties`` + ``MessageExtBrokerInner`` + ``put_message``)
+answers and stores: the same responses (or the same wait for SYNC_FLUSH), commit log segments, consume queues and
+index files, on hypothesis-generated sends — plain ones, odd properties (WAIT, DELAY, TRAN_MSG, CLUSTER,
+duplicates, junk items, non-ASCII), transaction flags, retry / DLQ / system topics, size limits and segment
+rolls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ferrymq.broker.app as app_mod
+from ferrymq.broker.app import BrokerController
+from ferrymq.common.message import host_to_bytes
+from ferrymq.remoting.codec import FrameDecoder, RemotingCommand
+from support.inproc import broker_config
+from support.native import require_extension
+
+STORE_CONFIG_OF = app_mod.store_config_of
+EXAMPLES = 80
+START_MS = 1_700_000_000_000
+SEGMENT = 8 * 1024  # small commit log segments: sends roll over (BLANK filler) often
+MAX_PROPERTIES = 160  # small enough that properties go over it now and then
+MAX_MESSAGE = 6000  # small enough that a body goes over it now and then
+NAMES = ["TAGS", "KEYS", "UNIQ_KEY"] * 5 + ["WAIT", "WAIT", "CLUSTER", "X", "a", "PGROUP", "DELAY", "TRAN_MSG",
+                                            "REAL_TOPIC"]
+VALUES = ["", "true", "false", "FALSE", "False", "TRUE", "0", "3", "-1", " 2", "99", "abc", "k1 k2", "TagA",
+          "v\x01w", "falsee", "fals"]
+TOPICS = ["SingleT"] * 8 + ["Other"] * 3 + [ "%RETRY%g1", "%RETRY%nogroup", "SCHEDULE_TOPIC_XXXX",
+          "RMQ_SYS_TRANS_HALF_TOPIC", "bad/topic", "%DLQ%g1"]
+SYS_FLAGS = [0] * 20 + [0x4, 0x8, 0xC, 0x10, 0x30, 0x1, 0x2]
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.now = START_MS
+
+    def __call__(self) -> int:
+        self.now += 1
+        return self.now
+
+
+value_st = st.one_of(st.sampled_from(VALUES), st.text(alphabet="abXY09 #-\x01", max_size=10),
+                     st.text(alphabet="ab", min_size=20, max_size=60))
+name_value = st.tuples(st.sampled_from(NAMES), value_st).map(lambda nv: f"{nv[0]}\x01{nv[1]}")
+junk_item = st.sampled_from(["", "\x01", "a", "\x01v", "ab", "\x01\x01"])  # items string_to_properties skips
+non_ascii_item = st.sampled_from(["ü\x01x", "K\x01é", "TAGS\x01ü"])
+item_st = st.one_of(*[name_value] * 8, junk_item, non_ascii_item)
+props_st = st.one_of(
+    st.none(),
+    st.tuples(st.lists(item_st, max_size=7), st.booleans()).map(
+        lambda t: "\x02".join(t[0]) + ("\x02" if t[1] else "")),
+    st.just("WAIT\x01false"), st.just("TAGS\x01H\x02WAIT\x01true\x02"), st.just("TAGS\x01a\x02TAGS\x01b"),
+    # around the properties limit once WAIT is out and CLUSTER in
+    st.tuples(st.integers(110, 150), st.sampled_from(["", "\x02WAIT\x01false", "\x02CLUSTER\x01c"])).map(
+        lambda t: "TAGS\x01t\x02KEYS\x01" + "k" * t[0] + t[1]),
+)
+large_body = st.tuples(st.integers(0, 255), st.integers(5900, 6100)).map(  # cheap to generate, not all alike
+    lambda t: (bytes(range(t[0], 256)) + bytes(range(t[0]))) * (t[1] // 256) + bytes(t[1] % 256))
+body_st = st.one_of(st.binary(max_size=300), st.binary(max_size=300), large_body)
+send_st = st.tuples(
+    st.sampled_from(TOPICS),
+    st.sampled_from([0, 1, 2, 3, 3, 9]),  # 9: out of range
+    props_st,
+    body_st,
+    st.sampled_from(SYS_FLAGS),
+    st.sampled_from([0, 0, 1, -7, 0x7FFFFFFF]),  # flag
+    st.sampled_from([0, 0, 1, 16, 17]),  # reconsume times (retry topics go to the DLQ past the maximum)
+    st.sampled_from([10, 10, 310]),  # SEND_MESSAGE / SEND_MESSAGE_V2
+)
+
+
+def small_store_config(cfg: Any) -> Any:
+    """The broker's store config with a small properties limit and small index files (the default maps ~420 MB)."""
+    sc = STORE_CONFIG_OF(cfg)
+    sc.max_properties_size = MAX_PROPERTIES
+    sc.index_hash_slot_num = 64
+    sc.index_max_num = 256
+    return sc
+
+
+@contextlib.contextmanager
+def brokers(cluster: str, sync_flush: bool = False) -> Iterator[tuple[BrokerController, BrokerController]]:
+    """(native, pure) controllers, started far enough for SendProcessor.handle (no sockets, no threads)."""
+    ext = require_extension()
+    loop = asyncio.new_event_loop()
+    with tempfile.TemporaryDirectory(prefix="ferrymq-nsingle-") as tmp:
+        made: list[BrokerController] = []
+        try:
+            for name, native in (("native", True), ("pure", False)):
+                cfg = broker_config(str(Path(tmp) / name), broker_name="b", broker_cluster_name=cluster,
+                                    mapped_file_size_commit_log=SEGMENT, max_message_size=MAX_MESSAGE,
+                                    mapped_file_size_consume_queue=20 * 200)
+                with mock.patch.object(app_mod, "store_config_of", small_store_config):
+                    ctl = BrokerController(cfg, clock_ms=StepClock())
+                ctl.topics.load()
+                ctl.groups.load()
+                ctl.store.load()
+                ctl.writer.bind(loop)
+                ctl.writer.sync_flush = sync_flush
+                ctl.store_host = host_to_bytes("127.0.0.1", 10911)
+                log = ctl.store.commit_log
+                log.native = ext if native else None
+                log.queue_metas = not native
+                ctl.store.dispatcher.native = ext if native else None
+                ctl.writer.refresh_native()
+                assert ctl.writer.native_put_one is native
+                made.append(ctl)
+            yield made[0], made[1]
+        finally:
+            for ctl in made:
+                ctl.store.shutdown()
+            loop.close()
+
+
+class FakeConn:
+    peer_addr = "10.1.2.3:45678"
+    closed = False
+
+
+def request(code: int, topic: str, queue_id: int, props: str | None, body: bytes, sys_flag: int, flag: int,
+            reconsume: int, opaque: int) -> RemotingCommand:
+    fields: dict[str, Any] = {
+        "producerGroup": "pg", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
+        "queueId": queue_id, "sysFlag": sys_flag, "bornTimestamp": 1_690_000_000_000, "flag": flag,
+        "properties": props, "reconsumeTimes": reconsume, "unitMode": "false", "maxReconsumeTimes": 16,
+    }
+    if props is None:
+        del fields["properties"]
+    if code == 310:
+        to_v2 = {"producerGroup": "a", "topic": "b", "defaultTopic": "c", "defaultTopicQueueNums": "d",
+                 "queueId": "e", "sysFlag": "f", "bornTimestamp": "g", "flag": "h", "properties": "i",
+                 "reconsumeTimes": "j", "unitMode": "k", "maxReconsumeTimes": "l"}
+        fields = {to_v2[k]: v for k, v in fields.items()}
+    cmd = RemotingCommand.request(code, fields, body)
+    cmd.opaque = opaque
+    cmd.version = 400
+    return cmd
+
+
+def answer(ctl: BrokerController, cmd: RemotingCommand) -> tuple[Any, ...]:
+    proc = ctl.dispatcher.get(cmd.code)
+    assert proc is not None
+    resp = proc(FakeConn(), cmd)
+    if asyncio.iscoroutine(resp):  # SYNC_FLUSH with WAIT != false: the flush wait (not run here)
+        resp.close()
+        return ("wait",)
+    if isinstance(resp, bytes):  # the templated SEND_OK frame
+        decoded = FrameDecoder().feed(resp)
+        assert len(decoded) == 1
+        resp = decoded[0]
+    assert isinstance(resp, RemotingCommand)
+    return resp.code, resp.remark, resp.ext_fields, resp.body, resp.opaque
+
+
+def stored_files(ctl: BrokerController) -> dict[str, bytes]:
+    ctl.writer.reput_now()
+    ctl.store.flush_consume_queues()
+    root = Path(ctl.store.config.store_path_root_dir)
+    out: dict[str, bytes] = {}
+    for sub in ("commitlog", "consumequeue", "index"):
+        for path in sorted((root / sub).rglob("*")):
+            if path.is_file():
+                out[str(path.relative_to(root))] = path.read_bytes()
+    return out
+
+
+def subscribe_group(ctl: BrokerController) -> None:
+    """Subscription group g1 (retry topic %RETRY%g1 and its DLQ)."""
+    from ferrymq.broker.subscription_manager import SubscriptionGroupConfig  # noqa: PLC0415
+
+    ctl.groups.update(SubscriptionGroupConfig(group_name="g1", retry_max_times=16))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sends=st.lists(send_st, min_size=1, max_size=30),
+       cluster=st.sampled_from(["DefaultCluster"] * 4 + ["C", "Clüster"]), sync_flush=st.booleans())
+def test_single_send_native_matches_pure(sends: list[tuple[Any, ...]], cluster: str, sync_flush: bool) -> None:
+    with brokers(cluster, sync_flush) as (native, pure):
+        for ctl in (native, pure):
+            subscribe_group(ctl)
+        for opaque, (topic, queue_id, props, body, sys_flag, flag, reconsume, code) in enumerate(sends, 1):
+            answers = [answer(ctl, request(code, topic, queue_id, props, body, sys_flag, flag, reconsume, opaque))
+                       for ctl in (native, pure)]
+            assert answers[0] == answers[1]
+        assert native.store.commit_log.topic_queue_table == pure.store.commit_log.topic_queue_table
+        assert stored_files(native) == stored_files(pure)
+
+
+def test_native_single_path_is_taken_for_plain_sends() -> None:
+    """A plain send goes through put_one_raw (not put_message) in native mode and gives the pure answer; DELAY,
+    TRAN_MSG, transaction flags, retry topics and non-ASCII properties take the Python path."""
+    with brokers("DefaultCluster") as (native, pure):
+        calls: list[str] = []
+        real = native.store.commit_log.put_message
+        native.store.commit_log.put_message = lambda inner: calls.append(inner.topic) or real(inner)  # type: ignore[method-assign]
+        for ctl in (native, pure):
+            subscribe_group(ctl)
+        plain = [("TAGS\x01T\x02KEYS\x01a b\x02WAIT\x01false\x02CLUSTER\x01x\x02TAGS\x01U", 0),
+                 (None, 0), ("", 0), ("TAGS\x01t", 0x10)]
+        for i, (props, sys_flag) in enumerate(plain):
+            a, b = (answer(ctl, request(10, "SingleT", 1, props, b"body", sys_flag, 0, 0, i)) for ctl in (native, pure))
+            assert a == b and a[0] == 0
+        assert calls == []
+        odd = [("DELAY\x013", 0, "SingleT"), ("TRAN_MSG\x01true", 0, "SingleT"), ("DELAY\x010", 0, "SingleT"),
+               ("TAGS\x01t", 0x4, "SingleT"), ("TAGS\x01t", 0x8, "SingleT"), ("TAGS\x01ü", 0, "SingleT"),
+               ("TAGS\x01t", 0, "%RETRY%g1")]
+        for i, (props, sys_flag, topic) in enumerate(odd, 10):
+            a, b = (answer(ctl, request(10, topic, 0, props, b"body", sys_flag, 0, 0, i)) for ctl in (native, pure))
+            assert a == b and a[0] == 0
+        assert len(calls) == len(odd)
+        assert stored_files(native) == stored_files(pure)
+
+
+def test_native_single_rolls_segments_and_refuses_like_python() -> None:
+    """Sends that do not fit in the rest of a segment: BLANK filler, next segment (same bytes both ways);
+    too long properties and too large bodies: the same codes and remarks."""
+    with brokers("DefaultCluster") as (native, pure):
+        for i in range(40):
+            body = bytes(range(250)) * (1 + i % 9)
+            a, b = (answer(ctl, request(10, "SingleT", i % 2, f"TAGS\x01T{i}\x02UNIQ_KEY\x01U{i}", body, 0, 0, 0, i))
+                    for ctl in (native, pure))
+            assert a == b and a[0] == 0
+        assert len(native.store.commit_log.mfq.files) > 3
+        long_props = "KEYS\x01" + "k" * 200
+        a, b = (answer(ctl, request(10, "SingleT", 0, long_props, b"x", 0, 0, 0, 99)) for ctl in (native, pure))
+        assert a == b and a[0] != 0
+        a, b = (answer(ctl, request(10, "SingleT", 0, "", b"x" * (MAX_MESSAGE + 1), 0, 0, 0, 100))
+                for ctl in (native, pure))
+        assert a == b and a[0] == 13
+        assert native.store.commit_log.topic_queue_table == pure.store.commit_log.topic_queue_table
+        assert stored_files(native) == stored_files(pure)
