@@ -6,31 +6,16 @@ items, non-ASCII), size limits, segment rolls, and malformed batch bodies."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import struct
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from native_twins import answer, brokers, stored_files
 
-import ferrymq.broker.app as app_mod
-from ferrymq.broker.app import BrokerController
-from ferrymq.common.message import host_to_bytes
-from ferrymq.remoting.codec import FrameDecoder, RemotingCommand
-from support.inproc import broker_config
-from support.native import require_extension
+from ferrymq.remoting.codec import RemotingCommand
 
-STORE_CONFIG_OF = app_mod.store_config_of
 EXAMPLES = 80
-START_MS = 1_700_000_000_000
-SEGMENT = 8 * 1024  # small commit log segments: batches roll over (BLANK filler) often
-MAX_PROPERTIES = 160  # small enough that merged properties go over it now and then
-MAX_MESSAGE = 6000  # small enough that a batch body goes over it now and then
 #: names the fast path merges as text; DELAY / TRAN_MSG entries go to the Python path (which refuses or keeps them)
 PLAIN_NAMES = ["TAGS", "KEYS", "UNIQ_KEY"] * 3 + ["WAIT", "CLUSTER", "X", "a", "PGROUP"]
 ODD_NAMES = ["DELAY", "TRAN_MSG"]
@@ -39,13 +24,7 @@ VALUES = ["", "true", "false", "FALSE", "TRUE", "0", "3", "-1", " 2", "abc", "k1
 
 
 
-class StepClock:
-    def __init__(self) -> None:
-        self.now = START_MS
 
-    def __call__(self) -> int:
-        self.now += 1
-        return self.now
 
 
 value_st = st.one_of(st.sampled_from(VALUES), st.text(alphabet="abXY09 #-\x01", max_size=10),
@@ -104,51 +83,6 @@ def mutate(body: bytes, kind: str, at: int) -> bytes:
     return body[:at] + bytes([body[at] ^ 0x80]) + body[at + 1:]  # flip: e.g. an invalid UTF-8 byte
 
 
-def small_store_config(cfg: Any) -> Any:
-    """The broker's store config with a small properties limit and small index files (the default maps ~420 MB)."""
-    sc = STORE_CONFIG_OF(cfg)
-    sc.max_properties_size = MAX_PROPERTIES
-    sc.index_hash_slot_num = 64
-    sc.index_max_num = 256
-    return sc
-
-
-@contextlib.contextmanager
-def brokers(cluster: str) -> Iterator[tuple[BrokerController, BrokerController]]:
-    """(native, pure) controllers, started far enough for SendProcessor.handle (no sockets, no threads)."""
-    ext = require_extension()
-    loop = asyncio.new_event_loop()
-    with tempfile.TemporaryDirectory(prefix="ferrymq-nbatch-") as tmp:
-        made: list[BrokerController] = []
-        try:
-            for name, native in (("native", True), ("pure", False)):
-                cfg = broker_config(str(Path(tmp) / name), broker_name="b", broker_cluster_name=cluster,
-                                    mapped_file_size_commit_log=SEGMENT, max_message_size=MAX_MESSAGE,
-                                    mapped_file_size_consume_queue=20 * 200)
-                with mock.patch.object(app_mod, "store_config_of", small_store_config):
-                    ctl = BrokerController(cfg, clock_ms=StepClock())
-                ctl.topics.load()
-                ctl.groups.load()
-                ctl.store.load()
-                ctl.writer.bind(loop)
-                ctl.store_host = host_to_bytes("127.0.0.1", 10911)
-                log = ctl.store.commit_log
-                log.native = ext if native else None
-                log.queue_metas = not native
-                ctl.store.dispatcher.native = ext if native else None
-                made.append(ctl)
-            yield made[0], made[1]
-        finally:
-            for ctl in made:
-                ctl.store.shutdown()
-            loop.close()
-
-
-class FakeConn:
-    peer_addr = "10.1.2.3:45678"
-    closed = False
-
-
 def request(topic: str, queue_id: int, header_props: str | None, body: bytes, opaque: int) -> RemotingCommand:
     fields = {"producerGroup": "pg", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
               "queueId": queue_id, "sysFlag": 0, "bornTimestamp": 1_690_000_000_000, "flag": 0,
@@ -158,28 +92,10 @@ def request(topic: str, queue_id: int, header_props: str | None, body: bytes, op
     return cmd
 
 
-def answer(ctl: BrokerController, cmd: RemotingCommand) -> tuple[Any, ...]:
-    proc = ctl.dispatcher.get(320)
-    assert proc is not None
-    resp = proc(FakeConn(), cmd)
-    if isinstance(resp, bytes):  # the templated SEND_OK frame
-        decoded = FrameDecoder().feed(resp)
-        assert len(decoded) == 1
-        resp = decoded[0]
-    assert isinstance(resp, RemotingCommand)
-    return resp.code, resp.remark, resp.ext_fields, resp.body, resp.opaque
 
 
-def stored_files(ctl: BrokerController) -> dict[str, bytes]:
-    ctl.writer.reput_now()
-    ctl.store.flush_consume_queues()
-    root = Path(ctl.store.config.store_path_root_dir)
-    out: dict[str, bytes] = {}
-    for sub in ("commitlog", "consumequeue", "index"):
-        for path in sorted((root / sub).rglob("*")):
-            if path.is_file():
-                out[str(path.relative_to(root))] = path.read_bytes()
-    return out
+
+
 
 
 request_st = st.tuples(
