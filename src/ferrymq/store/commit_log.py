@@ -15,6 +15,7 @@ import struct
 import zlib
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from ferrymq.common.message import (
     SYSFLAG_BORNHOST_V6,
@@ -309,38 +310,15 @@ class CommitLog:
         queue_offset = self.topic_queue_table.get(key, 0)
         max_props = min(32767, self.config.max_properties_size)
         max_body = self.config.max_message_size
-        files = self.mfq.files
-        mf = files[-1] if files else None
-        for attempt in range(2):
-            if mf is None or mf.is_full():
-                pos, room, base = 0, -1, 0  # validate and size only: put_messages' segment logic decides
-            else:
-                pos = mf.wrote_position
-                room = mf.file_size - pos - END_FILE_MIN_BLANK_LENGTH
-                base = mf.file_from_offset + pos
-            try:
-                res = native.put_batch(mf.mm if mf is not None else b"", pos, room, batch_body, topic_bytes, queue_id,
-                                       queue_offset, base, merge_props, cluster, born_host, store_host,
-                                       born_timestamp, self.clock_ms, sys_flag & _HOST_V4_MASK, reconsume_times,
-                                       max_props, max_body)
-            except OverflowError:  # a field out of its record range: put_messages raises as before
-                return None
-            if res is None:
-                return None
-            count, total, offsets, msg_ids, store_ts = res
-            if offsets is not None:
-                break
-            if attempt or total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
-                return None  # too large for any segment: MESSAGE_ILLEGAL from put_messages
-            try:
-                mf = self._segment_with_room(total)
-            except (StoreError, OSError) as exc:
-                log.error("cannot create commit log segment: %s", exc)
-                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
-        else:  # pragma: no cover - the second call always has room
+        out = self._put_native(lambda mm, pos, room, base: native.put_batch(
+            mm, pos, room, batch_body, topic_bytes, queue_id, queue_offset, base, merge_props, cluster, born_host,
+            store_host, born_timestamp, self.clock_ms, sys_flag & _HOST_V4_MASK, reconsume_times, max_props,
+            max_body), total_at=1, written_at=2)
+        if out is None:
             return None
-        assert mf is not None
-        mf.wrote_position = pos + total  # published once, like put_messages
+        failed, (count, total, offsets, msg_ids, store_ts), base = out
+        if failed is not None:
+            return failed
         self.topic_queue_table[key] = queue_offset + count
         self.last_store_timestamp = store_ts
         self.put_message_times_total += count
@@ -367,38 +345,15 @@ class CommitLog:
             return None
         key = (topic, queue_id)
         queue_offset = self.topic_queue_table.get(key, 0)
-        files = self.mfq.files
-        mf = files[-1] if files else None
-        for attempt in range(2):
-            if mf is None:
-                pos, room, base = 0, -1, 0  # validate and size only: put_message's segment logic decides
-            else:  # a full segment has no room (negative): the record goes to the next one
-                pos = mf.wrote_position
-                room = mf.file_size - pos - END_FILE_MIN_BLANK_LENGTH
-                base = mf.file_from_offset + pos
-            try:
-                res = native.put_one(mf.mm if mf is not None else b"", pos, room, body, props, topic_bytes, queue_id,
-                                     queue_offset, base, cluster, born_host, store_host, born_timestamp,
-                                     self.clock_ms, flag, sys_flag & _HOST_V4_MASK, reconsume_times,
-                                     min(32767, self.config.max_properties_size), self.config.max_message_size)
-            except OverflowError:  # a field out of its record range: put_message raises as before
-                return None
-            if res is None:
-                return None
-            total, wait, msg_id, store_ts = res
-            if msg_id is not None:
-                break
-            if attempt or total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
-                return None  # too large for any segment: MESSAGE_ILLEGAL from put_message
-            try:
-                mf = self._segment_with_room(total)
-            except (StoreError, OSError) as exc:
-                log.error("cannot create commit log segment: %s", exc)
-                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED), wait
-        else:  # pragma: no cover - the second call always has room
+        out = self._put_native(lambda mm, pos, room, base: native.put_one(
+            mm, pos, room, body, props, topic_bytes, queue_id, queue_offset, base, cluster, born_host, store_host,
+            born_timestamp, self.clock_ms, flag, sys_flag & _HOST_V4_MASK, reconsume_times,
+            min(32767, self.config.max_properties_size), self.config.max_message_size), total_at=0, written_at=2)
+        if out is None:
             return None
-        assert mf is not None
-        mf.wrote_position = pos + total
+        failed, (total, wait, msg_id, store_ts), base = out
+        if failed is not None:
+            return failed, wait
         self.topic_queue_table[key] = queue_offset + 1
         self.last_store_timestamp = store_ts
         self.put_message_times_total += 1
@@ -407,6 +362,43 @@ class CommitLog:
             AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, 1, store_host, (), msg_id,
         )  # fmt: skip
         return PutMessageResult(PutMessageStatus.PUT_OK, result), wait
+
+    def _put_native(self, put: Callable[[Any, int, int, int], tuple[Any, ...] | None], total_at: int,
+                    written_at: int) -> tuple[PutMessageResult | None, tuple[Any, ...], int] | None:
+        """Run a native put ``put(mm, pos, room, phy_offset)`` at the end of the last segment. When the
+        record(s) do not fit (the answer's ``written_at`` item is None, ``total_at`` holds the size), roll to a
+        new segment (BLANK filler, as put_message does) and run it once more. Returns (None, answer, phy
+        offset) with the segment's write position advanced, or (CREATE_MAPEDFILE_FAILED result, the sizing
+        answer, 0) when the segment cannot be created; None when the extension declines (too large for any
+        segment included): the Python path answers, as before."""
+        files = self.mfq.files
+        mf = files[-1] if files else None
+        for attempt in range(2):
+            if mf is None or mf.is_full():
+                pos, room, base = 0, -1, 0  # validate and size only
+            else:
+                pos = mf.wrote_position
+                room = mf.file_size - pos - END_FILE_MIN_BLANK_LENGTH
+                base = mf.file_from_offset + pos
+            try:
+                res = put(mf.mm if mf is not None else b"", pos, room, base)
+            except OverflowError:  # a field out of its record range: the Python path raises as before
+                return None
+            if res is None:
+                return None
+            total = res[total_at]
+            if res[written_at] is not None:
+                assert mf is not None
+                mf.wrote_position = pos + total  # published once, like put_messages
+                return None, res, base
+            if attempt or total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+                return None  # too large for any segment: MESSAGE_ILLEGAL from the Python path
+            try:
+                mf = self._segment_with_room(total)
+            except (StoreError, OSError) as exc:
+                log.error("cannot create commit log segment: %s", exc)
+                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED), res, 0
+        return None  # pragma: no cover - the second call always has room
 
     def _queue_dispatch(self, meta: RecordMeta) -> None:
         if not self.queue_metas:
