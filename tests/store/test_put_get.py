@@ -6,7 +6,7 @@ import pytest
 from store_helpers import CL_SEGMENT, assert_cqs_match_commit_log, inner
 
 from ferrymq.common.message import encode_offset_msg_id_raw
-from ferrymq.common.message_codec import decode_record, iter_records
+from ferrymq.common.message_codec import decode_record, encode_batch_body, iter_records
 from ferrymq.store import GetMessageStatus, MessageStore, PutMessageStatus, TagFilter
 
 Opener = Callable[..., MessageStore]
@@ -239,3 +239,27 @@ def test_runtime_info(open_store: Opener) -> None:
     assert info["commitLogMinOffset"] == "0"
     assert info["dispatchBehindBytes"] == "0"
     assert info["putMessageTotal"] == "5"
+
+
+def test_segment_creation_failure_answers_create_mapedfile_failed(open_store: Opener, monkeypatch) -> None:
+    """A full segment whose successor cannot be created: every put kind answers CREATE_MAPEDFILE_FAILED and
+    stores no record (the old segment ends with its BLANK filler; native and pure paths alike)."""
+    store = open_store()
+    while store.max_phy_offset < CL_SEGMENT - 3000:
+        store.put_message(inner(body=b"x" * 1000))
+    def no_file(*_args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store.commit_log.mfq, "create_file", no_file)
+    failed = PutMessageStatus.CREATE_MAPEDFILE_FAILED
+    assert store.put_message(inner(body=b"y" * 4000)).status is failed
+    assert store.put_messages([inner(body=b"y" * 1000) for _ in range(4)]).status is failed
+    log = store.commit_log
+    if log.native is not None:
+        host = bytes([127, 0, 0, 1, 0, 0, 0x2A, 0x9F])
+        one = store.put_one_raw("TopicA", 0, b"y" * 4000, b"TAGS\x01t", b"C", 0, 0, 1, host, host, 0)
+        assert one is not None and one[0].status is failed and one[1] is True
+        batch = encode_batch_body([(0, b"y" * 1000, "TAGS\x01t")] * 4)
+        raw = store.put_batch_raw("TopicA", 0, batch, b"", b"C", 0, 1, host, host, 0)
+        assert raw is not None and raw.status is failed
+    assert store.max_phy_offset == CL_SEGMENT and len(log.mfq.files) == 1
