@@ -137,14 +137,19 @@ class CommitLog:
 
     # --- write path --------------------------------------------------------------------------
 
-    def _segment_with_room(self, size: int) -> MappedFile:
-        """The segment the next ``size`` bytes go to, writing a BLANK filler and rolling if needed."""
-        mf = self.mfq.last_for_write(0)
-        if size + END_FILE_MIN_BLANK_LENGTH > mf.remaining:
-            remaining = mf.remaining
-            mf.append(blank_filler(remaining))
-            mf.wrote_position = mf.file_size
-            mf = self.mfq.create_file(mf.end_offset)
+    def _segment_with_room(self, size: int) -> MappedFile | None:
+        """The segment the next ``size`` bytes go to, writing a BLANK filler and rolling if needed; None (logged)
+        when a segment cannot be created (the put answers CREATE_MAPEDFILE_FAILED)."""
+        try:
+            mf = self.mfq.last_for_write(0)
+            if size + END_FILE_MIN_BLANK_LENGTH > mf.remaining:
+                remaining = mf.remaining
+                mf.append(blank_filler(remaining))
+                mf.wrote_position = mf.file_size
+                mf = self.mfq.create_file(mf.end_offset)
+        except (StoreError, OSError) as exc:
+            log.error("cannot create commit log segment: %s", exc)
+            return None
         return mf
 
     def put_message(self, inner: MessageExtBrokerInner) -> PutMessageResult:
@@ -163,10 +168,8 @@ class CommitLog:
         files = self.mfq.files
         mf = files[-1] if files else None
         if mf is None or total + END_FILE_MIN_BLANK_LENGTH > mf.file_size - mf.wrote_position:
-            try:
-                mf = self._segment_with_room(total)
-            except (StoreError, OSError) as exc:
-                log.error("cannot create commit log segment: %s", exc)
+            mf = self._segment_with_room(total)
+            if mf is None:
                 return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
         pos = mf.wrote_position
         phy_offset = mf.file_from_offset + pos
@@ -230,10 +233,8 @@ class CommitLog:
         assert topic_bytes is not None
         key = (topic, queue_id)
         queue_offset = self.topic_queue_table.get(key, 0)
-        try:
-            mf = self._segment_with_room(total)
-        except (StoreError, OSError) as exc:
-            log.error("cannot create commit log segment: %s", exc)
+        mf = self._segment_with_room(total)
+        if mf is None:
             return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
         start_pos = mf.wrote_position
         base = mf.file_from_offset + start_pos
@@ -393,10 +394,8 @@ class CommitLog:
                 return None, res, base
             if attempt or total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
                 return None  # too large for any segment: MESSAGE_ILLEGAL from the Python path
-            try:
-                mf = self._segment_with_room(total)
-            except (StoreError, OSError) as exc:
-                log.error("cannot create commit log segment: %s", exc)
+            mf = self._segment_with_room(total)
+            if mf is None:
                 return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED), res, 0
         return None  # pragma: no cover - the second call always has room
 

@@ -42,17 +42,7 @@ _UNLIMITED = 1 << 62
 
 def get_property(properties: str, name: str) -> str | None:
     """Value of ``name`` in a properties string without building a dict (last one wins)."""
-    if not properties:
-        return None
-    needle = name + "\x01"
-    i = properties.rfind(needle)
-    while i != -1:
-        if i == 0 or properties[i - 1] == "\x02":
-            start = i + len(needle)
-            end = properties.find("\x02", start)
-            return properties[start:] if end == -1 else properties[start:end]
-        i = properties.rfind(needle, 0, i)
-    return None
+    return _prop(properties, name + "\x01") if properties else None
 
 
 def _prop(properties: str, needle: str) -> str | None:
