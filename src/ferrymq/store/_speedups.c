@@ -1,4 +1,5 @@
-/* ferrymq.store._speedups: the per-record work of reput (dispatch) and of batch puts in C.
+/* ferrymq.store._speedups: the per-record work of reput (dispatch), of batch puts and of plain single
+ * puts in C.
  *
  * Loaded only through ferrymq/store/speedups.py (NATIVE); the pure-Python code in dispatch.py,
  * consume_queue.py and index.py is the reference and the fallback. Everything here is written for
@@ -6,7 +7,8 @@
  *
  * Layouts read and written (all on-disk integers big-endian):
  *
- * Commit log record, IPv4 hosts (read; see common/message_codec.py):
+ * Commit log record, IPv4 hosts (read by scan_dispatch, written whole by put_batch / put_one; see
+ * common/message_codec.py):
  *
  * | offset | size  | field                                            | used here              |
  * |--------|-------|--------------------------------------------------|------------------------|
@@ -47,6 +49,24 @@
  * | header  | 40            | written by IndexFile at flush/close, not here               |
  * | slots   | slotNum x 4   | int32: newest entry number in that slot (0 = empty)         |
  * | entries | indexNum x 20 | keyHash 4, phyOffset 8, timeDiff 4 (s since begin), prev 4   |
+ *
+ * Batch send body entry (read; see common/message_codec.py decode_batch_body):
+ *
+ * | offset | size | field                                   |
+ * |--------|------|-----------------------------------------|
+ * | 0      | 4    | totalSize = 20 + bodyLen + 2 + propLen  |
+ * | 4      | 4    | magic (ignored)                         |
+ * | 8      | 4    | bodyCRC (ignored)                       |
+ * | 12     | 4    | flag                                    |
+ * | 16     | 4    | bodyLen                                 |
+ * | 20     | n    | body                                    |
+ * | 20 + n | 2    | propLen (int16 >= 0)                    |
+ * |        | p    | properties                              |
+ *
+ * Each entry becomes one commit log record (the IPv4 layout above, every field
+ * written) with the broker's properties: the entry's own (parsed like string_to_properties: items
+ * shorter than 2 or without a name are skipped, the first position and the last value of a name
+ * win), updated with the batch header's (same rules), WAIT removed, CLUSTER set.
  *
  * Scan index entry (in-process only, native byte order, produced by scan_dispatch and consumed
  * by index_put_many; SCAN_INDEX_ENTRY_SIZE bytes):
@@ -752,23 +772,7 @@ static PyObject *index_put_many(PyObject *self, PyObject *args)
 
 /* ---- batch put (SEND_BATCH_MESSAGE) -------------------------------------------------------- */
 
-/* Batch send body entry (read; see common/message_codec.py decode_batch_body):
- *
- * | offset | size | field                                   |
- * |--------|------|-----------------------------------------|
- * | 0      | 4    | totalSize = 20 + bodyLen + 2 + propLen  |
- * | 4      | 4    | magic (ignored)                         |
- * | 8      | 4    | bodyCRC (ignored)                       |
- * | 12     | 4    | flag                                    |
- * | 16     | 4    | bodyLen                                 |
- * | 20     | n    | body                                    |
- * | 20 + n | 2    | propLen (int16 >= 0)                    |
- * |        | p    | properties                              |
- *
- * Each entry becomes one commit log record (the IPv4 layout at the top of this file, every field
- * written) with the broker's properties: the entry's own (parsed like string_to_properties: items
- * shorter than 2 or without a name are skipped, the first position and the last value of a name
- * win), updated with the batch header's (same rules), WAIT removed, CLUSTER set. */
+/* (the batch body entry layout is in the table at the top of this file) */
 #define BATCH_ENTRY_HEAD_SIZE 20
 #define BATCH_OFFSET_FLAG 12
 #define BATCH_OFFSET_BODY_LENGTH 16
