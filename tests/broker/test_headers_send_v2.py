@@ -48,3 +48,17 @@ def test_v2_out_of_long_range_refused(value: str) -> None:
 def test_v2_long_range_edges_accepted() -> None:
     h = SendHeader.parse(RemotingCommand(310, {"b": "T", "g": str(2**63 - 1), "h": str(-(2**63))}))
     assert (h.born_timestamp, h.flag) == (2**63 - 1, -(2**63))
+
+
+_INT_LETTERS = ("d", "e", "f", "g", "h", "j")
+
+
+@settings(max_examples=400)
+@given(st.fixed_dictionaries({k: V2_FIELDS[k] for k in _INT_LETTERS},
+                             optional={k: v for k, v in V2_FIELDS.items() if k not in _INT_LETTERS}),
+       st.sampled_from([310, 320]))
+def test_v2_fast_path_with_every_integer_letter_equals_general_parser(fields: dict[str, str], code: int) -> None:
+    """Every integer letter present (what clients send): the one-lookup reading answers like the general one."""
+    fast = _outcome(RemotingCommand(code, dict(fields)))
+    general = _outcome(RemotingCommand(code, {V2_TO_V1[k]: v for k, v in fields.items()}))
+    assert fast == general
