@@ -364,7 +364,11 @@ class HAService:
 
     # ---- data path -----------------------------------------------------------------------------
     def notify_data_appended(self) -> None:
-        """New commit log bytes exist: every slave link pushes them at once. Thread-safe."""
+        """New commit log bytes exist: every slave link pushes them at once. Thread-safe. (Once a wake-up is
+        due on the loop — the usual case for the second and later sends of a loop iteration — there is nothing
+        to do: ``_wake_links`` clears the flag before it pushes, so these bytes leave with it.)"""
+        if self._wake_scheduled:
+            return
         loop = self._loop
         if loop is None:
             return

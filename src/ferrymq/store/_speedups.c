@@ -593,12 +593,20 @@ static PyObject *scan_build_runs(Scan *s)
                 return NULL;
             }
         }
-        PyObject *item = Py_BuildValue("(OiLO)", grp->topic_str, grp->queue_id,
-                                       (long long)run->first_queue_offset, run->packed);
+        /* (topic, queue_id, first_queue_offset, units); built directly (Py_BuildValue parses its format per run) */
+        PyObject *queue_id = PyLong_FromLong(grp->queue_id);
+        PyObject *first = queue_id != NULL ? PyLong_FromLongLong((long long)run->first_queue_offset) : NULL;
+        PyObject *item = first != NULL ? PyTuple_New(4) : NULL;
         if (item == NULL) {
+            Py_XDECREF(queue_id);
+            Py_XDECREF(first);
             Py_DECREF(runs);
             return NULL;
         }
+        PyTuple_SET_ITEM(item, 0, Py_NewRef(grp->topic_str));
+        PyTuple_SET_ITEM(item, 1, queue_id);
+        PyTuple_SET_ITEM(item, 2, first);
+        PyTuple_SET_ITEM(item, 3, Py_NewRef(run->packed));
         PyList_SET_ITEM(runs, r, item);
     }
     return runs;
@@ -1223,18 +1231,79 @@ PyDoc_STRVAR(put_one_doc,
 "offset): the Python path answers. total > room: nothing written, msg_id and store_timestamp None (roll\n"
 "the segment and call again). Else clock_ms() was called once (STORETIMESTAMP).");
 
-static PyObject *put_one(PyObject *self, PyObject *args)
+#define PUT_ONE_NARGS 19
+
+/* an exact int argument as long long / Py_ssize_t; 0 (no exception set) when it is not one or does not fit:
+ * the caller then lets PyArg_ParseTuple convert (and raise) exactly as before */
+static int fast_ll(PyObject *o, long long *out)
+{
+    if (!PyLong_CheckExact(o))
+        return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int fast_ssize(PyObject *o, Py_ssize_t *out)
+{
+    long long v;
+    if (!fast_ll(o, &v) || v < PY_SSIZE_T_MIN || v > PY_SSIZE_T_MAX)
+        return 0;
+    *out = (Py_ssize_t)v;
+    return 1;
+}
+
+/* an exact bytes argument ("y#": bytes has no bf_releasebuffer, so this is what "y#" reads) */
+static int fast_bytes(PyObject *o, const char **buf, Py_ssize_t *len)
+{
+    if (!PyBytes_CheckExact(o))
+        return 0;
+    *buf = PyBytes_AS_STRING(o);
+    *len = PyBytes_GET_SIZE(o);
+    return 1;
+}
+
+static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *mm_obj, *body_obj, *clock;
     Py_ssize_t pos, room, props_len, topic_len, cluster_len, born_len, store_len, max_props, max_body;
     const char *props, *topic, *cluster, *born_host, *store_host;
     int queue_id;
-    long long queue_offset, phy_offset, born_ts, store_ts = 0, flag, sys_flag, reconsume;
-    if (!PyArg_ParseTuple(args, "OnnOy#y#iLLy#y#y#LOLLLnn:put_one", &mm_obj, &pos, &room, &body_obj, &props,
-                          &props_len, &topic, &topic_len, &queue_id, &queue_offset, &phy_offset, &cluster,
-                          &cluster_len, &born_host, &born_len, &store_host, &store_len, &born_ts, &clock, &flag,
-                          &sys_flag, &reconsume, &max_props, &max_body))
-        return NULL;
+    long long queue_offset, phy_offset, born_ts, store_ts = 0, flag, sys_flag, reconsume, queue_id_ll;
+    /* METH_FASTCALL: the usual arguments (exact ints in range, bytes) are read straight from the vector; any
+     * other argument list goes through PyArg_ParseTuple, which converts or raises as it always did */
+    if (nargs == PUT_ONE_NARGS && fast_ssize(args[1], &pos) && fast_ssize(args[2], &room) &&
+        fast_bytes(args[4], &props, &props_len) && fast_bytes(args[5], &topic, &topic_len) &&
+        fast_ll(args[6], &queue_id_ll) && queue_id_ll >= INT_MIN && queue_id_ll <= INT_MAX &&
+        fast_ll(args[7], &queue_offset) && fast_ll(args[8], &phy_offset) &&
+        fast_bytes(args[9], &cluster, &cluster_len) && fast_bytes(args[10], &born_host, &born_len) &&
+        fast_bytes(args[11], &store_host, &store_len) && fast_ll(args[12], &born_ts) && fast_ll(args[14], &flag) &&
+        fast_ll(args[15], &sys_flag) && fast_ll(args[16], &reconsume) && fast_ssize(args[17], &max_props) &&
+        fast_ssize(args[18], &max_body)) {
+        mm_obj = args[0];
+        body_obj = args[3];
+        clock = args[13];
+        queue_id = (int)queue_id_ll;
+    } else {
+        PyObject *tuple = PyTuple_New(nargs);
+        if (tuple == NULL)
+            return NULL;
+        for (Py_ssize_t k = 0; k < nargs; k++)
+            PyTuple_SET_ITEM(tuple, k, Py_NewRef(args[k]));
+        int ok = PyArg_ParseTuple(tuple, "OnnOy#y#iLLy#y#y#LOLLLnn:put_one", &mm_obj, &pos, &room, &body_obj,
+                                  &props, &props_len, &topic, &topic_len, &queue_id, &queue_offset, &phy_offset,
+                                  &cluster, &cluster_len, &born_host, &born_len, &store_host, &store_len, &born_ts,
+                                  &clock, &flag, &sys_flag, &reconsume, &max_props, &max_body);
+        /* the borrowed pointers (bytes buffers, objects) stay valid: args holds references until we return */
+        Py_DECREF(tuple);
+        if (!ok)
+            return NULL;
+    }
     if (topic_len <= 0 || topic_len > TOPIC_LENGTH_MAX || born_len != HOST_V4_SIZE || store_len != HOST_V4_SIZE ||
         queue_id < 0 || pos < 0 || max_props < 0 || max_props > INT16_MAX || max_body < 0) {
         PyErr_SetString(PyExc_ValueError, "put_one: bad topic, host, queue id, position or limit");
@@ -1289,7 +1358,8 @@ static PyObject *put_one(PyObject *self, PyObject *args)
         /* the store timestamp is taken once the record is known to go in (as put_message does) */
         PyObject *now = PyObject_CallNoArgs(clock);
         if (now != NULL) {
-            store_ts = PyLong_AsLongLong(now);
+            if (!fast_ll(now, &store_ts)) /* not an exact int in range: convert (and raise) as before */
+                store_ts = PyLong_AsLongLong(now);
             Py_DECREF(now);
         }
         Py_buffer mm;
@@ -1326,8 +1396,18 @@ static PyObject *put_one(PyObject *self, PyObject *args)
                     batch_write(&one, (const uint8_t *)body.buf, &f, (uint8_t *)mm.buf + pos);
                 }
                 PyObject *id = msg_id_of((const uint8_t *)store_host, phy_offset);
-                if (id != NULL)
-                    result = Py_BuildValue("(nONL)", total, wait ? Py_True : Py_False, id, store_ts);
+                PyObject *n_total = id != NULL ? PyLong_FromSsize_t(total) : NULL;
+                PyObject *n_ts = n_total != NULL ? PyLong_FromLongLong(store_ts) : NULL;
+                if (n_ts != NULL && (result = PyTuple_New(4)) != NULL) {
+                    PyTuple_SET_ITEM(result, 0, n_total);
+                    PyTuple_SET_ITEM(result, 1, Py_NewRef(wait ? Py_True : Py_False));
+                    PyTuple_SET_ITEM(result, 2, id);
+                    PyTuple_SET_ITEM(result, 3, n_ts);
+                } else {
+                    Py_XDECREF(id);
+                    Py_XDECREF(n_total);
+                    Py_XDECREF(n_ts);
+                }
             }
             PyBuffer_Release(&mm);
         }
@@ -1344,7 +1424,7 @@ static PyMethodDef speedups_methods[] = {
     {"scan_dispatch", scan_dispatch, METH_VARARGS, scan_dispatch_doc},
     {"index_put_many", index_put_many, METH_VARARGS, index_put_many_doc},
     {"put_batch", put_batch, METH_VARARGS, put_batch_doc},
-    {"put_one", put_one, METH_VARARGS, put_one_doc},
+    {"put_one", (PyCFunction)(void (*)(void))put_one, METH_FASTCALL, put_one_doc},
     {NULL, NULL, 0, NULL},
 };
 

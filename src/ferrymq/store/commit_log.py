@@ -36,7 +36,7 @@ from ferrymq.common.message_codec import (
     encode_record_parts,
 )
 from ferrymq.store import speedups
-from ferrymq.store.config import StoreConfig
+from ferrymq.store.config import BrokerRole, StoreConfig
 from ferrymq.store.errors import StoreError
 from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.mapped_file_queue import MappedFileQueue
@@ -59,6 +59,14 @@ HEAD_V4_SIZE = HEAD_V4.size  # fields 1..15 (body length included)
 APPEND_WRITTEN_MIN_BYTES = 16 * 1024
 
 
+_SLAVE = BrokerRole.SLAVE
+#: enum members as module constants (reading one off its class goes through EnumType.__getattr__'s slot)
+_PUT_OK = PutMessageStatus.PUT_OK
+_APPEND_OK = AppendMessageStatus.PUT_OK
+#: builds a result object without its __init__ (the single put sets every field itself)
+_new_object = object.__new__
+
+
 def _illegal(status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> PutMessageResult:
     return PutMessageResult(status, None)
 
@@ -77,6 +85,8 @@ class CommitLog:
         self.queue_metas = speedups.NATIVE is None
         #: the C extension for put_batch_raw (None: put_batch_raw declines, callers use put_messages)
         self.native = speedups.NATIVE
+        #: False while the owning store is not running (``MessageStore`` keeps it): ``put_one_raw`` declines
+        self.accepting_puts = True
         # first valid byte when the first segment was started mid-file by append_at (slave)
         self.data_start_phy_offset = 0
         self.last_store_timestamp = 0  # of the newest appended record
@@ -336,20 +346,89 @@ class CommitLog:
         header's properties, ASCII), takes WAIT out, sets CLUSTER and writes the record into the segment (what
         the send processor's ``MessageExtBrokerInner`` + ``put_message`` store, byte for byte). Returns the
         result and the WAIT flag; None = not handled here (no extension, queued metas, DELAY / TRAN_MSG,
-        transaction flags, any refusal): the caller takes the ``put_message`` path, which answers as before."""
+        transaction flags, the store not running or a slave, any refusal): the caller takes the ``put_message``
+        path, which answers as before.
+
+        Once per plain send, so the usual case (room in the last segment) is written out here: one native call,
+        no closure (its cells would be built on every call), enum members read from module constants (an enum
+        class attribute goes through ``EnumType.__getattr__``'s slot); a roll or a missing segment goes to
+        ``_put_one_rolling``."""
         native = self.native
-        if native is None or self.queue_metas:
+        if native is None or self.queue_metas or not self.accepting_puts:
+            return None
+        config = self.config
+        if config.broker_role is _SLAVE:
             return None
         topic_bytes = self._topic_bytes.get(topic) or self._encode_topic(topic)
         if (topic_bytes is None or not 0 <= queue_id < 1 << 31 or sys_flag & SYSFLAG_TRANSACTION_MASK
                 or len(born_host) != 8 or len(store_host) != 8):
             return None
         key = (topic, queue_id)
-        queue_offset = self.topic_queue_table.get(key, 0)
+        table = self.topic_queue_table
+        queue_offset = table.get(key, 0)
+        max_props = config.max_properties_size
+        if max_props > 32767:
+            max_props = 32767
+        files = self.mfq.files
+        if files:
+            mf = files[-1]
+            pos = mf.wrote_position
+            file_size = mf.file_size
+            if pos < file_size:  # not is_full(): as _put_native's first attempt
+                base = mf.file_from_offset + pos
+                try:
+                    res = native.put_one(mf.mm, pos, file_size - pos - END_FILE_MIN_BLANK_LENGTH, body, props,
+                                         topic_bytes, queue_id, queue_offset, base, cluster, born_host, store_host,
+                                         born_timestamp, self.clock_ms, flag, sys_flag & _HOST_V4_MASK,
+                                         reconsume_times, max_props, config.max_message_size)
+                except OverflowError:  # a field out of its record range: the Python path raises as before
+                    return None
+                if res is None:
+                    return None
+                total, wait, msg_id, store_ts = res
+                if msg_id is None:  # no room: roll (BLANK filler, next segment) and put it there
+                    if total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+                        return None  # too large for any segment: MESSAGE_ILLEGAL from the Python path
+                    return self._put_one_rolling(topic_bytes, key, queue_offset, max_props, body, props, cluster,
+                                                 flag, sys_flag, born_timestamp, born_host, store_host,
+                                                 reconsume_times)
+                mf.wrote_position = pos + total  # published once, like put_messages
+                table[key] = queue_offset + 1
+                self.last_store_timestamp = store_ts
+                self.put_message_times_total += 1
+                self.put_message_size_total += total
+                # AppendMessageResult(_APPEND_OK, base, total, store_ts, queue_offset, 1, store_host, (), msg_id) in
+                # PutMessageResult(_PUT_OK, ...), without the two Python __init__ frames: every field set here
+                ar = _new_object(AppendMessageResult)
+                ar.status = _APPEND_OK
+                ar.wrote_offset = base
+                ar.wrote_bytes = total
+                ar.store_timestamp = store_ts
+                ar.queue_offset = queue_offset
+                ar.msg_num = 1
+                ar.store_host = store_host
+                ar.record_offsets = ()
+                ar.joined_msg_id = msg_id
+                result = _new_object(PutMessageResult)
+                result.status = _PUT_OK
+                result.append_result = ar
+                return result, wait
+        return self._put_one_rolling(topic_bytes, key, queue_offset, max_props, body, props, cluster, flag, sys_flag,
+                                     born_timestamp, born_host, store_host, reconsume_times)
+
+    def _put_one_rolling(self, topic_bytes: bytes, key: QueueKey, queue_offset: int, max_props: int, body: bytes,
+                         props: bytes, cluster: bytes, flag: int, sys_flag: int, born_timestamp: int,
+                         born_host: bytes, store_host: bytes, reconsume_times: int
+                         ) -> tuple[PutMessageResult, bool] | None:
+        """``put_one_raw`` through ``_put_native``: no segment yet, a full one, or no room in the last one."""
+        native = self.native
+        assert native is not None
+        queue_id = key[1]
+        max_body = self.config.max_message_size
         out = self._put_native(lambda mm, pos, room, base: native.put_one(
             mm, pos, room, body, props, topic_bytes, queue_id, queue_offset, base, cluster, born_host, store_host,
-            born_timestamp, self.clock_ms, flag, sys_flag & _HOST_V4_MASK, reconsume_times,
-            min(32767, self.config.max_properties_size), self.config.max_message_size), total_at=0, written_at=2)
+            born_timestamp, self.clock_ms, flag, sys_flag & _HOST_V4_MASK, reconsume_times, max_props, max_body),
+            total_at=0, written_at=2)
         if out is None:
             return None
         failed, (total, wait, msg_id, store_ts), base = out

@@ -27,6 +27,7 @@ from ferrymq.store.mapped_file_queue import MappedFileQueue
 UNIT = struct.Struct(">qiq")
 BLANK_SIZE = 0x7FFFFFFF
 BLANK_UNIT = UNIT.pack(0, BLANK_SIZE, 0)
+_PHY_SIZE = struct.Struct(">qi")  # the first two fields of a unit
 _SCAN_CHUNK_UNITS = 4096
 _WORDS_PER_UNIT = CQ_STORE_UNIT_SIZE // 4
 #: most units ``put_units`` packs with one struct (a Struct per count is cached)
@@ -193,6 +194,20 @@ class ConsumeQueue:
         ``first_queue_offset``, phy offsets ascending (the native reput's runs). The part that continues the
         end of the last file is copied in one slice; a unit that opens a file, leaves a gap or is already
         present goes through ``put_unit``. True if any unit was written."""
+        files = self.mfq.files
+        if files:  # fast path: the whole run continues the last file, which has room for it
+            last = files[-1]
+            wrote = last.wrote_position
+            n_bytes = len(units)
+            end = wrote + n_bytes
+            if (end <= last.file_size and n_bytes and not n_bytes % CQ_STORE_UNIT_SIZE
+                    and last.file_from_offset + wrote == first_queue_offset * CQ_STORE_UNIT_SIZE):
+                last.mm[wrote:end] = units
+                last.wrote_position = end
+                phy, size = _PHY_SIZE.unpack_from(units, n_bytes - CQ_STORE_UNIT_SIZE)
+                if phy + size > self.max_phy_end:
+                    self.max_phy_end = phy + size
+                return True
         count = len(units) // CQ_STORE_UNIT_SIZE
         wrote_any = False
         i = 0

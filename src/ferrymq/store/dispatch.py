@@ -335,12 +335,14 @@ class Dispatcher:
     def _apply_scan(self, native: ModuleType, runs: list[tuple[str, int, int, bytes]], entries: bytes) -> None:
         """Write a scan's consume queue runs (in scan order per queue), table updates and index entries."""
         queues = self.queues
+        find = queues.queues.get
+        mark_dirty = queues.mark_dirty
         table = self.commit_log.topic_queue_table
         for topic, queue_id, first_queue_offset, units in runs:
             key = (topic, queue_id)
-            cq = queues.queues.get(key) or queues.get_or_create(topic, queue_id)
+            cq = find(key) or queues.get_or_create(topic, queue_id)
             if cq.put_units_packed(first_queue_offset, units):
-                queues.mark_dirty(cq)
+                mark_dirty(cq)
             next_queue_offset = first_queue_offset + len(units) // CQ_STORE_UNIT_SIZE
             if table.get(key, 0) < next_queue_offset:
                 table[key] = next_queue_offset

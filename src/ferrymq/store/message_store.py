@@ -50,6 +50,7 @@ class MessageStore:
         self.config = config
         self.clock_ms = clock_ms
         self.commit_log = CommitLog(config, clock_ms)
+        self.commit_log.accepting_puts = False  # until load(); kept equal to _running
         self.queues = ConsumeQueueTable(
             config.store_path_consume_queue, config.mapped_file_size_consume_queue
         )
@@ -91,7 +92,7 @@ class MessageStore:
             self._close_files()
             raise
         self.boot_timestamp = self.clock_ms()
-        self._running = True
+        self._running = self.commit_log.accepting_puts = True
 
     def _load_files(self) -> None:
         c = self.config
@@ -116,7 +117,7 @@ class MessageStore:
         """Flush everything, write the checkpoint, remove the abort file, close the files."""
         if not self._running:
             return
-        self._running = False
+        self._running = self.commit_log.accepting_puts = False
         self.commit_log.flush()
         self.dispatcher.reput()
         self.flush_consume_queues()
@@ -126,7 +127,7 @@ class MessageStore:
     def close_abruptly(self) -> None:
         """Release files as a crash would: no flush, no checkpoint, the abort file stays.
         (For fault-injection tests; data already in the page cache still reaches the files.)"""
-        self._running = False
+        self._running = self.commit_log.accepting_puts = False
         self._close_files()
 
     def _close_files(self) -> None:
@@ -168,9 +169,9 @@ class MessageStore:
     def put_one_raw(self, topic: str, queue_id: int, body: bytes, props: bytes, cluster: bytes, flag: int,
                     sys_flag: int, born_timestamp: int, born_host: bytes, store_host: bytes,
                     reconsume_times: int) -> tuple[PutMessageResult, bool] | None:
-        """``CommitLog.put_one_raw`` (the native single SEND put); None = use ``put_message``."""
-        if not self._running or self.config.is_slave:
-            return None  # put_message answers SERVICE_NOT_AVAILABLE
+        """``CommitLog.put_one_raw`` (the native single SEND put); None = use ``put_message`` (which answers
+        SERVICE_NOT_AVAILABLE when the store is not running or a slave: the commit log declines those itself,
+        ``accepting_puts`` follows ``running``)."""
         return self.commit_log.put_one_raw(topic, queue_id, body, props, cluster, flag, sys_flag, born_timestamp,
                                            born_host, store_host, reconsume_times)
 
