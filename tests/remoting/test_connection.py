@@ -214,3 +214,44 @@ async def test_request_on_closed_connection_leaves_nothing_pending(loopback: Loo
     with pytest.raises(ConnectionClosedError):
         conn.request(RemotingCommand.request(2), 1000)
     assert conn._pending == {} and conn._timer is None
+
+
+async def test_request_write_failures_leave_nothing_pending() -> None:
+    """``request`` writes inline (no ``send()`` call): a connection without a transport raises what ``send``
+    raises, a failing ``write`` propagates; neither leaves a pending entry. ``timeout_ms=None`` (what
+    ``invoke_future`` uses) registers no deadline."""
+
+    class Failing:
+        def write(self, data: bytes) -> None:
+            raise RuntimeError("write failed")
+
+        def get_extra_info(self, key: str, default: object = None) -> object:
+            return ("127.0.0.1", 1) if key in ("peername", "sockname") else default
+
+        def is_closing(self) -> bool:
+            return False
+
+        def close(self) -> None:
+            pass
+
+    fresh = Connection()
+    fresh._loop = asyncio.get_running_loop()
+    with pytest.raises(ConnectionClosedError, match="is closed"):
+        fresh.request(RemotingCommand.request(2), 1000)
+    assert fresh._pending == {}
+    conn = Connection()
+    conn.connection_made(Failing())  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="write failed"):
+        conn.request(RemotingCommand.request(2), 1000)
+    with pytest.raises(RuntimeError, match="write failed"):
+        conn.invoke_future(RemotingCommand.request(2))
+    assert conn._pending == {}
+    written: list[bytes] = []
+    conn._transport = type("T", (), {"write": lambda self, data: written.append(data)})()  # type: ignore[assignment]
+    fut = conn.invoke_future(RemotingCommand.request(2))
+    (entry,) = conn._pending.values()
+    assert entry[1] is None and entry[2] == 2 and len(written) == 1
+    fut.cancel()
+    conn._transport = None
+    conn._teardown(ConnectionClosedError("done"))
+    fresh._teardown(ConnectionClosedError("done"))

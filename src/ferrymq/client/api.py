@@ -136,6 +136,16 @@ def build_send(
     default_topic_queue_nums: int = DEFAULT_TOPIC_QUEUE_NUMS,
     oneway: bool = False,
 ) -> RemotingCommand:
+    return send_command(producer_group, topic, queue_id, sys_flag, born_timestamp_ms, flag, properties, body,
+                        reconsume_times, max_reconsume_times, batch, broker_name, default_topic,
+                        default_topic_queue_nums, oneway)
+
+
+def send_command(producer_group: str, topic: str, queue_id: int, sys_flag: int, born_timestamp_ms: int, flag: int,
+                 properties: str, body: bytes, reconsume_times: int, max_reconsume_times: int | None, batch: bool,
+                 broker_name: str | None, default_topic: str, default_topic_queue_nums: int,
+                 oneway: bool) -> RemotingCommand:
+    """``build_send`` with every argument positional (the producer's per-send call: no keyword matching)."""
     code = _SEND_BATCH_MESSAGE if batch else _SEND_MESSAGE_V2
     if (type(producer_group) is not str or type(topic) is not str or type(default_topic) is not str
             or type(properties) is not str or (broker_name is not None and type(broker_name) is not str)):

@@ -63,6 +63,8 @@ from ferrymq.common.topic import (
     validate_topic,
 )
 from ferrymq.errors import BrokerError, ClientError, RemotingError, RemotingTimeoutError, TopicNotExistError
+from ferrymq.remoting.codec import FLAG_ONEWAY, RemotingCommand
+from ferrymq.remoting.codes import RequestCode
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,9 @@ _topic_of = attrgetter("topic")
 _body_of = attrgetter("body")
 _flag_of = attrgetter("flag")
 _properties_of = attrgetter("properties")
+_send_command = api.send_command
+_SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_parse_send = api.parse_send
 
 _UNIQ_COUNTER = itertools.count(random.randrange(1 << 16))
 _UNIQ_PREFIX: bytes | None = None
@@ -95,6 +100,12 @@ def _month_start(sec: int) -> float:
     return calendar.timegm((lt.tm_year, lt.tm_mon, 1, 0, 0, 0)) - lt.tm_gmtoff
 
 
+#: [prefix hex + hex of the ms-in-month of the last key, that ms]: keys made within one millisecond share it
+_uniq_head: list[Any] = ["", -1]
+#: "00" .. "FF": the counter's two bytes in uppercase hex
+_HEX_BYTE = tuple(f"{i:02X}" for i in range(256))
+
+
 def new_uniq_key(client_ip: str = "127.0.0.1") -> str:
     """A 32-hex-char client message id: IPv4(4) pid(2) random(4) ms-since-month-start(4) counter(2)."""
     global _UNIQ_PREFIX, _uniq_prefix_hex, _uniq_prefix_src
@@ -104,9 +115,11 @@ def new_uniq_key(client_ip: str = "127.0.0.1") -> str:
         except OSError:
             ip = b"\x7f\x00\x00\x01"
         _UNIQ_PREFIX = ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)
+    head = _uniq_head
     if _UNIQ_PREFIX is not _uniq_prefix_src:
         _uniq_prefix_src = _UNIQ_PREFIX
         _uniq_prefix_hex = _UNIQ_PREFIX.hex().upper()
+        head[1] = -1
     t = time.time()
     cache = _month_base
     sec = int(t)
@@ -114,7 +127,11 @@ def new_uniq_key(client_ip: str = "127.0.0.1") -> str:
         cache[1] = _month_start(sec)
         cache[0] = sec
     ms = int((t - cache[1]) * 1000) & 0xFFFFFFFF
-    return _uniq_prefix_hex + ((ms << 16) | (next(_UNIQ_COUNTER) & 0xFFFF)).to_bytes(6, "big").hex().upper()
+    counter = next(_UNIQ_COUNTER) & 0xFFFF
+    if ms != head[1]:
+        head[0] = _uniq_prefix_hex + ms.to_bytes(4, "big").hex().upper()
+        head[1] = ms
+    return head[0] + _HEX_BYTE[counter >> 8] + _HEX_BYTE[counter & 0xFF]
 
 
 #: above this many keys per call, ``new_uniq_keys`` makes them one by one (the clock read per key)
@@ -183,6 +200,8 @@ class Producer:
         self._mq_cache: dict[str, tuple[TopicRouteData, list[MessageQueue]]] = {}
         #: topics that passed the name checks of ``_validate``
         self._valid_topics: set[str] = set()
+        #: topic -> broker name -> (group, default topic queue nums, their SEND field dict): see ``_build``
+        self._send_fields: dict[str, dict[str, tuple[Any, Any, dict[str, str]]]] = {}
 
     @classmethod
     def bound_to(cls, instance: ClientInstance, group: str) -> Producer:
@@ -310,6 +329,54 @@ class Producer:
         return uniq
 
     def _build(self, msg: Message, mq: MessageQueue, via_default: bool, *, oneway: bool = False) -> Any:
+        """The SEND_MESSAGE_V2 request of ``msg`` for ``mq`` (what ``_build_general`` makes). The usual message
+        (not compressed, not a retry topic, int flag and queue id) copies the cached field dict of its (topic,
+        broker, group, default queue nums) and fills in queueId, bornTimestamp, flag and properties: the same
+        keys in the same order with the same strings as ``api.build_send`` gives."""
+        body = msg.body
+        topic = msg.topic
+        flag = msg.flag
+        qid = mq.queue_id
+        if (len(body) >= self.compress_msg_body_over_bytes or type(flag) is not int or type(qid) is not int
+                or type(topic) is not str or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
+            return self._build_general(msg, mq, via_default, oneway=oneway)
+        props = msg.properties
+        try:  # all keys and values str (the usual case): joined in C
+            properties = _join_props(map(_join_item, props.items()))
+        except TypeError:  # a None (skipped) or non-str value
+            properties = properties_to_string(props)
+        broker_name = mq.broker_name
+        by_broker = self._send_fields.get(topic)
+        entry = None if by_broker is None else by_broker.get(broker_name)
+        if entry is None or entry[0] is not self.group or entry[1] is not self.default_topic_queue_nums:
+            entry = self._send_fields_entry(topic, broker_name)
+        fields = entry[2].copy()
+        fields["e"] = str(qid)
+        fields["g"] = str(int(time.time() * 1000))
+        if flag:
+            fields["h"] = str(flag)
+        fields["i"] = properties
+        return RemotingCommand(_SEND_MESSAGE_V2, fields, body, 0, FLAG_ONEWAY if oneway else 0)
+
+    def _send_fields_entry(self, topic: str, broker_name: str) -> tuple[Any, Any, dict[str, str]]:
+        """(group, default topic queue nums, SEND fields of ``topic`` on ``broker_name`` with queueId 0,
+        sysFlag 0, bornTimestamp 0, flag 0, no properties, reconsume 0) for ``_build``; cached."""
+        group = self.group
+        dtqn = self.default_topic_queue_nums
+        fields = _send_command(group, topic, 0, 0, 0, 0, "", b"", 0, None, False, broker_name, DEFAULT_TOPIC, dtqn,
+                               False).ext_fields
+        entry = (group, dtqn, fields)
+        by_broker = self._send_fields.get(topic)
+        if by_broker is None:
+            if len(self._send_fields) >= _CACHE_MAX:
+                self._send_fields.clear()
+            by_broker = self._send_fields[topic] = {}
+        elif len(by_broker) >= _CACHE_MAX:
+            by_broker.clear()
+        by_broker[broker_name] = entry
+        return entry
+
+    def _build_general(self, msg: Message, mq: MessageQueue, via_default: bool, *, oneway: bool = False) -> Any:
         body = msg.body
         sys_flag = 0
         if len(body) >= self.compress_msg_body_over_bytes:
@@ -326,13 +393,10 @@ class Producer:
             properties = _PROPERTY_SEPARATOR.join(map(_NAME_VALUE_SEPARATOR.join, props.items()))
         except TypeError:  # a None (skipped) or non-str value
             properties = properties_to_string(props)
-        return api.build_send(
-            producer_group=self.group, topic=msg.topic, queue_id=mq.queue_id, sys_flag=sys_flag,
-            born_timestamp_ms=int(time.time() * 1000), flag=msg.flag,
-            properties=properties, body=body, reconsume_times=reconsume_times,
-            max_reconsume_times=max_reconsume, broker_name=mq.broker_name,
-            default_topic_queue_nums=self.default_topic_queue_nums, oneway=oneway,
-        )
+        # api.build_send(producer_group=..., ..., oneway=oneway) with positional arguments
+        return _send_command(self.group, msg.topic, mq.queue_id, sys_flag, int(time.time() * 1000), msg.flag,
+                             properties, body, reconsume_times, max_reconsume, False, mq.broker_name, DEFAULT_TOPIC,
+                             self.default_topic_queue_nums, oneway)
 
     # ---- sending -------------------------------------------------------------------------------------------
     async def send(
@@ -344,11 +408,21 @@ class Producer:
         arg: Any = None,
         timeout_ms: int | None = None,
     ) -> SendResult:
-        self._validate(msg)
-        uniq = self._ensure_uniq_key(msg)
+        # _validate() and _ensure_uniq_key() inlined for the usual message (topic seen before, body within
+        # the limit, UNIQ_KEY to make); anything else takes the methods, which raise the same errors
+        body = msg.body
+        if not body or msg.topic not in self._valid_topics or len(body) > self.max_message_size_bytes:
+            self._validate(msg)
+        props = msg.properties
+        if type(props) is dict:
+            uniq = props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+            if not uniq:
+                uniq = props[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = new_uniq_key(self.config.client_ip)
+        else:
+            uniq = self._ensure_uniq_key(msg)
         return await self._send_with_retries(
-            msg.topic, lambda mq, via: self._build(msg, mq, via), uniq, queue=queue,
-            selector=(lambda mqs: selector(mqs, msg, arg)) if selector else None, timeout_ms=timeout_ms)
+            msg.topic, None, uniq, queue, (lambda mqs: selector(mqs, msg, arg)) if selector else None, timeout_ms,
+            msg)
 
     async def send_batch(self, msgs: Sequence[Message], *, queue: MessageQueue | None = None,
                          timeout_ms: int | None = None) -> SendResult:
@@ -366,7 +440,7 @@ class Producer:
                 born_timestamp_ms=int(time.time() * 1000), flag=0, properties="", body=body, batch=True,
                 broker_name=mq.broker_name, default_topic_queue_nums=self.default_topic_queue_nums)
 
-        return await self._send_with_retries(topic, build, uniq, queue=queue, selector=None, timeout_ms=timeout_ms)
+        return await self._send_with_retries(topic, build, uniq, queue, None, timeout_ms)
 
     def _check_batch(self, msgs: Sequence[Message], topic: str) -> None:
         """The batch checks, message by message (raises the first failure)."""
@@ -436,37 +510,47 @@ class Producer:
     async def _send_with_retries(
         self,
         topic: str,
-        build: Callable[[MessageQueue, bool], Any],
+        build: Callable[[MessageQueue, bool], Any] | None,
         uniq: str,
-        *,
         queue: MessageQueue | None,
         selector: Callable[[list[MessageQueue]], MessageQueue] | None,
         timeout_ms: int | None,
+        msg: Message | None = None,
     ) -> SendResult:
-        inst = self.instance
+        """Send the request ``build(mq, via_default)`` makes (``build`` None: ``self._build(msg, mq, via_default)``)
+        with retries on other broker groups (none for a fixed ``queue`` or a ``selector``)."""
+        inst = self._instance or self.instance  # (the property raises "not started")
         total_ms = timeout_ms or self.send_timeout_ms
         monotonic = time.monotonic
         deadline = monotonic() + total_ms / 1000
         fixed: MessageQueue | None = queue
-        cached = self._queues_now(topic)
-        if cached is not None:
-            mqs, via_default = cached, False
+        mqs = self._queues_now(topic)
+        if mqs is not None:
+            via_default = False
         else:
             mqs, via_default = await self.publish_queues(topic)
         if fixed is None and selector is not None:
             fixed = selector(list(mqs))  # a copy: the list is cached
-        attempts = 1 if fixed is not None else 1 + max(0, self.retry_times_when_send_failed)
+        retries = self.retry_times_when_send_failed
+        attempts = 1 if fixed is not None or retries <= 0 else 1 + retries  # (1 + max(0, retries))
         last_broker: str | None = None
         last_exc: Exception | None = None
         fault = self.fault
         for attempt in range(attempts):
-            mq = fixed or self._select(mqs, last_broker)
-            last_broker = mq.broker_name
-            addr = inst.master_addr(mq.broker_name)
+            if fixed is not None:
+                mq = fixed
+            elif last_broker is None and not fault.enabled:
+                # what _select() answers without fault tolerance and without a broker to avoid: the next
+                # round-robin queue
+                mq = mqs[self._rr.next_index() % len(mqs)]
+            else:
+                mq = self._select(mqs, last_broker)
+            broker_name = last_broker = mq.broker_name
+            addr = inst.master_addr(broker_name)
             if addr is None:
                 inst.trigger_route_refresh()
-                last_exc = ClientError(f"broker {mq.broker_name} has no master in the route")
-                fault.update(mq.broker_name, 0, isolation=True)
+                last_exc = ClientError(f"broker {broker_name} has no master in the route")
+                fault.update(broker_name, 0, isolation=True)
                 continue
             started = monotonic()
             remaining_ms = int((deadline - started) * 1000)
@@ -474,29 +558,29 @@ class Producer:
                 raise RemotingTimeoutError(f"send to {topic} timed out after {total_ms} ms "
                                            f"({attempt} attempts)") from last_exc
             try:
-                cmd = build(mq, via_default)
+                cmd = self._build(msg, mq, via_default) if build is None else build(mq, via_default)  # type: ignore[arg-type]
                 conn = inst.ready_connection(addr)
                 if conn is not None:  # connected: no coroutine and no connection bookkeeping in between
                     resp = await conn.request(inst._stamp(cmd), remaining_ms)
                 else:
                     resp = await inst.invoke(addr, cmd, remaining_ms)
-                result = api.parse_send(resp, mq, uniq)
+                result = _parse_send(resp, mq, uniq)
             except BrokerError as exc:
-                fault.update(mq.broker_name, (monotonic() - started) * 1000, isolation=True)
+                fault.update(broker_name, (monotonic() - started) * 1000, isolation=True)
                 if not exc.retriable or fixed is not None:
                     raise
                 last_exc = exc
                 log.debug("send to %s failed (%s); retrying", mq, exc)
                 continue
             except RemotingError as exc:
-                fault.update(mq.broker_name, (monotonic() - started) * 1000, isolation=True)
+                fault.update(broker_name, (monotonic() - started) * 1000, isolation=True)
                 if fixed is not None:
                     raise
                 last_exc = exc
                 log.debug("send to %s failed (%s); retrying", mq, exc)
                 continue
             if fault.enabled:
-                fault.update(mq.broker_name, (monotonic() - started) * 1000)
+                fault.update(broker_name, (monotonic() - started) * 1000)
             return result
         assert last_exc is not None
         raise last_exc

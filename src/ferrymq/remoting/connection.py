@@ -221,16 +221,14 @@ class Connection(asyncio.Protocol):
 
     def invoke_future(self, cmd: RemotingCommand) -> asyncio.Future[RemotingCommand]:
         """Send a request; the future resolves with the response (no timeout applied)."""
-        return self._request(cmd, None, 0)
+        return self.request(cmd, None)
 
-    def request(self, cmd: RemotingCommand, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> asyncio.Future[RemotingCommand]:
+    def request(self, cmd: RemotingCommand,
+                timeout_ms: int | None = DEFAULT_TIMEOUT_MS) -> asyncio.Future[RemotingCommand]:
         """Send a request; the future resolves with the response, or fails with RemotingTimeoutError when no
         answer came within ``timeout_ms`` (``await conn.request(...)`` is ``await conn.invoke(...)`` without
-        the coroutine). Cancelling the future abandons the request."""
-        return self._request(cmd, timeout_ms, timeout_ms)
-
-    def _request(self, cmd: RemotingCommand, timeout_ms: float | None,
-                 timeout_label: int) -> asyncio.Future[RemotingCommand]:
+        the coroutine; None: no timeout). Cancelling the future abandons the request."""
+        # one call per request: the pending entry, the deadline timer and ``send()`` are all inline here
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer_addr} is closed") from self.close_reason
         pending = self._pending
@@ -244,7 +242,7 @@ class Connection(asyncio.Protocol):
             pending[opaque] = (fut, None, cmd.code, 0)
         else:
             deadline = loop.time() + timeout_ms / 1000
-            pending[opaque] = (fut, deadline, cmd.code, timeout_label)
+            pending[opaque] = (fut, deadline, cmd.code, timeout_ms)
             timer = self._timer
             if timer is None:
                 self._timer_at = deadline
@@ -253,8 +251,11 @@ class Connection(asyncio.Protocol):
                 timer.cancel()
                 self._timer_at = deadline
                 self._timer = loop.call_at(deadline, self._expire)
+        transport = self._transport
         try:
-            self.send(cmd)
+            if transport is None:  # what send() raises (``closed`` was checked above)
+                raise ConnectionClosedError(f"connection to {self.peer_addr} is closed")
+            transport.write(encode(cmd))
         except BaseException:
             pending.pop(opaque, None)
             raise
@@ -290,7 +291,7 @@ class Connection(asyncio.Protocol):
             self._timer = loop.call_at(earliest, self._expire)
 
     async def invoke(self, cmd: RemotingCommand, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> RemotingCommand:
-        fut = self._request(cmd, timeout_ms, timeout_ms)
+        fut = self.request(cmd, timeout_ms)
         opaque = cmd.opaque
         try:
             return await fut
