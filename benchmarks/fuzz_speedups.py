@@ -1,11 +1,15 @@
 """Structured fuzzer for the C extension ``ferrymq.store._speedups`` (not a test: run it by hand).
 
-Feeds the three entry points (``scan_dispatch``, ``index_put_many``, ``put_batch``) mutations of valid input
-made by the repo's own encoders (length fields set to -1, 0, INT32_MAX, off by one; truncation at every
-byte; random bytes and splices), position/end/room arguments at and past the buffer ends, odd
-``max_records``, wrong argument types, clocks that raise or return non-ints, closed mmaps. Each call must
-return or raise a Python exception; the point is to run it under AddressSanitizer + UBSan, which turn a
-memory error into an abort::
+Feeds the four entry points (``scan_dispatch``, ``index_put_many``, ``put_batch``, ``put_one``) mutations of
+valid input made by the repo's own encoders (length fields set to -1, 0, INT32_MAX, off by one; truncation at
+every byte; random bytes and splices), position/end/room arguments at and past the buffer ends, odd
+``max_records``, wrong argument types, clocks that raise or return non-ints, closed mmaps. ``put_one`` also
+gets properties texts (valid ``name\x01value\x02`` items, WAIT / DELAY / TRAN_MSG, truncated, non-ASCII,
+huge), bodies sized around the room / the buffer end, every argument position swapped for a bool, float, big
+int, bytearray, memoryview, str, None or an int subclass (its PyArg_ParseTuple path), wrong argument counts,
+and clocks / ``__index__`` methods that resize ctypes arguments (the borrowed-pointer case). Each call must
+return or raise a Python exception, and a put writes exactly its record or nothing (checked). The point is to
+run it under AddressSanitizer + UBSan, which turn a memory error into an abort::
 
     mkdir /tmp/asan && git -C . archive HEAD | tar -x -C /tmp/asan
     cp src/ferrymq/store/_speedups.c /tmp/asan/src/ferrymq/store/   # the working copy under test
@@ -16,6 +20,7 @@ memory error into an abort::
         LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so) \\
         PYTHONPATH=/tmp/asan/src python benchmarks/fuzz_speedups.py --cases 300000
 
+``--family put_one`` (or scan, index, batch, types) runs one family only; the default runs them all.
 ``--leaks`` instead calls each function ~100k times on valid and invalid input and prints the RSS
 growth (``/proc/self/statm``) and, on a debug build, ``sys.gettotalrefcount()`` growth.
 """
@@ -23,7 +28,9 @@ growth (``/proc/self/statm``) and, on a debug build, ``sys.gettotalrefcount()`` 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import mmap
+import operator
 import os
 import random
 import struct
@@ -245,9 +252,217 @@ def fuzz_batch(rng: random.Random, native: Any) -> None:
         mm.close()
 
 
+class IntSub(int):
+    """An int that is not exact: put_one's PyArg_ParseTuple path, which must answer as its fast path."""
+
+
+class Index:
+    """Not an int, but convertible (``__index__``): what it returns, after running ``side`` (PyArg_ParseTuple
+    calls it while earlier arguments' pointers are already taken)."""
+
+    def __init__(self, value: Any, side: Callable[[], None] | None = None) -> None:
+        self.value = value
+        self.side = side
+
+    def __index__(self) -> Any:
+        if self.side is not None:
+            self.side()
+        if isinstance(self.value, BaseException):
+            raise self.value
+        return self.value
+
+
+PUT_NAMES = ["TAGS", "KEYS", "WAIT", "WAIT", "CLUSTER", "UNIQ_KEY", "X", "", "WAITX", "wait"]  # + DELAY, TRAN_MSG
+PUT_VALUES = ["", "false", "FALSE", "fAlSe", "true", "falsee", "fals", "3", "a b  c", "x" * 90, "v\x01w"]
+PUT_PROPS = [b"", b"TAGS\x01a\x02KEYS\x01k1 k2\x02WAIT\x01false", b"WAIT\x01true", b"WAIT\x01", b"DELAY\x013",
+             b"TRAN_MSG\x01true", b"CLUSTER\x01x\x02CLUSTER\x01y", b"\x01\x02\x02", b"\x02WAIT\x01false\x02"]
+INT64_EDGES = [-(1 << 63) - 1, -(1 << 63), -1, 0, 1, (1 << 31) - 1, 1 << 31, (1 << 63) - 201, (1 << 63) - 2,
+               (1 << 63) - 1, 1 << 63, 1 << 64]
+#: a wrong-typed argument (any position): bool / IntSub / Index are ints for PyArg_ParseTuple, the rest are not
+#: (or not for that position)
+PUT_JUNK: list[Any] = [True, False, 1.5, 1 << 80, -(1 << 80), bytearray(b"TopicA"), memoryview(b"TopicA"), "TopicA",
+                       None, object(), IntSub(3), IntSub(1 << 70), Index(4), Index(1 << 70), Index(ValueError("ix")),
+                       Index("x"), b"", "ctypes"]  # "ctypes": a fresh ctypes array (a writable buffer, resizable)
+
+
+def put_props(rng: random.Random) -> bytes:
+    kind = rng.randrange(14)
+    if kind < 8:  # valid items (the last occurrence wins; WAIT taken out; DELAY / TRAN_MSG declined)
+        names = [_pick(rng, rng.choice(PUT_NAMES), "DELAY", "TRAN_MSG", p=0.03) for _ in range(rng.randrange(8))]
+        text = "\x02".join(f"{name}\x01{rng.choice(PUT_VALUES)}" for name in names)
+        return (text + rng.choice(["", "", "\x02"])).encode()
+    valid = rng.choice(PUT_PROPS + [t.encode() for t in PROP_TEXTS])
+    if kind == 4:
+        return mutate(rng, valid, [])
+    if kind == 5:  # truncated anywhere
+        return valid[:rng.randrange(len(valid) + 1)]
+    if kind == 6:  # non-ASCII somewhere
+        at = rng.randrange(len(valid) + 1)
+        return valid[:at] + rng.choice(["é".encode(), b"\x80", b"\xff\x01"]) + valid[at:]
+    if kind == 7:  # huge: many items, one long value, past the int16 properties limit
+        return rng.choice([b"\x02".join([b"K\x01v"] * rng.choice([63, 64, 65, 70, 500])),
+                           b"KEYS\x01" + b"k" * rng.choice([1000, 1015, 1024, 5000, 32700, 40000]),
+                           b"TAGS\x01t\x02" * 3000])
+    if kind == 8:
+        return rng.randbytes(rng.randrange(300))
+    if kind == 9:
+        return bytes(rng.choice(b"\x01\x02ab=") for _ in range(rng.randrange(60)))
+    return valid
+
+
+def _ctypes_bytes(data: bytes) -> Any:
+    """A ctypes array over a copy of data (a buffer with no bf_releasebuffer: "y#" hands out a borrowed pointer,
+    and ctypes.resize can move it); longer than 16 bytes its memory is malloc'd, so a resize frees it."""
+    return (ctypes.c_char * max(len(data), 1)).from_buffer_copy(data or b"\x00")
+
+
+def _resize(obj: Any) -> None:
+    if isinstance(obj, ctypes.Array):
+        ctypes.resize(obj, ctypes.sizeof(obj) + 4096)
+
+
+def _put_clock(rng: random.Random, mm: Any, args: list[Any], native: Any) -> Callable[[], Any]:
+    kind = rng.randrange(30)
+    if kind == 0:  # moves every ctypes argument (body, props, topic, cluster, hosts) before the write
+        def resize_args() -> int:
+            for a in args:
+                _resize(a)
+            return 1_690_000_000_000
+        return resize_args
+    if kind == 1 and isinstance(mm, bytearray):  # mm is not exported yet: the new length is the one checked
+        def shrink() -> int:
+            del mm[len(mm) // 2:]
+            return 5
+        return shrink
+    if kind == 2 and isinstance(mm, mmap.mmap):
+        def close() -> int:
+            mm.close()
+            return 5
+        return close
+    if kind == 3:  # re-entered with the same arguments (a well-behaved clock this time)
+        def reenter() -> int:
+            inner = list(args)
+            inner[13] = lambda: 7
+            try:
+                native.put_one(*inner)
+            except (ValueError, OverflowError, TypeError, BufferError):
+                pass
+            return 8
+        return reenter
+    if kind < 10:
+        value = rng.choice(INT64_EDGES + [True, IntSub(9), Index(9), Index(1 << 64), Index(RuntimeError("ix")),
+                                          "now", 1.5, None])
+        return lambda: value
+    return _clock(rng)
+
+
+def fuzz_put_one(rng: random.Random, native: Any) -> None:
+    guard = rng.randbytes(rng.randrange(0, 24))
+    mm_len = rng.choice([0, 1, 91, 160, 512, 1024, 1024, 4096, 4096, rng.randrange(2000)])
+    outer = bytearray(guard + bytes(mm_len) + guard)
+    kind = rng.randrange(8)
+    mm: Any
+    if kind < 4:
+        mm = memoryview(outer)[len(guard):len(guard) + mm_len]  # bytes either side must stay as they were
+    elif kind < 6 or not mm_len:
+        mm = bytearray(mm_len)
+    elif kind == 6:
+        mm = mmap.mmap(-1, mm_len)
+    else:
+        mm = _pick(rng, bytes(mm_len), (ctypes.c_char * mm_len)(), p=0.5)  # read-only / a ctypes array
+    closed = isinstance(mm, mmap.mmap) and rng.random() < 0.05
+    if closed:
+        mm.close()
+    props = put_props(rng)
+    topic = _pick(rng, rng.choice([b"TopicA", b"T", b"t" * 127]), b"t" * 128, b"", "é".encode(), b"a\x00b", p=0.05)
+    cluster = _pick(rng, b"DefaultCluster", b"", "é".encode(), b"c" * 33000, b"C\x01\x02", p=0.05)
+    pos = _pick(rng, rng.choice([0, 0, rng.randrange(mm_len + 1)]), _edge(rng, mm_len), 1 << 63, (1 << 31) - 1,
+                p=0.1)
+    real_room = mm_len - pos
+    room = _pick(rng, real_room, mm_len, 0, -1, (1 << 31) - 1, 1 << 40, _edge(rng, mm_len), 1 << 63, p=0.15)
+    # the body sized around the room / the buffer end: the record of an empty body tells its fixed part
+    base_args = [bytearray(64), 0, -1, b"", props, topic, 0, 0, 0, cluster, HOST, HOST, 0, lambda: 0, 0, 0, 0,
+                 32767, 1 << 22]
+    try:
+        sized = native.put_one(*base_args)
+    except (ValueError, OverflowError, TypeError):
+        sized = None
+    fixed = sized[0] if sized is not None else 91 + len(topic) + len(props)
+    target = rng.choice([room, real_room, mm_len]) if rng.random() < 0.8 else rng.randrange(5000)
+    body_len = target - fixed + rng.choice([-2, -1, 0, 0, 0, 1, 2, -rng.randrange(500), rng.randrange(-50, 50)])
+    if rng.random() < 0.003:
+        body_len = rng.choice([256 * 1024 - 1, 256 * 1024, 300_000])  # the GIL-released copy
+    body_len = max(0, min(body_len, 1 << 20))
+    data = rng.randbytes(body_len)
+    bkind = rng.randrange(12)
+    if bkind == 0:
+        body: Any = bytearray(data)
+    elif bkind == 1:
+        body = memoryview(data)
+    elif bkind == 2 and data:
+        body = mmap.mmap(-1, len(data))
+        body[:] = data
+    elif bkind == 3:
+        body = _ctypes_bytes(data)
+    elif bkind == 4 and isinstance(mm, memoryview | bytearray) and mm_len:  # a view of the segment itself
+        body = memoryview(mm)[rng.randrange(mm_len):]
+    else:
+        body = data
+    args: list[Any] = [
+        mm, pos, room, body, props, topic,
+        _pick(rng, 3, 0, -1, (1 << 31) - 1, 1 << 31, -(1 << 31) - 1, p=0.03),
+        _pick(rng, 7, *INT64_EDGES, p=0.05),
+        _pick(rng, rng.choice([0, 4096, 1 << 40]), *INT64_EDGES, p=0.05),
+        cluster, _pick(rng, HOST, HOST[:7], HOST + b"x", b"", p=0.03), _pick(rng, HOST, HOST[:7], p=0.03),
+        _pick(rng, 1, *INT64_EDGES, p=0.03), None,
+        _pick(rng, 0, *INT64_EDGES, -(1 << 31) - 1, p=0.03),
+        _pick(rng, 0, 0x4, 0x8, 0xC, 0x10, 0x20, 0x30, -1, (1 << 31) - 1, (1 << 31) - 1 - 0x3C, 1 << 31, p=0.05),
+        _pick(rng, 0, *INT64_EDGES, p=0.03),
+        _pick(rng, 32767, 0, 10, 100, -1, 32768, (1 << 63) - 1, p=0.05),
+        _pick(rng, 4 << 20, 0, 2, 50, -1, (1 << 63) - 1, 1 << 63, p=0.05),
+    ]
+    for i in (4, 5, 9, 10, 11):  # ctypes for the "y#" arguments (copied before parsing)
+        if rng.random() < 0.02:
+            args[i] = _ctypes_bytes(args[i])
+    args[13] = _put_clock(rng, mm, args, native)
+    if rng.random() < 0.06:  # a wrong type at any position
+        junk = rng.choice(PUT_JUNK)
+        args[rng.randrange(len(args))] = _ctypes_bytes(HOST) if junk == "ctypes" else junk
+    if rng.random() < 0.02:  # an __index__ that moves the ctypes arguments while they are being parsed
+        at = rng.choice([6, 7, 8, 12, 14, 15, 16, 17, 18])
+        args[at] = Index(args[at] if isinstance(args[at], int) else 0, lambda: [_resize(a) for a in args] and None)
+    if rng.random() < 0.02:
+        args = args[:rng.randrange(len(args))] if rng.random() < 0.7 else args + [0]
+    before = bytes(outer)
+    snapshot = bytes(mm) if isinstance(mm, bytearray) else None
+    try:
+        res = native.put_one(*args)
+    except (ValueError, OverflowError, TypeError, RuntimeError, BufferError, ZeroDivisionError):
+        res = None
+    written = res is not None and res[2] is not None
+    if args and args[0] is not mm:  # a wrong type took mm's place
+        assert outer == before
+    elif isinstance(mm, memoryview):
+        if written:  # exactly the record at pos (a body that is a view of mm only changes what is copied)
+            total, pos, room = res[0], operator.index(args[1]), operator.index(args[2])
+            start = len(guard) + pos
+            assert 0 < total <= room and pos + total <= mm_len, (res, pos, room, mm_len)
+            assert outer[:start] == before[:start] and outer[start + total:] == before[start + total:]
+            assert struct.unpack_from(">i", outer, start)[0] == total
+        else:
+            assert outer == before, (res, args[1:3], mm_len)
+    elif snapshot is not None and not written and len(mm) == len(snapshot):
+        assert bytes(mm) == snapshot
+    if isinstance(mm, mmap.mmap) and not mm.closed:
+        mm.close()
+    if isinstance(body, mmap.mmap):
+        body.close()
+
+
 def fuzz_types(rng: random.Random, native: Any) -> None:
     junk = [None, 1, -1, 1.5, "s", b"b", bytearray(4), object(), [], (1 << 80)]
-    for fn, nargs in ((native.scan_dispatch, 6), (native.index_put_many, 9), (native.put_batch, 18)):
+    for fn, nargs in ((native.scan_dispatch, 6), (native.index_put_many, 9), (native.put_batch, 18),
+                      (native.put_one, 19)):
         args = [rng.choice(junk) for _ in range(rng.choice([nargs, nargs, 0, nargs - 1, nargs + 1]))]
         try:
             fn(*args)
@@ -255,32 +470,43 @@ def fuzz_types(rng: random.Random, native: Any) -> None:
             pass
 
 
-def run_cases(native: Any, cases: int, seed: int) -> None:
+#: the case families and their share of a default run
+FAMILIES: dict[str, tuple[Callable[[random.Random, Any], None], int]] = {
+    "scan": (fuzz_scan, 4), "index": (fuzz_index, 2), "batch": (fuzz_batch, 3), "put_one": (fuzz_put_one, 3),
+    "types": (fuzz_types, 1),
+}
+
+
+def run_cases(native: Any, cases: int, seed: int, family: str = "all") -> None:
     rng = random.Random(seed)
     start = time.perf_counter()
-    counts = {"scan": 0, "index": 0, "batch": 0, "types": 0}
+    names = list(FAMILIES) if family == "all" else [family]
+    schedule = [name for name in names for _ in range(FAMILIES[name][1])]
+    counts = dict.fromkeys(names, 0)
     for i in range(cases):
-        r = i % 10
-        if r < 4:
-            fuzz_scan(rng, native)
-            counts["scan"] += 1
-        elif r < 6:
-            fuzz_index(rng, native)
-            counts["index"] += 1
-        elif r < 9:
-            fuzz_batch(rng, native)
-            counts["batch"] += 1
-        else:
-            fuzz_types(rng, native)
-            counts["types"] += 1
+        name = schedule[i % len(schedule)]
+        FAMILIES[name][0](rng, native)
+        counts[name] += 1
         if i and i % 50000 == 0:
             print(f"{i} cases, {time.perf_counter() - start:.0f}s", flush=True)
     print(f"done: {counts} in {time.perf_counter() - start:.0f}s (seed {seed})")
 
 
-def truncations(native: Any, seed: int) -> None:
-    """Every prefix of a few valid streams and batch bodies (the torn tail of a segment / a short read)."""
+def truncations(native: Any, seed: int, family: str = "all") -> None:
+    """Every prefix of a few valid streams, batch bodies and properties texts (the torn tail of a segment / a
+    short read)."""
     rng = random.Random(seed)
+    if family in ("all", "put_one"):
+        mm = bytearray(4096)
+        for props in (PUT_PROPS[1], b"UNIQ_KEY\x01u1\x02WAIT\x01FALSE\x02TAGS\x01t\x02KEYS\x01a b",
+                      b"\x02".join([b"K\x01v"] * 70)):
+            for cut in range(len(props) + 1):
+                for room in (-1, 4096):
+                    native.put_one(mm, 0, room, b"body", props[:cut], b"TopicA", 0, 0, 0, b"C", HOST, HOST, 0,
+                                   lambda: 1, 0, 0, 0, 32767, 1 << 22)
+        if family == "put_one":
+            print("truncations done")
+            return
     for _ in range(50):
         data = record_stream(rng)
         for cut in range(len(data) + 1):
@@ -299,7 +525,7 @@ def _rss_kib() -> int:
         return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
-def leaks(native: Any, calls: int) -> None:
+def leaks(native: Any, calls: int, family: str = "all") -> None:
     rng = random.Random(1)
     stream = record_stream(rng) + _record(rng, 9, 0)
     bad_stream = stream[:-1]
@@ -311,7 +537,28 @@ def leaks(native: Any, calls: int) -> None:
     def boom() -> int:
         raise RuntimeError
 
+    props = b"TAGS\x01a\x02KEYS\x01k1 k2\x02WAIT\x01false"
+    big_props = b"KEYS\x01" + b"k" * 2000  # the heap scratch
+
+    def one(mm: Any = mm, room: int = 1 << 16, body: Any = b"body", props: Any = props, clock: Any = lambda: 5,
+            topic: Any = b"TopicA", flag: Any = 0) -> Any:
+        return native.put_one(mm, 0, room, body, props, topic, 0, 0, 0, b"C", HOST, HOST, 0, clock, flag, 0, 0,
+                              32767, 1 << 22)
+
+    ct_topic = (ctypes.c_char * 40).from_buffer_copy(b"T" * 40)
     cases: dict[str, Callable[[], Any]] = {
+        "put_one ok": one,
+        "put_one heap": lambda: one(props=big_props),
+        "put_one slow": lambda: one(flag=True, body=bytearray(b"body")),
+        "put_one pin": lambda: one(topic=ct_topic, body=_ctypes_bytes(b"b" * 40)),
+        "put_one none": lambda: one(props=b"DELAY\x013"),
+        "put_one room": lambda: one(room=10),
+        "put_one clock": lambda: one(clock=boom),
+        "put_one nonint": lambda: one(clock=lambda: "x"),
+        "put_one huge": lambda: one(clock=lambda: 1 << 70),
+        "put_one nofit": lambda: one(mm=bytearray(10)),
+        "put_one type": lambda: one(props="TAGS\x01a"),
+        "put_one nargs": lambda: native.put_one(mm, 0, 1),
         "scan ok": lambda: native.scan_dispatch(stream, 0, len(stream), 100, 0, True),
         "scan bad": lambda: native.scan_dispatch(bad_stream, 0, len(bad_stream), 100, 0, True),
         "scan err": lambda: native.scan_dispatch(stream, 0, len(stream) + 1, 100, 0, True),
@@ -339,10 +586,16 @@ def leaks(native: Any, calls: int) -> None:
                          0, 32767, 1 << 22)
         native.scan_dispatch(stream, 0, len(stream), 100, 0, True)
         native.index_put_many(imm, entries, 0, 16, 100, 1, 0, 0, 0)
+        native.put_one(mm, 0, 1 << 16, body, props, b"TopicA", 0, 0, 0, b"C", HOST, HOST, 0, lambda: now, 0, 0, 0,
+                       32767, 1 << 22)
+        native.put_one(mm, 0, 1 << 16, body, props, b"TopicA", False, 0, 0, b"C", HOST, HOST, 0, lambda: now, 0, 0,
+                       0, 32767, 1 << 22)
     after = [sys.getrefcount(o) for o in pinned]
     print(f"argument refcounts before {before} after {after}")
     refcount: Callable[[], int] | None = getattr(sys, "gettotalrefcount", None)
     for name, fn in cases.items():
+        if family != "all" and not name.startswith(family + " "):
+            continue
         for _ in range(1000):  # warm up allocator pools
             try:
                 fn()
@@ -366,16 +619,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ap.add_argument("--leaks", action="store_true", help="RSS / refcount growth over --calls calls per case")
     ap.add_argument("--calls", type=int, default=100_000)
+    ap.add_argument("--family", choices=["all", *FAMILIES], default="all", help="run one case family only")
     args = ap.parse_args()
     native = EXTENSION
     if native is None:
         sys.exit("ferrymq.store._speedups is not built")
     print(f"extension: {native.__file__}")
     if args.leaks:
-        leaks(native, args.calls)
+        leaks(native, args.calls, args.family)
         return
-    truncations(native, args.seed)
-    run_cases(native, args.cases, args.seed)
+    truncations(native, args.seed, args.family)
+    run_cases(native, args.cases, args.seed, args.family)
 
 
 if __name__ == "__main__":

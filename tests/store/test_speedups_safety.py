@@ -338,6 +338,211 @@ def test_put_one_matches_the_python_record(items: list[str], trailing: bool, bod
         assert mm[:pos] == bytearray(pos) and mm[pos + total:1024] == bytearray(1024 - pos - total)
 
 
+class _IntSub(int):
+    pass
+
+
+class _Index:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+PUT1_ARGS = 19
+# (position, junk, the exception): the contract CommitLog.put_one_raw relies on: OverflowError = a field out of
+# its record range (the Python path answers), anything else raises as before
+_NOT_INT = (1.5, "1", None, b"1", bytearray(b"1"), memoryview(b"1"), object())
+_NOT_BYTES = (1, True, 1.5, "TopicA", None, bytearray(b"TopicA"), memoryview(b"TopicA"), object())
+_INTS = (1, 2, 6, 7, 8, 12, 14, 15, 16, 17, 18)
+_BYTES = (4, 5, 9, 10, 11)
+
+
+def _put1_args(mm: Any, **over: Any) -> list[Any]:
+    args: list[Any] = [mm, 0, len(mm), b"abc", ONE_PROPS, b"TopicA", 0, 0, 0, b"DefaultCluster", BORN_HOST,
+                       STORE_HOST, TS, lambda: TS, 0, 0, 0, 32767, 1 << 22]
+    for at, value in over.items():
+        args[int(at[1:])] = value
+    return args
+
+
+@pytest.mark.parametrize("at", _INTS)
+def test_put_one_wrong_int_types_raise_type_error_and_write_nothing(at: int) -> None:
+    native = require_extension()
+    guard = b"\xee" * 32
+    outer = bytearray(guard + bytes(4096) + guard)
+    mm = memoryview(outer)[32:-32]
+    for junk in _NOT_INT:
+        args = _put1_args(mm)
+        args[at] = junk
+        with pytest.raises(TypeError):
+            native.put_one(*args)
+    for big in (1 << 64, -(1 << 64), 1 << 80):  # beyond "n" / "L" / "i": OverflowError (the Python path answers)
+        args = _put1_args(mm)
+        args[at] = big
+        with pytest.raises(OverflowError):
+            native.put_one(*args)
+    assert outer == guard + bytes(4096) + guard
+
+
+@pytest.mark.parametrize("at", _BYTES)
+def test_put_one_wrong_bytes_types_raise_type_error(at: int) -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+    for junk in _NOT_BYTES:
+        args = _put1_args(mm)
+        args[at] = junk
+        with pytest.raises(TypeError):
+            native.put_one(*args)
+    assert mm == bytearray(4096)
+
+
+def test_put_one_wrong_argument_counts_and_odd_objects() -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+    args = _put1_args(mm)
+    for n in (0, 1, PUT1_ARGS - 1):
+        with pytest.raises(TypeError):
+            native.put_one(*args[:n])
+    with pytest.raises(TypeError):
+        native.put_one(*args, 0)
+    with pytest.raises(TypeError):  # keywords are not taken
+        native.put_one(*args[:-1], max_body=1 << 22)
+    for body in (None, 1, "abc"):
+        with pytest.raises(TypeError):
+            native.put_one(*_put1_args(mm, a3=body))
+    for clock in (None, 1, "clock"):  # called only once the record goes in
+        with pytest.raises(TypeError):
+            native.put_one(*_put1_args(mm, a13=clock))
+        assert native.put_one(*_put1_args(mm, a2=-1, a13=clock))[2] is None
+    with pytest.raises(BufferError):  # mm must be a writable buffer
+        native.put_one(*_put1_args(b"x" * 4096))
+    with pytest.raises(TypeError):
+        native.put_one(*_put1_args(mm, a0=None))
+    assert mm == bytearray(4096)
+
+
+def test_put_one_int_like_arguments_write_what_exact_ints_write() -> None:
+    """bool, int subclasses and __index__ objects take the PyArg_ParseTuple path: same answer, same bytes."""
+    native = require_extension()
+    ref = bytearray(4096)
+    expected = native.put_one(*_put1_args(ref, a6=1, a7=5, a14=1))
+    for conv in (_IntSub, _Index, bool):
+        mm = bytearray(4096)
+        over = {f"a{at}": conv(v) if conv is not bool or v == 1 else v for at, v in ((6, 1), (7, 5), (14, 1), (2, 4096))}
+        assert native.put_one(*_put1_args(mm, **over)) == expected
+        assert mm == ref
+
+
+@pytest.mark.parametrize(("pos", "room"), [
+    (-1, 4096), (-(1 << 63), 4096), (0, -1), (0, -(1 << 63)), (0, 0), (4096, 4096), (4097, 4096), (4095, 4096),
+    (1 << 31, 1 << 31), ((1 << 31) - 1, (1 << 31) - 1), ((1 << 63) - 1, (1 << 63) - 1), (0, (1 << 63) - 1),
+    (4000, (1 << 31) - 1), (2000, 1 << 40),
+])
+def test_put_one_positions_past_the_buffer_never_write_outside_it(pos: int, room: int) -> None:
+    native = require_extension()
+    guard = bytes(range(256))[:64]
+    outer = bytearray(guard + bytes(4096) + guard)
+    mm = memoryview(outer)[64:-64]
+    try:
+        res = native.put_one(*_put1_args(mm, a1=pos, a2=room))
+    except ValueError:  # a negative pos, or room says it fits and mm does not
+        res = None
+    assert outer[:64] == guard and outer[-64:] == guard
+    if res is None or res[2] is None:
+        assert outer == guard + bytes(4096) + guard
+    else:
+        total = res[0]
+        assert 0 <= pos and pos + total <= 4096 and total <= room
+        assert outer[64:64 + pos] == bytes(pos) and outer[64 + pos + total:-64] == bytes(4096 - pos - total)
+    for big in (1 << 63, -(1 << 63) - 1):
+        with pytest.raises(OverflowError):
+            native.put_one(*_put1_args(mm, a1=big))
+        with pytest.raises(OverflowError):
+            native.put_one(*_put1_args(mm, a2=big))
+
+
+def test_put_one_body_exactly_fills_the_room() -> None:
+    native = require_extension()
+    fixed = native.put_one(*_put1_args(bytearray(0), a2=-1, a3=b""))[0]
+    for room in (fixed, fixed + 1, 200, 1000):
+        for delta in (-1, 0, 1):
+            body = b"b" * max(0, room - fixed + delta)
+            guard = b"\xee" * 16
+            outer = bytearray(bytes(room) + guard)
+            res = native.put_one(*_put1_args(memoryview(outer)[:room], a2=room, a3=body))
+            assert res[0] == fixed + len(body) and (res[2] is None) == (res[0] > room)
+            assert outer[room:] == guard
+            if res[2] is None:
+                assert outer == bytes(room) + guard
+
+
+def test_put_one_raising_clock_propagates_and_writes_nothing() -> None:
+    native = require_extension()
+    mm = bytearray(4096)
+    calls = []
+
+    class ClockError(Exception):
+        pass
+
+    def boom() -> int:
+        calls.append(1)
+        raise ClockError("clock")
+
+    with pytest.raises(ClockError):
+        native.put_one(*_put1_args(mm, a13=boom))
+    assert calls == [1] and mm == bytearray(4096)
+    for bad in (_Index(1 << 64), 1 << 63, -(1 << 63) - 1):  # not an int64: OverflowError, nothing written
+        with pytest.raises(OverflowError):
+            native.put_one(*_put1_args(mm, a13=lambda bad=bad: bad))
+    assert mm == bytearray(4096)
+    for edge in ((1 << 63) - 1, -(1 << 63), True, _IntSub(5), _Index(6)):  # int64s (and int-likes) are written
+        res = native.put_one(*_put1_args(bytearray(4096), a13=lambda edge=edge: edge))
+        assert res[3] == int(edge)
+
+
+def test_put_one_ctypes_arguments_moved_by_the_clock_are_not_read_after_free() -> None:
+    """Regression (use after free): "y#" and the body's Py_buffer hand out pointers into a ctypes array without
+    locking it; a clock (or an __index__ run while parsing) that ctypes.resize()s it freed that memory before
+    the record was written. put_one now copies such arguments to bytes first."""
+    import ctypes  # noqa: PLC0415
+
+    native = require_extension()
+    expected_mm = bytearray(4096)
+    expected = native.put_one(*_put1_args(expected_mm, a3=b"B" * 64, a4=b"KEYS\x01" + b"k" * 40, a5=b"T" * 40))
+
+    def arrays() -> list[Any]:
+        return [(ctypes.c_char * len(v)).from_buffer_copy(v) for v in (b"B" * 64, b"KEYS\x01" + b"k" * 40,
+                                                                       b"T" * 40)]
+
+    body, props, topic = arrays()
+
+    def clock() -> int:
+        for a in (body, props, topic):
+            ctypes.resize(a, 1 << 16)
+            ctypes.memset(a, 0x55, 1 << 16)
+        return TS
+
+    mm = bytearray(4096)
+    assert native.put_one(*_put1_args(mm, a3=body, a4=props, a5=topic, a13=clock)) == expected
+    assert mm == expected_mm
+    body, props, topic = arrays()
+
+    def move() -> None:
+        for a in (body, props, topic):
+            ctypes.resize(a, 1 << 16)
+
+    class Moving:
+        def __index__(self) -> int:
+            move()
+            return 0
+
+    mm = bytearray(4096)
+    assert native.put_one(*_put1_args(mm, a3=body, a4=props, a5=topic, a15=Moving())) == expected
+    assert mm == expected_mm
+
+
 # ---- scan_dispatch --------------------------------------------------------------------------------------
 
 
@@ -459,11 +664,11 @@ def test_index_writes_stay_in_the_file(entries: list[tuple[int, int, int]], slot
 # ---- wrong types ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["scan_dispatch", "index_put_many", "put_batch"])
+@pytest.mark.parametrize("name", ["scan_dispatch", "index_put_many", "put_batch", "put_one"])
 def test_wrong_argument_types_raise(name: str) -> None:
     native = require_extension()
     fn = getattr(native, name)
-    nargs = {"scan_dispatch": 6, "index_put_many": 9, "put_batch": 18}[name]
+    nargs = {"scan_dispatch": 6, "index_put_many": 9, "put_batch": 18, "put_one": 19}[name]
     for junk in (None, 1.5, "s", object(), 1 << 80, []):
         for i in range(nargs):
             args: list[Any] = [0] * nargs

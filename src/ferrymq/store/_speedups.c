@@ -1268,7 +1268,37 @@ static int fast_bytes(PyObject *o, const char **buf, Py_ssize_t *len)
     return 1;
 }
 
-static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* a buffer exporter without bf_releasebuffer other than bytes (ctypes arrays): its memory can be reallocated
+ * (ctypes.resize) while we hold a pointer into it, by the clock or by an __index__ run while parsing */
+static int unpinned_buffer(PyObject *o)
+{
+    PyBufferProcs *pb = Py_TYPE(o)->tp_as_buffer;
+    return !PyBytes_CheckExact(o) && pb != NULL && pb->bf_getbuffer != NULL && pb->bf_releasebuffer == NULL;
+}
+
+/* "y#" hands out a borrowed pointer into such a buffer, and the body's Py_buffer (held across the clock)
+ * does not lock it. So the slow path replaces those arguments (body, props, topic, cluster, hosts) in its
+ * tuple with bytes copies before parsing, and keeps that tuple (*pinned) until put_one returns: every
+ * pointer read then points into an object that cannot move. */
+static int put_one_pin_bytes(PyObject *tuple)
+{
+    static const Py_ssize_t at[] = {3, 4, 5, 9, 10, 11};
+    for (size_t k = 0; k < sizeof(at) / sizeof(at[0]); k++) {
+        if (at[k] >= PyTuple_GET_SIZE(tuple))
+            break;
+        PyObject *o = PyTuple_GET_ITEM(tuple, at[k]);
+        if (!unpinned_buffer(o))
+            continue; /* bytes, an exporter that locks its buffer, or no buffer (TypeError below) */
+        PyObject *copy = PyBytes_FromObject(o);
+        if (copy == NULL)
+            return -1;
+        PyTuple_SET_ITEM(tuple, at[k], copy);
+        Py_DECREF(o);
+    }
+    return 0;
+}
+
+static PyObject *put_one_impl(PyObject *const *args, Py_ssize_t nargs, PyObject **pinned)
 {
     PyObject *mm_obj, *body_obj, *clock;
     Py_ssize_t pos, room, props_len, topic_len, cluster_len, born_len, store_len, max_props, max_body;
@@ -1277,10 +1307,10 @@ static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     long long queue_offset, phy_offset, born_ts, store_ts = 0, flag, sys_flag, reconsume, queue_id_ll;
     /* METH_FASTCALL: the usual arguments (exact ints in range, bytes) are read straight from the vector; any
      * other argument list goes through PyArg_ParseTuple, which converts or raises as it always did */
-    if (nargs == PUT_ONE_NARGS && fast_ssize(args[1], &pos) && fast_ssize(args[2], &room) &&
-        fast_bytes(args[4], &props, &props_len) && fast_bytes(args[5], &topic, &topic_len) &&
-        fast_ll(args[6], &queue_id_ll) && queue_id_ll >= INT_MIN && queue_id_ll <= INT_MAX &&
-        fast_ll(args[7], &queue_offset) && fast_ll(args[8], &phy_offset) &&
+    if (nargs == PUT_ONE_NARGS && !unpinned_buffer(args[3]) && fast_ssize(args[1], &pos) &&
+        fast_ssize(args[2], &room) && fast_bytes(args[4], &props, &props_len) &&
+        fast_bytes(args[5], &topic, &topic_len) && fast_ll(args[6], &queue_id_ll) && queue_id_ll >= INT_MIN &&
+        queue_id_ll <= INT_MAX && fast_ll(args[7], &queue_offset) && fast_ll(args[8], &phy_offset) &&
         fast_bytes(args[9], &cluster, &cluster_len) && fast_bytes(args[10], &born_host, &born_len) &&
         fast_bytes(args[11], &store_host, &store_len) && fast_ll(args[12], &born_ts) && fast_ll(args[14], &flag) &&
         fast_ll(args[15], &sys_flag) && fast_ll(args[16], &reconsume) && fast_ssize(args[17], &max_props) &&
@@ -1295,12 +1325,13 @@ static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             return NULL;
         for (Py_ssize_t k = 0; k < nargs; k++)
             PyTuple_SET_ITEM(tuple, k, Py_NewRef(args[k]));
+        *pinned = tuple; /* released by put_one once this returns */
+        if (put_one_pin_bytes(tuple) < 0)
+            return NULL;
         int ok = PyArg_ParseTuple(tuple, "OnnOy#y#iLLy#y#y#LOLLLnn:put_one", &mm_obj, &pos, &room, &body_obj,
                                   &props, &props_len, &topic, &topic_len, &queue_id, &queue_offset, &phy_offset,
                                   &cluster, &cluster_len, &born_host, &born_len, &store_host, &store_len, &born_ts,
                                   &clock, &flag, &sys_flag, &reconsume, &max_props, &max_body);
-        /* the borrowed pointers (bytes buffers, objects) stay valid: args holds references until we return */
-        Py_DECREF(tuple);
         if (!ok)
             return NULL;
     }
@@ -1415,6 +1446,14 @@ static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             PyMem_RawFree(scratch);
     }
     PyBuffer_Release(&body);
+    return result;
+}
+
+static PyObject *put_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *pinned = NULL;
+    PyObject *result = put_one_impl(args, nargs, &pinned);
+    Py_XDECREF(pinned);
     return result;
 }
 
