@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 REPORT_BYTES = 8
@@ -35,20 +36,31 @@ def _spin(busy_s: float) -> None:
             pass
 
 
+class _Units(asyncio.Protocol):
+    """Counts received bytes in units of ``unit`` bytes and calls ``on_unit(self)`` once per whole unit."""
+
+    def __init__(self, unit: int, on_unit: Callable[[_Units], None]) -> None:
+        self.unit = unit
+        self.on_unit = on_unit
+        self.pending_bytes = 0
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.pending_bytes += len(data)
+        while self.pending_bytes >= self.unit:
+            self.pending_bytes -= self.unit
+            self.on_unit(self)
+
+
 async def _slave(size: int, busy_s: float, port_out: Any) -> None:
-    class Link(asyncio.Protocol):
-        def connection_made(self, transport: Any) -> None:
-            self.transport = transport
-            self.pending_bytes = 0
+    def on_transfer(link: _Units) -> None:
+        _spin(busy_s)
+        link.transport.write(b"\0" * REPORT_BYTES)
 
-        def data_received(self, data: bytes) -> None:
-            self.pending_bytes += len(data)
-            while self.pending_bytes >= size:
-                self.pending_bytes -= size
-                _spin(busy_s)
-                self.transport.write(b"\0" * REPORT_BYTES)
-
-    server = await asyncio.get_running_loop().create_server(Link, "127.0.0.1", 0)
+    server = await asyncio.get_running_loop().create_server(lambda: _Units(size, on_transfer), "127.0.0.1", 0)
     port_out.send(server.sockets[0].getsockname()[1])
     await server.serve_forever()
 
@@ -57,36 +69,19 @@ async def _master(size: int, busy_s: float, slave_port: int, port_out: Any) -> N
     loop = asyncio.get_running_loop()
     waiting: list[Any] = []
 
-    class SlaveLink(asyncio.Protocol):
-        def connection_made(self, transport: Any) -> None:
-            self.transport = transport
-            self.pending_bytes = 0
+    def on_report(link: _Units) -> None:
+        _spin(busy_s)
+        client = waiting.pop(0)
+        if not client.is_closing():
+            client.write(b"\1" * ANSWER_BYTES)
 
-        def data_received(self, data: bytes) -> None:
-            self.pending_bytes += len(data)
-            while self.pending_bytes >= REPORT_BYTES:
-                self.pending_bytes -= REPORT_BYTES
-                _spin(busy_s)
-                client = waiting.pop(0)
-                if not client.is_closing():
-                    client.write(b"\1" * ANSWER_BYTES)
+    def on_request(conn: _Units) -> None:
+        _spin(busy_s)
+        waiting.append(conn.transport)
+        slave.transport.write(b"x" * size)
 
-    _, slave = await loop.create_connection(SlaveLink, "127.0.0.1", slave_port)
-
-    class ClientConn(asyncio.Protocol):
-        def connection_made(self, transport: Any) -> None:
-            self.transport = transport
-            self.pending_bytes = 0
-
-        def data_received(self, data: bytes) -> None:
-            self.pending_bytes += len(data)
-            while self.pending_bytes >= size:
-                self.pending_bytes -= size
-                _spin(busy_s)
-                waiting.append(self.transport)
-                slave.transport.write(b"x" * size)
-
-    server = await loop.create_server(ClientConn, "127.0.0.1", 0)
+    _, slave = await loop.create_connection(lambda: _Units(REPORT_BYTES, on_report), "127.0.0.1", slave_port)
+    server = await loop.create_server(lambda: _Units(size, on_request), "127.0.0.1", 0)
     port_out.send(server.sockets[0].getsockname()[1])
     await server.serve_forever()
 
@@ -106,23 +101,17 @@ async def _client(port: int, size: int, secs: float) -> dict[str, float]:
     rtts: list[int] = []
     frame = b"x" * size
 
-    class Conn(asyncio.Protocol):
-        def connection_made(self, transport: Any) -> None:
-            self.transport = transport
-            self.pending_bytes = 0
-            self.sent_ns = time.perf_counter_ns()
-            transport.write(frame)
+    sent_ns = [0]
 
-        def data_received(self, data: bytes) -> None:
-            self.pending_bytes += len(data)
-            while self.pending_bytes >= ANSWER_BYTES:
-                self.pending_bytes -= ANSWER_BYTES
-                now = time.perf_counter_ns()
-                rtts.append(now - self.sent_ns)
-                self.sent_ns = now
-                self.transport.write(frame)
+    def on_answer(conn: _Units) -> None:
+        now = time.perf_counter_ns()
+        rtts.append(now - sent_ns[0])
+        sent_ns[0] = now
+        conn.transport.write(frame)
 
-    transport, _ = await loop.create_connection(Conn, "127.0.0.1", port)
+    transport, _ = await loop.create_connection(lambda: _Units(ANSWER_BYTES, on_answer), "127.0.0.1", port)
+    sent_ns[0] = time.perf_counter_ns()
+    transport.write(frame)
     try:
         await asyncio.sleep(WARMUP_S)
         first, t0 = len(rtts), time.perf_counter()

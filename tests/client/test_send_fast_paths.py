@@ -25,6 +25,7 @@ from ferrymq.common.route import BrokerData, MessageQueue, QueueData, TopicRoute
 from ferrymq.errors import ClientError
 from ferrymq.remoting.codec import FLAG_ONEWAY, RemotingCommand, encode
 from ferrymq.remoting.connection import Connection
+from support.transports import StubTransport
 
 _text = st.text(st.sampled_from("aZ_ 9é\u4e2d\x00{}\"\\"), max_size=8)
 
@@ -132,7 +133,7 @@ def test_new_uniq_key_matches_the_formula(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 # ---- a producer over an in-memory broker -------------------------------------------------------------------------
-class _Broker:
+class _Broker(StubTransport):
     """Transport of a client Connection: records each SEND request and answers SEND_OK next iteration."""
 
     def __init__(self, conn: Connection) -> None:
@@ -146,15 +147,6 @@ class _Broker:
         self.sent.append(cmd)
         frame = encode_send_ok_response(cmd.opaque, "MSGID", int(cmd.ext_fields["e"]), len(self.sent))
         asyncio.get_running_loop().call_soon(self.conn.data_received, frame)
-
-    def get_extra_info(self, key: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 1) if key in ("peername", "sockname") else default
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 def _wire(p: Producer, queues: int = 5) -> _Broker:

@@ -26,6 +26,7 @@ from ferrymq.remoting.codec import (
 )
 from ferrymq.remoting.codes import CURRENT_VERSION
 from ferrymq.remoting.connection import Connection, Dispatcher
+from support.transports import StubTransport
 
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=20)
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False,
@@ -118,21 +119,12 @@ def test_send_ok_template_typical() -> None:
     assert (cmd.code, cmd.opaque, cmd.flag, cmd.language, cmd.version) == (0, 77, 1, "JAVA", CURRENT_VERSION)
 
 
-class _Transport:
+class _Transport(StubTransport):
     def __init__(self) -> None:
         self.out: list[bytes] = []
 
     def write(self, data: bytes) -> None:
         self.out.append(data)
-
-    def get_extra_info(self, key: str) -> Any:
-        return ("127.0.0.1", 4000)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 async def test_handlers_may_answer_with_encoded_frames() -> None:

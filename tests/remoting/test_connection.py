@@ -15,6 +15,7 @@ from ferrymq.remoting.connection import Connection, Dispatcher, connect
 from ferrymq.remoting.pool import ConnectionPool
 from ferrymq.remoting.server import RemotingServer
 from support.aio import wait_for
+from support.transports import StubTransport
 
 
 class Loopback:
@@ -221,18 +222,9 @@ async def test_request_write_failures_leave_nothing_pending() -> None:
     raises, a failing ``write`` propagates; neither leaves a pending entry. ``timeout_ms=None`` (what
     ``invoke_future`` uses) registers no deadline."""
 
-    class Failing:
+    class Failing(StubTransport):
         def write(self, data: bytes) -> None:
             raise RuntimeError("write failed")
-
-        def get_extra_info(self, key: str, default: object = None) -> object:
-            return ("127.0.0.1", 1) if key in ("peername", "sockname") else default
-
-        def is_closing(self) -> bool:
-            return False
-
-        def close(self) -> None:
-            pass
 
     fresh = Connection()
     fresh._loop = asyncio.get_running_loop()
