@@ -7,16 +7,19 @@ every byte; random bytes and splices), position/end/room arguments at and past t
 gets properties texts (valid ``name\x01value\x02`` items, WAIT / DELAY / TRAN_MSG, truncated, non-ASCII,
 huge), bodies sized around the room / the buffer end, every argument position swapped for a bool, float, big
 int, bytearray, memoryview, str, None or an int subclass (its PyArg_ParseTuple path), wrong argument counts,
-and clocks / ``__index__`` methods that resize ctypes arguments (the borrowed-pointer case). Each call must
-return or raise a Python exception, and a put writes exactly its record or nothing (checked). The point is to
-run it under AddressSanitizer + UBSan, which turn a memory error into an abort::
+and clocks / ``__index__`` methods that resize ctypes arguments (the borrowed-pointer case); so does
+``put_batch`` (ctypes body / topic / properties / cluster / hosts, and clocks that resize them, shrink or close
+mm, or re-enter; such a put must write what the same call with bytes writes). Each call must return or raise a
+Python exception, and a put writes exactly its record or nothing (checked). The point is to run it under
+AddressSanitizer + UBSan, which turn a memory error into an abort (``PYTHONMALLOC=malloc``: pymalloc's own
+arenas hold blocks up to 512 bytes, which ASan cannot see freed, e.g. a small resized ctypes array)::
 
     mkdir /tmp/asan && git -C . archive HEAD | tar -x -C /tmp/asan
     cp src/ferrymq/store/_speedups.c /tmp/asan/src/ferrymq/store/   # the working copy under test
     cd /tmp/asan && CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined \\
         -fno-omit-frame-pointer -O1 -g" LDFLAGS="-fsanitize=address,undefined" \\
         python setup.py build_ext --inplace
-    ASAN_OPTIONS=detect_leaks=0 \\
+    PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 \\
         LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so) \\
         PYTHONPATH=/tmp/asan/src python benchmarks/fuzz_speedups.py --cases 300000
 
@@ -221,35 +224,88 @@ def _clock(rng: random.Random) -> Callable[[], Any]:
     return lambda: 1_690_000_000_000
 
 
+#: put_batch's "y#" / buffer arguments (body, topic, merge_props, cluster, born_host, store_host) and its
+#: integer arguments parsed after some of them (an __index__ there runs with their pointers taken)
+BATCH_BUFFER_ARGS = (3, 4, 8, 9, 10, 11)
+BATCH_LATE_INTS = (5, 6, 7, 12, 14, 15, 16, 17)
+
+
 def fuzz_batch(rng: random.Random, native: Any) -> None:
     data = batch_body(rng)
     if rng.random() < 0.7:
         data = mutate(rng, data, batch_int_offsets(data))
-    body = _buffer(rng, data)
+    body = _ctypes_bytes(data) if rng.random() < 0.05 else _buffer(rng, data)
     mm_len = rng.choice([0, 1, 64, 1024, 4096, rng.randrange(2000)])
     mm: Any = _buffer(rng, bytes(mm_len), writable=True) if mm_len else bytearray()
+    if mm_len and rng.random() < 0.03:
+        mm = (ctypes.c_char * mm_len)()
     closed = False
     if isinstance(mm, mmap.mmap) and rng.random() < 0.1:
         mm.close()
         closed = True
+    pos = _pick(rng, rng.choice([0, 0, rng.randrange(mm_len + 1)]), _edge(rng, mm_len), p=0.1)
+    room = _pick(rng, mm_len - max(pos, 0), mm_len, 1 << 40, -1, 0, _edge(rng, mm_len), p=0.2)
+    topic = _pick(rng, b"TopicA", b"t" * 127, b"t" * 128, b"", b"a\x00b", "é".encode(), "TopicA", p=0.1)
+    merge = _pick(rng, rng.choice([b"", b"TAGS\x01m", b"WAIT\x01false\x02KEYS\x01a b"]),
+                  b"\x02".join([b"M\x01v"] * 70), b"DELAY\x011", "é\x01x".encode(), b"x" * 40000, p=0.1)
+    cluster = _pick(rng, b"DefaultCluster", b"", b"c" * 33000, p=0.1)
+    args: list[Any] = [
+        mm, pos, room, body, topic, _pick(rng, 3, 0, -1, (1 << 31) - 1, 1 << 31),
+        _pick(rng, 7, 0, -1, (1 << 63) - 1, (1 << 63) - 2, 1 << 63),
+        _pick(rng, 4096, 0, -1, (1 << 63) - 1, (1 << 63) - 200, -(1 << 63)),
+        merge, cluster, _pick(rng, HOST, HOST[:7], HOST + b"x", bytearray(HOST)), HOST,
+        _pick(rng, 1, 0, -1, (1 << 63) - 1), None, _pick(rng, 0, 0x30, -1, 0xC),
+        _pick(rng, 0, -1, 1 << 31, -(1 << 40)), _pick(rng, 32767, 0, 100, -1, 40000),
+        _pick(rng, 4 << 20, 0, 50, -1, (1 << 63) - 1),
+    ]
+    for i in BATCH_BUFFER_ARGS[1:]:  # ctypes for the "y#" arguments (copied before parsing)
+        if rng.random() < 0.03 and isinstance(args[i], bytes):
+            args[i] = _ctypes_bytes(args[i])
+    # the same call with every ctypes argument as the bytes it holds now: what a put must write
+    plain = [bytes(memoryview(a)) if i in BATCH_BUFFER_ARGS and isinstance(a, ctypes.Array) else a
+             for i, a in enumerate(args)]
+    args[13] = _put_clock(rng, mm, args, native.put_batch) if rng.random() < 0.5 else _clock(rng)
+    if any(isinstance(args[i], ctypes.Array) for i in BATCH_BUFFER_ARGS) and rng.random() < 0.3:
+        def resize_args() -> int:  # moves the ctypes arguments between validation and the write
+            for a in args:
+                _resize(a)
+            return 1_690_000_000_000
+        args[13] = resize_args
+    moving_index = rng.random() < 0.03
+    if moving_index:  # an __index__ that moves the ctypes arguments while they are being parsed
+        at = rng.choice(BATCH_LATE_INTS)
+        args[at] = Index(args[at], lambda: [_resize(a) for a in args] and None)
+    junked = rng.random() < 0.03
+    if junked:  # a wrong type at any position
+        junk = rng.choice(PUT_JUNK)
+        args[rng.randrange(len(args))] = _ctypes_bytes(HOST) if junk == "ctypes" else junk
+    if rng.random() < 0.01:
+        args = args[:rng.randrange(len(args))] if rng.random() < 0.7 else args + [0]
+    pinned = not junked and len(args) == len(plain) and any(isinstance(args[i], ctypes.Array) for i in BATCH_BUFFER_ARGS)
     try:
-        pos = _pick(rng, rng.choice([0, 0, rng.randrange(mm_len + 1)]), _edge(rng, mm_len), p=0.1)
-        room = _pick(rng, mm_len - max(pos, 0), mm_len, 1 << 40, -1, 0, _edge(rng, mm_len), p=0.2)
-        topic = _pick(rng, b"TopicA", b"t" * 127, b"t" * 128, b"", b"a\x00b", "é".encode(), "TopicA", p=0.1)
-        merge = _pick(rng, rng.choice([b"", b"TAGS\x01m", b"WAIT\x01false\x02KEYS\x01a b"]),
-                      b"\x02".join([b"M\x01v"] * 70), b"DELAY\x011", "é\x01x".encode(), b"x" * 40000, p=0.1)
-        cluster = _pick(rng, b"DefaultCluster", b"", b"c" * 33000, p=0.1)
-        native.put_batch(mm, pos, room, body, topic, _pick(rng, 3, 0, -1, (1 << 31) - 1, 1 << 31),
-                         _pick(rng, 7, 0, -1, (1 << 63) - 1, (1 << 63) - 2, 1 << 63),
-                         _pick(rng, 4096, 0, -1, (1 << 63) - 1, (1 << 63) - 200, -(1 << 63)),
-                         merge, cluster, _pick(rng, HOST, HOST[:7], HOST + b"x", bytearray(HOST)), HOST,
-                         _pick(rng, 1, 0, -1, (1 << 63) - 1), _clock(rng), _pick(rng, 0, 0x30, -1, 0xC),
-                         _pick(rng, 0, -1, 1 << 31, -(1 << 40)), _pick(rng, 32767, 0, 100, -1, 40000),
-                         _pick(rng, 4 << 20, 0, 50, -1, (1 << 63) - 1))
-    except (ValueError, OverflowError, TypeError, RuntimeError, BufferError):
-        pass
+        res = native.put_batch(*args)
+    except (ValueError, OverflowError, TypeError, RuntimeError, BufferError, ZeroDivisionError):
+        res = None
+    if pinned and res is not None and res[2] is not None and isinstance(mm, bytearray | ctypes.Array):
+        # ctypes arguments (moved by the clock or an __index__ or not) write what bytes write
+        # (a ctypes mm resized by the clock: its buffer is b_size long, not len() / its memoryview's shape)
+        now = ctypes.string_at(ctypes.addressof(mm), memoryview(mm).nbytes) if isinstance(mm, ctypes.Array) else mm
+        ref = bytearray(len(now))
+        store_ts = res[4]
+        plain[0], plain[13] = ref, lambda: store_ts
+        for i in range(len(args)):
+            if isinstance(args[i], Index):
+                plain[i] = args[i].value
+            elif i not in BATCH_BUFFER_ARGS and i not in (0, 13):
+                plain[i] = args[i]
+        expected = native.put_batch(*plain)
+        start, total = operator.index(args[1]), res[1]
+        assert expected == res, (expected, res)
+        assert bytes(now[start:start + total]) == bytes(ref[start:start + total])
     if not closed and isinstance(mm, mmap.mmap):
         mm.close()
+    if isinstance(body, mmap.mmap):
+        body.close()
 
 
 class IntSub(int):
@@ -312,8 +368,16 @@ def put_props(rng: random.Random) -> bytes:
 
 def _ctypes_bytes(data: bytes) -> Any:
     """A ctypes array over a copy of data (a buffer with no bf_releasebuffer: "y#" hands out a borrowed pointer,
-    and ctypes.resize can move it); longer than 16 bytes its memory is malloc'd, so a resize frees it."""
-    return (ctypes.c_char * max(len(data), 1)).from_buffer_copy(data or b"\x00")
+    and ctypes.resize can move it). Its memory is malloc'd, so a resize frees it: arrays of at most 16 bytes
+    live inside the object, so short ones (the hosts) are grown past that and shrunk back (the size shrinks,
+    the memory stays on the heap)."""
+    data = data or b"\x00"
+    arr = (ctypes.c_char * 1)()
+    ctypes.resize(arr, max(len(data), 17))
+    if len(data) <= 16:
+        ctypes.resize(arr, len(data))
+    ctypes.memmove(arr, data, len(data))
+    return arr
 
 
 def _resize(obj: Any) -> None:
@@ -321,7 +385,8 @@ def _resize(obj: Any) -> None:
         ctypes.resize(obj, ctypes.sizeof(obj) + 4096)
 
 
-def _put_clock(rng: random.Random, mm: Any, args: list[Any], native: Any) -> Callable[[], Any]:
+def _put_clock(rng: random.Random, mm: Any, args: list[Any], put: Callable[..., Any]) -> Callable[[], Any]:
+    """put_one's / put_batch's clock (argument 13 of both): odd values, or side effects on the arguments."""
     kind = rng.randrange(30)
     if kind == 0:  # moves every ctypes argument (body, props, topic, cluster, hosts) before the write
         def resize_args() -> int:
@@ -344,7 +409,7 @@ def _put_clock(rng: random.Random, mm: Any, args: list[Any], native: Any) -> Cal
             inner = list(args)
             inner[13] = lambda: 7
             try:
-                native.put_one(*inner)
+                put(*inner)
             except (ValueError, OverflowError, TypeError, BufferError):
                 pass
             return 8
@@ -424,7 +489,7 @@ def fuzz_put_one(rng: random.Random, native: Any) -> None:
     for i in (4, 5, 9, 10, 11):  # ctypes for the "y#" arguments (copied before parsing)
         if rng.random() < 0.02:
             args[i] = _ctypes_bytes(args[i])
-    args[13] = _put_clock(rng, mm, args, native)
+    args[13] = _put_clock(rng, mm, args, native.put_one)
     if rng.random() < 0.06:  # a wrong type at any position
         junk = rng.choice(PUT_JUNK)
         args[rng.randrange(len(args))] = _ctypes_bytes(HOST) if junk == "ctypes" else junk
@@ -568,6 +633,9 @@ def leaks(native: Any, calls: int, family: str = "all") -> None:
                                              0, lambda: 5, 0, 0, 32767, 1 << 22),
         "batch none": lambda: native.put_batch(mm, 0, 1 << 16, body[:-1], b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST,
                                                0, lambda: 5, 0, 0, 32767, 1 << 22),
+        "batch pin": lambda: native.put_batch(mm, 0, 1 << 16, _ctypes_bytes(body), ct_topic, 0, 0, 0,
+                                              _ctypes_bytes(b"A\x01b"), b"C", HOST, _ctypes_bytes(HOST), 0,
+                                              lambda: 5, 0, 0, 32767, 1 << 22),
         "batch clock": lambda: native.put_batch(mm, 0, 1 << 16, body, b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST,
                                                 0, boom, 0, 0, 32767, 1 << 22),
         "batch nonint": lambda: native.put_batch(mm, 0, 1 << 16, body, b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST,

@@ -148,6 +148,136 @@ def test_put_batch_malformed_bodies_stay_in_bounds(body: bytes, room: int, pos: 
         assert 0 < total <= min(room, 2048 - pos) and len(offsets) == count == len(ids.split(","))
 
 
+# the buffer arguments of put_batch (body, topic, merge_props, cluster, born_host, store_host) as bytes; longer
+# than 16 bytes (but the hosts) so a ctypes copy's memory is malloc'd and a ctypes.resize frees it
+_BATCH_BUFFERS = {
+    3: encode_batch_body([(0, b"B" * 40, "TAGS\x01a\x02KEYS\x01k1 k2"), (1, b"b" * 24, "UNIQ_KEY\x01u")]),
+    4: b"T" * 40, 8: b"KEYS\x01" + b"m" * 40, 9: b"C" * 40, 10: BORN_HOST, 11: STORE_HOST,
+}
+
+
+def _batch_args(mm: Any, **over: Any) -> list[Any]:
+    args: list[Any] = [mm, 0, len(mm), _BATCH_BUFFERS[3], _BATCH_BUFFERS[4], 3, 7, 4096, _BATCH_BUFFERS[8],
+                       _BATCH_BUFFERS[9], _BATCH_BUFFERS[10], _BATCH_BUFFERS[11], TS, lambda: TS, 0, 0, 32767,
+                       1 << 22]
+    for at, value in over.items():
+        args[int(at[1:])] = value
+    return args
+
+
+def _ctypes_copy(data: bytes) -> Any:
+    """A ctypes array holding data in malloc'd memory (a buffer with no bf_releasebuffer: "y#" and a Py_buffer
+    hand out borrowed pointers into it, and ctypes.resize reallocates it). Arrays of at most 16 bytes live
+    inside the object; growing one past that and shrinking it back keeps its memory on the heap."""
+    import ctypes  # noqa: PLC0415
+
+    if not data:
+        return (ctypes.c_char * 0)()
+    arr = (ctypes.c_char * 1)()
+    ctypes.resize(arr, max(len(data), 17))
+    if len(data) <= 16:
+        ctypes.resize(arr, len(data))  # b_size shrinks, the memory stays malloc'd
+    ctypes.memmove(arr, data, len(data))
+    assert bytes(memoryview(arr)) == data
+    return arr
+
+
+def _move_and_reuse(arrays: list[Any], keep: list[Any]) -> None:
+    """ctypes.resize every array (its old memory is freed) and fill fresh allocations of the old sizes with
+    0x55, so that a pointer into the freed memory reads junk (and ASan reports a heap-use-after-free)."""
+    import ctypes  # noqa: PLC0415
+
+    for a in arrays:
+        size = ctypes.sizeof(a)
+        ctypes.resize(a, 1 << 16)
+        ctypes.memset(a, 0x55, 1 << 16)
+        for _ in range(8):
+            junk = _ctypes_copy(b"\x55" * size)
+            keep.append(junk)
+
+
+_PINNED_SETS = [(3,), (4,), (8,), (9,), (10,), (11,), (3, 4, 8, 9, 10, 11)]
+
+
+@pytest.mark.parametrize("ats", _PINNED_SETS)
+def test_put_batch_ctypes_arguments_moved_by_the_clock_are_not_read_after_free(ats: tuple[int, ...]) -> None:
+    """Regression (use after free, as put_one's): "y#" and the batch body's Py_buffer hand out pointers into a
+    ctypes array without locking it; a clock that ctypes.resize()s it freed that memory before the records
+    were written (the body, topic and hosts are read after the clock). put_batch now copies such arguments to
+    bytes first; the records are those of plain bytes."""
+    native = require_extension()
+    expected_mm = bytearray(4096)
+    expected = native.put_batch(*_batch_args(expected_mm))
+    assert expected is not None and expected[2] is not None
+    arrays = [_ctypes_copy(_BATCH_BUFFERS[at]) for at in ats]
+    keep: list[Any] = []
+
+    def clock() -> int:
+        _move_and_reuse(arrays, keep)
+        return TS
+
+    mm = bytearray(4096)
+    over = {f"a{at}": a for at, a in zip(ats, arrays, strict=True)}
+    assert native.put_batch(*_batch_args(mm, a13=clock, **over)) == expected
+    assert mm == expected_mm
+    assert keep  # the clock ran
+
+
+@pytest.mark.parametrize("ats", _PINNED_SETS)
+@pytest.mark.parametrize("index_at", [5, 12, 14, 15, 17])
+def test_put_batch_ctypes_arguments_moved_by_an_index_are_not_read_after_free(ats: tuple[int, ...],
+                                                                              index_at: int) -> None:
+    """The same with an __index__ run while PyArg_ParseTuple parses the arguments after the "y#" ones (the
+    queue id after the topic; born_timestamp, sys_flag, reconsume_times, max_body after them all)."""
+    native = require_extension()
+    expected_mm = bytearray(4096)
+    expected = native.put_batch(*_batch_args(expected_mm))
+    arrays = [_ctypes_copy(_BATCH_BUFFERS[at]) for at in ats]
+    keep: list[Any] = []
+    plain = _batch_args(bytearray(0))[index_at]
+
+    class Moving:
+        def __index__(self) -> int:
+            _move_and_reuse(arrays, keep)
+            return int(plain)
+
+    mm = bytearray(4096)
+    over = {f"a{at}": a for at, a in zip(ats, arrays, strict=True)}
+    assert native.put_batch(*_batch_args(mm, **{f"a{index_at}": Moving()}, **over)) == expected
+    assert mm == expected_mm
+    assert keep
+
+
+def test_put_batch_ctypes_and_odd_buffer_arguments_answer_as_bytes_do() -> None:
+    """Pinned copies change nothing else: ctypes arguments of every position write what bytes write (and are
+    left as they were), too-short hosts / bad topics raise the same ValueError, a ctypes array where an int or
+    the clock goes raises the same TypeError, and "y#" still refuses locking exporters (bytearray)."""
+    import ctypes  # noqa: PLC0415
+
+    native = require_extension()
+    expected_mm = bytearray(4096)
+    expected = native.put_batch(*_batch_args(expected_mm))
+    arrays = {f"a{at}": _ctypes_copy(data) for at, data in _BATCH_BUFFERS.items()}
+    mm = bytearray(4096)
+    assert native.put_batch(*_batch_args(mm, **arrays)) == expected
+    assert mm == expected_mm
+    assert all(bytes(memoryview(arrays[f"a{at}"])) == data for at, data in _BATCH_BUFFERS.items())
+    small = (ctypes.c_char * 8).from_buffer_copy(STORE_HOST)  # in-object memory: same answer
+    assert native.put_batch(*_batch_args(bytearray(4096), a11=small)) == expected
+    for over in ({"a10": _ctypes_copy(BORN_HOST[:7])}, {"a4": _ctypes_copy(b"")}, {"a4": _ctypes_copy(b"t" * 128)}):
+        with pytest.raises(ValueError, match="bad topic, host"):
+            native.put_batch(*_batch_args(bytearray(4096), **over))
+    for at in (1, 5, 13):
+        with pytest.raises(TypeError):
+            native.put_batch(*_batch_args(bytearray(4096), **{f"a{at}": _ctypes_copy(b"x" * 20)}))
+    for at in (4, 8, 9, 10, 11):
+        with pytest.raises(TypeError):
+            native.put_batch(*_batch_args(bytearray(4096), **{f"a{at}": bytearray(_BATCH_BUFFERS[at])}))
+    with pytest.raises(TypeError):  # the count is checked as before
+        native.put_batch(*_batch_args(bytearray(4096), **arrays)[:12])
+    assert native.put_batch(*_batch_args(bytearray(4096), a8=_ctypes_copy("é\x01x".encode()))) is None
+
+
 # ---- put_one ----------------------------------------------------------------------------------------------
 
 ONE_PROPS = b"TAGS\x01a\x02KEYS\x01k1 k2\x02WAIT\x01false"

@@ -1098,6 +1098,49 @@ static PyObject *batch_msg_ids(const Batch *b, const uint8_t *store_host, int64_
     return text;
 }
 
+/* a buffer exporter without bf_releasebuffer other than bytes (ctypes arrays): its memory can be reallocated
+ * (ctypes.resize) while we hold a pointer into it, by the clock or by an __index__ run while parsing */
+static int unpinned_buffer(PyObject *o)
+{
+    PyBufferProcs *pb = Py_TYPE(o)->tp_as_buffer;
+    return !PyBytes_CheckExact(o) && pb != NULL && pb->bf_getbuffer != NULL && pb->bf_releasebuffer == NULL;
+}
+
+/* replace the items of tuple (a new one, not yet seen by Python code) at positions at[] that are unpinned
+ * buffers with bytes copies of what "y#" / a PyBUF_SIMPLE Py_buffer reads from them. Positions past its end
+ * (PyArg_ParseTuple then raises on the count) and objects whose simple, C-contiguous buffer cannot be had
+ * (the parse or the later PyObject_GetBuffer then raises as before) are left as they are.
+ * -1 with an exception set when a copy cannot be made */
+static int pin_bytes_at(PyObject *tuple, const Py_ssize_t *at, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        if (at[k] >= PyTuple_GET_SIZE(tuple))
+            continue;
+        PyObject *o = PyTuple_GET_ITEM(tuple, at[k]);
+        if (!unpinned_buffer(o))
+            continue; /* bytes, an exporter that locks its buffer, or no buffer (TypeError below) */
+        Py_buffer view;
+        if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear(); /* raised again, as before, where the argument is read */
+            continue;
+        }
+        PyObject *copy = NULL;
+        if (PyBuffer_IsContiguous(&view, 'C')) {
+            copy = PyBytes_FromStringAndSize((const char *)view.buf, view.len);
+            if (copy == NULL) {
+                PyBuffer_Release(&view);
+                return -1;
+            }
+        }
+        PyBuffer_Release(&view);
+        if (copy == NULL)
+            continue; /* "y#": TypeError (a contiguous buffer), as before */
+        PyTuple_SET_ITEM(tuple, at[k], copy);
+        Py_DECREF(o);
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(put_batch_doc,
 "put_batch(mm, pos, room, batch_body, topic, queue_id, queue_offset, phy_offset, merge_props, cluster,\n"
 "          born_host, store_host, born_timestamp, clock_ms, sys_flag, reconsume_times,\n"
@@ -1112,7 +1155,7 @@ PyDoc_STRVAR(put_batch_doc,
 "record's phy offset, msg_ids = the comma-joined offset msgIds. merge_props and cluster are ASCII\n"
 "bytes; merge_props has no WAIT.");
 
-static PyObject *put_batch(PyObject *self, PyObject *args)
+static PyObject *put_batch_impl(PyObject *args)
 {
     PyObject *mm_obj, *body_obj, *clock;
     Py_ssize_t pos, room, topic_len, merge_len, cluster_len, born_len, store_len, max_props, max_body;
@@ -1192,6 +1235,33 @@ static PyObject *put_batch(PyObject *self, PyObject *args)
     return result;
 }
 
+/* body, topic, merge_props, cluster, born_host, store_host: the buffer arguments put_batch reads through
+ * borrowed pointers ("y#", the body's Py_buffer) across __index__ calls (parsing) and the clock */
+static const Py_ssize_t PUT_BATCH_BUFFER_ARGS[] = {3, 4, 8, 9, 10, 11};
+
+/* As put_one: when one of those is an unpinned buffer (a ctypes array the clock or an __index__ could
+ * ctypes.resize, freeing what we point into), parse a copy of args where it is a bytes copy instead; that
+ * tuple lives until put_batch_impl returns. bytes (and locking exporters) are parsed from args as before. */
+static PyObject *put_batch(PyObject *self, PyObject *args)
+{
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    size_t n = sizeof(PUT_BATCH_BUFFER_ARGS) / sizeof(PUT_BATCH_BUFFER_ARGS[0]);
+    size_t k = 0;
+    while (k < n && (PUT_BATCH_BUFFER_ARGS[k] >= nargs ||
+                     !unpinned_buffer(PyTuple_GET_ITEM(args, PUT_BATCH_BUFFER_ARGS[k]))))
+        k++;
+    if (k == n)
+        return put_batch_impl(args);
+    PyObject *pinned = PyTuple_New(nargs); /* not PyTuple_GetSlice: that returns args itself */
+    if (pinned == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        PyTuple_SET_ITEM(pinned, i, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+    PyObject *result = pin_bytes_at(pinned, PUT_BATCH_BUFFER_ARGS, n) < 0 ? NULL : put_batch_impl(pinned);
+    Py_DECREF(pinned);
+    return result;
+}
+
 /* ---- single put (SEND_MESSAGE / SEND_MESSAGE_V2) ------------------------------------------------ */
 
 /* properties texts up to this long are built on the stack (longer: PyMem_RawMalloc) */
@@ -1268,14 +1338,6 @@ static int fast_bytes(PyObject *o, const char **buf, Py_ssize_t *len)
     return 1;
 }
 
-/* a buffer exporter without bf_releasebuffer other than bytes (ctypes arrays): its memory can be reallocated
- * (ctypes.resize) while we hold a pointer into it, by the clock or by an __index__ run while parsing */
-static int unpinned_buffer(PyObject *o)
-{
-    PyBufferProcs *pb = Py_TYPE(o)->tp_as_buffer;
-    return !PyBytes_CheckExact(o) && pb != NULL && pb->bf_getbuffer != NULL && pb->bf_releasebuffer == NULL;
-}
-
 /* "y#" hands out a borrowed pointer into such a buffer, and the body's Py_buffer (held across the clock)
  * does not lock it. So the slow path replaces those arguments (body, props, topic, cluster, hosts) in its
  * tuple with bytes copies before parsing, and keeps that tuple (*pinned) until put_one returns: every
@@ -1283,19 +1345,7 @@ static int unpinned_buffer(PyObject *o)
 static int put_one_pin_bytes(PyObject *tuple)
 {
     static const Py_ssize_t at[] = {3, 4, 5, 9, 10, 11};
-    for (size_t k = 0; k < sizeof(at) / sizeof(at[0]); k++) {
-        if (at[k] >= PyTuple_GET_SIZE(tuple))
-            break;
-        PyObject *o = PyTuple_GET_ITEM(tuple, at[k]);
-        if (!unpinned_buffer(o))
-            continue; /* bytes, an exporter that locks its buffer, or no buffer (TypeError below) */
-        PyObject *copy = PyBytes_FromObject(o);
-        if (copy == NULL)
-            return -1;
-        PyTuple_SET_ITEM(tuple, at[k], copy);
-        Py_DECREF(o);
-    }
-    return 0;
+    return pin_bytes_at(tuple, at, sizeof(at) / sizeof(at[0]));
 }
 
 static PyObject *put_one_impl(PyObject *const *args, Py_ssize_t nargs, PyObject **pinned)
