@@ -6,7 +6,7 @@ import json
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferrymq.errors import FrameTooLargeError, ProtocolError
@@ -115,3 +115,55 @@ def test_non_integer_header_field_is_a_protocol_error() -> None:
 def test_decode_frame_without_prefix() -> None:
     cmd = RemotingCommand.request(105, {"topic": "T"})
     assert decode_frame(encode(cmd)[4:]) == cmd
+
+
+big_bodies = st.one_of(st.binary(max_size=64), st.integers(8 * 1024, 300 * 1024).map(lambda n: bytes(range(256)) * (n // 256) + b"x" * (n % 256)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 400), big_bodies, st.booleans()), min_size=1, max_size=5), st.data())
+def test_large_frames_over_many_reads(specs: list[tuple[int, bytes, bool]], data: st.DataObject) -> None:
+    """Frames of up to ~300 KiB (JSON, some binary-header) cut into reads anywhere — inside the prefix, the
+    header, the body, between frames, several frames per read — decode to the same commands; the large-frame
+    path (chunks kept, body joined once) and the buffered path answer alike, and nothing stays buffered."""
+    cmds = [RemotingCommand(code=code, ext_fields={"k": str(i)}, body=body, opaque=i,
+                            serialize_type=SERIALIZE_ROCKETMQ if binary else 0)
+            for i, (code, body, binary) in enumerate(specs)]
+    wire = b"".join(encode(c) for c in cmds)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=12)))
+    decoder = FrameDecoder()
+    out: list[RemotingCommand] = []
+    prev = 0
+    for cut in [*cuts, len(wire)]:
+        out += decoder.feed(wire[prev:cut])
+        prev = cut
+    assert [(c.code, c.opaque, c.ext_fields, c.body) for c in out] == [
+        (c.code, c.opaque, c.ext_fields, c.body) for c in cmds]
+    assert all(type(c.body) is bytes for c in out)
+    assert decoder.buffered == 0
+
+
+def test_large_frame_in_pieces_is_held_as_chunks_and_counted_as_buffered() -> None:
+    body = bytes(range(256)) * 1024  # 256 KiB
+    wire = encode(RemotingCommand(code=320, ext_fields={"b": "T"}, body=body, opaque=7))
+    decoder = FrameDecoder()
+    assert decoder.feed(wire[:100_000]) == []
+    assert decoder.buffered == 100_000
+    assert decoder.feed(wire[100_000:200_000]) == []
+    assert decoder.buffered == 200_000
+    # the rest plus the first bytes of a next frame
+    nxt = encode(RemotingCommand(code=11, opaque=8))
+    out = decoder.feed(wire[200_000:] + nxt[:5])
+    assert [(c.opaque, c.body) for c in out] == [(7, body)]
+    assert decoder.buffered == 5
+    assert [c.opaque for c in decoder.feed(nxt[5:])] == [8]
+    assert decoder.buffered == 0
+
+
+def test_oversized_length_refused_while_a_large_frame_is_pending() -> None:
+    body = b"z" * 40_000
+    wire = encode(RemotingCommand(code=320, body=body, opaque=1))
+    decoder = FrameDecoder(max_frame_bytes=1 << 20)
+    assert decoder.feed(wire[:10_000]) == []
+    with pytest.raises(FrameTooLargeError):
+        decoder.feed(wire[10_000:] + struct.pack(">i", (1 << 20) + 1))

@@ -55,6 +55,9 @@ _UINT = struct.Struct(">I")
 #: bodies at least this large are copied out of the receive buffer through a memoryview (one copy)
 _BODY_VIEW_MIN_BYTES = 4096
 _PREFIX = struct.Struct(">iI")
+#: a JSON frame at least this large that does not arrive in one read is kept as the received chunks and its
+#: body joined from them once (instead of appending the chunks to the buffer and copying the body out of it)
+_BIG_FRAME_MIN_BYTES = 16 * 1024
 _BIN_FIXED = struct.Struct(">hbhii")
 _LANG_BY_CODE = {m.value: m.name for m in LanguageCode}
 _LANG_NAMES = frozenset(m.name for m in LanguageCode)
@@ -349,19 +352,29 @@ class FrameDecoder:
 
     Raises ProtocolError / FrameTooLargeError on a bad frame; the caller closes the connection.
     An oversized length prefix is refused as soon as its 4 bytes arrive, before any body is buffered.
+    A large JSON frame spread over several reads (a SEND_BATCH, a PULL answer) is kept as the received
+    ``bytes`` chunks and its body is joined from them once: one copy of the body instead of two.
     """
 
-    __slots__ = ("_buf", "max_frame_bytes")
+    __slots__ = ("_buf", "max_frame_bytes", "_big", "_big_start", "_big_hlen", "_big_need", "_big_have")
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self._buf = bytearray()
         self.max_frame_bytes = max_frame_bytes
+        #: chunks of the pending large frame (the first one holds its prefix and whole header at ``_big_start``)
+        self._big: list[bytes] | None = None
+        self._big_start = 0
+        self._big_hlen = 0
+        self._big_need = 0  # bytes of the whole frame, length prefix included
+        self._big_have = 0  # of which received
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return len(self._buf) + (self._big_have if self._big is not None else 0)
 
     def feed(self, data: bytes) -> list[RemotingCommand]:
+        if self._big is not None:
+            return self._feed_big(bytes(data) if type(data) is not bytes else data)
         buf = self._buf
         if not buf and type(data) is bytes and len(data) >= 8:
             # one whole JSON frame and nothing buffered: the usual read with one request in flight
@@ -416,5 +429,49 @@ class FrameDecoder:
             if pos:
                 del buf[:pos]
         elif pos < n:
-            buf += memoryview(data)[pos:]
+            if not self._start_big(data, pos):
+                buf += memoryview(data)[pos:]
+        return out
+
+    def _start_big(self, data: bytes, pos: int) -> bool:
+        """Keep ``data`` as the first chunk of a large JSON frame starting at ``pos`` when its prefix and whole
+        header are in it (the length is already checked); False: the caller buffers the tail as usual."""
+        n = len(data)
+        if n - pos < 8:
+            return False
+        length, word = _PREFIX.unpack_from(data, pos)
+        hlen = word & 0xFFFFFF
+        if (length + 4 < _BIG_FRAME_MIN_BYTES or word >> 24 != SERIALIZE_JSON or hlen > length - 4
+                or hlen > MAX_HEADER_BYTES or n - pos < 8 + hlen):
+            return False
+        self._big = [data]
+        self._big_start = pos
+        self._big_hlen = hlen
+        self._big_need = 4 + length
+        self._big_have = n - pos
+        return True
+
+    def _feed_big(self, data: bytes) -> list[RemotingCommand]:
+        chunks = self._big
+        assert chunks is not None
+        missing = self._big_need - self._big_have
+        if len(data) < missing:
+            chunks.append(data)
+            self._big_have += len(data)
+            return []
+        first = chunks[0]
+        hstart = self._big_start + 8
+        bstart = hstart + self._big_hlen
+        self._big = None
+        self._big_have = 0
+        with memoryview(first) as head, memoryview(data) as tail:
+            # the rest of the first chunk is all this frame's (it was incomplete), then whole chunks, then the tail
+            parts: list[Any] = [head[bstart:], *chunks[1:], tail[:missing]]
+            body = b"".join(parts)
+            parts.clear()  # the views go before the memoryviews are released
+        cmd = decode_json_header(first[hstart:bstart], body)
+        if missing == len(data):
+            return [cmd]
+        out = [cmd]
+        out += self.feed(data[missing:])
         return out
