@@ -41,15 +41,20 @@ def test_round_trip(cmd: RemotingCommand) -> None:
 @given(st.lists(commands, min_size=1, max_size=5), st.data())
 def test_arbitrary_chunking(cmds: list[RemotingCommand], data: st.DataObject) -> None:
     wire = b"".join(encode(c) for c in cmds)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
+    decoder, out = _feed_in_pieces(wire, sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8))))
+    assert out == cmds
+    assert decoder.buffered == 0
+
+
+def _feed_in_pieces(wire: bytes, cuts: list[int]) -> tuple[FrameDecoder, list[RemotingCommand]]:
+    """A fresh decoder fed ``wire`` cut at the (sorted) ``cuts``; returns it and every command it gave."""
     decoder = FrameDecoder()
     out: list[RemotingCommand] = []
     prev = 0
     for cut in [*cuts, len(wire)]:
         out += decoder.feed(wire[prev:cut])
         prev = cut
-    assert out == cmds
-    assert decoder.buffered == 0
+    return decoder, out
 
 
 def _frame(header: bytes, body: bytes = b"", stype: int = 0) -> bytes:
@@ -130,13 +135,7 @@ def test_large_frames_over_many_reads(specs: list[tuple[int, bytes, bool]], data
                             serialize_type=SERIALIZE_ROCKETMQ if binary else 0)
             for i, (code, body, binary) in enumerate(specs)]
     wire = b"".join(encode(c) for c in cmds)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=12)))
-    decoder = FrameDecoder()
-    out: list[RemotingCommand] = []
-    prev = 0
-    for cut in [*cuts, len(wire)]:
-        out += decoder.feed(wire[prev:cut])
-        prev = cut
+    decoder, out = _feed_in_pieces(wire, sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=12))))
     assert [(c.code, c.opaque, c.ext_fields, c.body) for c in out] == [
         (c.code, c.opaque, c.ext_fields, c.body) for c in cmds]
     assert all(type(c.body) is bytes for c in out)
