@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -63,37 +64,26 @@ def test_put_batch_ipv6_host_flags_are_left_to_python(sys_flag: int) -> None:
     assert put(native, bytearray(4096), sys_flag=sys_flag) is None
 
 
-def test_put_batch_clock_errors_write_nothing() -> None:
-    native = require_extension()
-    mm = bytearray(4096)
-
-    def boom() -> int:
-        raise RuntimeError("clock")
-
-    with pytest.raises(RuntimeError):
-        put(native, mm, clock=boom)
-    for bad in ("now", 1.5, None, 1 << 64):
-        with pytest.raises((TypeError, OverflowError)):
-            put(native, mm, clock=lambda bad=bad: bad)
-    with pytest.raises(TypeError):
-        put(native, mm, clock=None)
-    assert mm == bytearray(4096)
+def _assert_short_or_closed_mm_refused(native: Any, putter: Callable[..., Any]) -> None:
+    """A closed mmap, a read-only buffer and a segment shorter than ``room`` / ``pos`` say: refused, nothing
+    written (put_batch and put_one alike)."""
+    m = mmap.mmap(-1, 4096)
+    m.close()
+    with pytest.raises(ValueError):
+        putter(native, m, room=4096)
+    with pytest.raises((TypeError, BufferError)):
+        putter(native, bytes(4096))
+    short = bytearray(100)
+    with pytest.raises(ValueError):  # room says it fits, mm does not
+        putter(native, short, room=4096)
+    with pytest.raises(ValueError):
+        putter(native, short, pos=101, room=4096)
+    assert short == bytearray(100)
 
 
 def test_put_batch_closed_or_read_only_or_short_mm() -> None:
     native = require_extension()
-    m = mmap.mmap(-1, 4096)
-    m.close()
-    with pytest.raises(ValueError):
-        put(native, m, room=4096)
-    with pytest.raises((TypeError, BufferError)):
-        put(native, bytes(4096))
-    short = bytearray(100)
-    with pytest.raises(ValueError):  # room says it fits, mm does not
-        put(native, short, room=4096)
-    with pytest.raises(ValueError):
-        put(native, short, pos=101, room=4096)
-    assert short == bytearray(100)
+    _assert_short_or_closed_mm_refused(native, put)
     with pytest.raises(ValueError):
         put(native, bytearray(10), pos=-1)
 
@@ -381,21 +371,11 @@ def test_put_one_room_and_short_or_closed_mm() -> None:
     assert put1(native, mm, room=-1)[2] is None
     assert mm == bytearray(4096)
     assert put1(native, mm, room=total)[0] == total
-    short = bytearray(100)
-    with pytest.raises(ValueError):  # room says it fits, mm does not
-        put1(native, short, room=4096)
-    with pytest.raises(ValueError):
-        put1(native, short, pos=101, room=4096)
-    assert short == bytearray(100)
-    m = mmap.mmap(-1, 4096)
-    m.close()
-    with pytest.raises(ValueError):
-        put1(native, m, room=4096)
-    with pytest.raises((TypeError, BufferError)):
-        put1(native, bytes(4096))
+    _assert_short_or_closed_mm_refused(native, put1)
 
 
-def test_put_one_clock_errors_write_nothing() -> None:
+@pytest.mark.parametrize("putter", [put, put1], ids=["put_batch", "put_one"])
+def test_clock_errors_write_nothing(putter: Callable[..., Any]) -> None:
     native = require_extension()
     mm = bytearray(4096)
 
@@ -403,12 +383,12 @@ def test_put_one_clock_errors_write_nothing() -> None:
         raise RuntimeError("clock")
 
     with pytest.raises(RuntimeError):
-        put1(native, mm, clock=boom)
+        putter(native, mm, clock=boom)
     for bad in ("now", 1.5, None, 1 << 64):
         with pytest.raises((TypeError, OverflowError)):
-            put1(native, mm, clock=lambda bad=bad: bad)
+            putter(native, mm, clock=lambda bad=bad: bad)
     with pytest.raises(TypeError):
-        put1(native, mm, clock=None)
+        putter(native, mm, clock=None)
     assert mm == bytearray(4096)
 
 
