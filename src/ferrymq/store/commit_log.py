@@ -364,8 +364,7 @@ class CommitLog:
                 or len(born_host) != 8 or len(store_host) != 8):
             return None
         key = (topic, queue_id)
-        table = self.topic_queue_table
-        queue_offset = table.get(key, 0)
+        queue_offset = self.topic_queue_table.get(key, 0)
         max_props = config.max_properties_size
         if max_props > 32767:
             max_props = 32767
@@ -393,26 +392,7 @@ class CommitLog:
                                                  flag, sys_flag, born_timestamp, born_host, store_host,
                                                  reconsume_times)
                 mf.wrote_position = pos + total  # published once, like put_messages
-                table[key] = queue_offset + 1
-                self.last_store_timestamp = store_ts
-                self.put_message_times_total += 1
-                self.put_message_size_total += total
-                # AppendMessageResult(_APPEND_OK, base, total, store_ts, queue_offset, 1, store_host, (), msg_id) in
-                # PutMessageResult(_PUT_OK, ...), without the two Python __init__ frames: every field set here
-                ar = _new_object(AppendMessageResult)
-                ar.status = _APPEND_OK
-                ar.wrote_offset = base
-                ar.wrote_bytes = total
-                ar.store_timestamp = store_ts
-                ar.queue_offset = queue_offset
-                ar.msg_num = 1
-                ar.store_host = store_host
-                ar.record_offsets = ()
-                ar.joined_msg_id = msg_id
-                result = _new_object(PutMessageResult)
-                result.status = _PUT_OK
-                result.append_result = ar
-                return result, wait
+                return self._put_one_done(key, queue_offset, base, total, store_ts, msg_id, store_host), wait
         return self._put_one_rolling(topic_bytes, key, queue_offset, max_props, body, props, cluster, flag, sys_flag,
                                      born_timestamp, born_host, store_host, reconsume_times)
 
@@ -434,14 +414,31 @@ class CommitLog:
         failed, (total, wait, msg_id, store_ts), base = out
         if failed is not None:
             return failed, wait
+        return self._put_one_done(key, queue_offset, base, total, store_ts, msg_id, store_host), wait
+
+    def _put_one_done(self, key: QueueKey, queue_offset: int, base: int, total: int, store_ts: int, msg_id: str,
+                      store_host: bytes) -> PutMessageResult:
+        """The bookkeeping of a single put the extension wrote (queue counter, timestamps, totals) and its
+        result: AppendMessageResult(PUT_OK, base, total, store_ts, queue_offset, 1, store_host, (), msg_id) in
+        PutMessageResult(PUT_OK, ...), built without the two dataclass __init__ frames (every field set here)."""
         self.topic_queue_table[key] = queue_offset + 1
         self.last_store_timestamp = store_ts
         self.put_message_times_total += 1
         self.put_message_size_total += total
-        result = AppendMessageResult(
-            AppendMessageStatus.PUT_OK, base, total, store_ts, queue_offset, 1, store_host, (), msg_id,
-        )  # fmt: skip
-        return PutMessageResult(PutMessageStatus.PUT_OK, result), wait
+        ar = _new_object(AppendMessageResult)
+        ar.status = _APPEND_OK
+        ar.wrote_offset = base
+        ar.wrote_bytes = total
+        ar.store_timestamp = store_ts
+        ar.queue_offset = queue_offset
+        ar.msg_num = 1
+        ar.store_host = store_host
+        ar.record_offsets = ()
+        ar.joined_msg_id = msg_id
+        result = _new_object(PutMessageResult)
+        result.status = _PUT_OK
+        result.append_result = ar
+        return result
 
     def _put_native(self, put: Callable[[Any, int, int, int], tuple[Any, ...] | None], total_at: int,
                     written_at: int) -> tuple[PutMessageResult | None, tuple[Any, ...], int] | None:
