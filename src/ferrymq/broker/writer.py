@@ -93,27 +93,23 @@ class MessageWriter:
     def put_one_raw(self, topic: str, queue_id: int, body: bytes, props: bytes, cluster: bytes, flag: int,
                     sys_flag: int, born_timestamp: int, born_host: bytes, store_host: bytes,
                     reconsume_times: int) -> tuple[Any, bool] | None:
-        """The native single SEND put (``MessageStore.put_one_raw``): (result, WAIT flag); None = use ``put``.
-        (``_appended`` written out: this runs once per plain send.)"""
+        """The native single SEND put (``MessageStore.put_one_raw``): (result, WAIT flag); None = use ``put``."""
         put_raw = self._put_one_raw
         if put_raw is None:
             return None
         res = put_raw(topic, queue_id, body, props, cluster, flag, sys_flag, born_timestamp, born_host, store_host,
                       reconsume_times)
         if res is not None and res[0].append_result is not None:
-            self._pending_keys.add((topic, queue_id))
-            ha = self.ha_service
-            if ha is not None:
-                ha.notify_data_appended()
-            if not self._reput_scheduled:
-                self.schedule_reput()
+            self._appended((topic, queue_id))
         return res
 
     def _appended(self, key: QueueKey) -> None:
         self._pending_keys.add(key)
-        if self.ha_service is not None:
-            self.ha_service.notify_data_appended()
-        self.schedule_reput()
+        ha = self.ha_service
+        if ha is not None:
+            ha.notify_data_appended()
+        if not self._reput_scheduled:  # the usual case after the first put of a loop iteration: nothing to do
+            self.schedule_reput()
 
     # ---- reput ------------------------------------------------------------------------------
     def schedule_reput(self, wake_all: bool = False) -> None:
