@@ -81,8 +81,18 @@ _body_of = attrgetter("body")
 _flag_of = attrgetter("flag")
 _properties_of = attrgetter("properties")
 _send_command = api.send_command
+
 _SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
 _parse_send = api.parse_send
+
+
+def _properties_text(props: dict[str, str]) -> str:
+    """A message's properties as the SEND header's ``properties`` string."""
+    try:  # all keys and values str (the usual case): joined in C
+        return _join_props(map(_join_item, props.items()))
+    except TypeError:  # a None (skipped) or non-str value
+        return properties_to_string(props)
+
 
 _UNIQ_COUNTER = itertools.count(random.randrange(1 << 16))
 _UNIQ_PREFIX: bytes | None = None
@@ -340,11 +350,7 @@ class Producer:
         if (len(body) >= self.compress_msg_body_over_bytes or type(flag) is not int or type(qid) is not int
                 or type(topic) is not str or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)):
             return self._build_general(msg, mq, via_default, oneway=oneway)
-        props = msg.properties
-        try:  # all keys and values str (the usual case): joined in C
-            properties = _join_props(map(_join_item, props.items()))
-        except TypeError:  # a None (skipped) or non-str value
-            properties = properties_to_string(props)
+        properties = _properties_text(msg.properties)
         broker_name = mq.broker_name
         by_broker = self._send_fields.get(topic)
         entry = None if by_broker is None else by_broker.get(broker_name)
@@ -388,11 +394,7 @@ class Producer:
             reconsume_times = int(msg.properties.get(PROPERTY_RECONSUME_TIME, "0") or 0)
             max_raw = msg.properties.get(PROPERTY_MAX_RECONSUME_TIMES)
             max_reconsume = int(max_raw) if max_raw else None
-        props = msg.properties
-        try:  # all keys and values str (the usual case): joined in C
-            properties = _PROPERTY_SEPARATOR.join(map(_NAME_VALUE_SEPARATOR.join, props.items()))
-        except TypeError:  # a None (skipped) or non-str value
-            properties = properties_to_string(props)
+        properties = _properties_text(msg.properties)
         # api.build_send(producer_group=..., ..., oneway=oneway) with positional arguments
         return _send_command(self.group, msg.topic, mq.queue_id, sys_flag, int(time.time() * 1000), msg.flag,
                              properties, body, reconsume_times, max_reconsume, False, mq.broker_name, DEFAULT_TOPIC,
@@ -408,18 +410,8 @@ class Producer:
         arg: Any = None,
         timeout_ms: int | None = None,
     ) -> SendResult:
-        # _validate() and _ensure_uniq_key() inlined for the usual message (topic seen before, body within
-        # the limit, UNIQ_KEY to make); anything else takes the methods, which raise the same errors
-        body = msg.body
-        if not body or msg.topic not in self._valid_topics or len(body) > self.max_message_size_bytes:
-            self._validate(msg)
-        props = msg.properties
-        if type(props) is dict:
-            uniq = props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-            if not uniq:
-                uniq = props[PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = new_uniq_key(self.config.client_ip)
-        else:
-            uniq = self._ensure_uniq_key(msg)
+        self._validate(msg)
+        uniq = self._ensure_uniq_key(msg)
         return await self._send_with_retries(
             msg.topic, None, uniq, queue, (lambda mqs: selector(mqs, msg, arg)) if selector else None, timeout_ms,
             msg)
