@@ -49,8 +49,6 @@ class LatencyFaultTolerance:
 
     def __init__(self, clock: Callable[[], float] | None = None, *, enabled: bool = True,
                  failure_latency_ms: int = FAILURE_LATENCY_MS) -> None:
-        #: None: ``time.monotonic() * 1000``, read inline (no extra call per send)
-        self._custom_clock = clock
         self._clock = clock or _monotonic_ms
         self._items: dict[str, FaultItem] = {}
         self.enabled = enabled
@@ -60,10 +58,7 @@ class LatencyFaultTolerance:
         if not self.enabled:
             return
         latency = self.failure_latency_ms if isolation else latency_ms
-        clock = self._custom_clock
-        now = time.monotonic() * 1000 if clock is None else clock()
-        # not_available_duration_ms(latency) without the call for a fast answer
-        available_at = now + (0 if latency < _SMALLEST_STEP_MS else not_available_duration_ms(latency))
+        available_at = self._clock() + not_available_duration_ms(latency)
         item = self._items.get(broker_name)
         if item is None:
             self._items[broker_name] = FaultItem(broker_name, latency, available_at)
@@ -73,10 +68,7 @@ class LatencyFaultTolerance:
 
     def is_available(self, broker_name: str) -> bool:
         item = self._items.get(broker_name)
-        if item is None:
-            return True
-        clock = self._custom_clock
-        return (time.monotonic() * 1000 if clock is None else clock()) >= item.available_at_ms
+        return item is None or self._clock() >= item.available_at_ms
 
     def remove(self, broker_name: str) -> None:
         self._items.pop(broker_name, None)
