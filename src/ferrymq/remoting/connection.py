@@ -228,7 +228,7 @@ class Connection(asyncio.Protocol):
         """Send a request; the future resolves with the response, or fails with RemotingTimeoutError when no
         answer came within ``timeout_ms`` (``await conn.request(...)`` is ``await conn.invoke(...)`` without
         the coroutine; None: no timeout). Cancelling the future abandons the request."""
-        # one call per request: the pending entry, the deadline timer and ``send()`` are all inline here
+        # one call per request: the pending entry and the deadline timer are inline here
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.peer_addr} is closed") from self.close_reason
         pending = self._pending
@@ -251,11 +251,8 @@ class Connection(asyncio.Protocol):
                 timer.cancel()
                 self._timer_at = deadline
                 self._timer = loop.call_at(deadline, self._expire)
-        transport = self._transport
         try:
-            if transport is None:  # what send() raises (``closed`` was checked above)
-                raise ConnectionClosedError(f"connection to {self.peer_addr} is closed")
-            transport.write(encode(cmd))
+            self.send(cmd)
         except BaseException:
             pending.pop(opaque, None)
             raise
