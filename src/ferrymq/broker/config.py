@@ -64,6 +64,9 @@ class BrokerConfig:
         "storePathCommitLog", "Commit log directory (default <storePathRootDir>/commitlog)"))
     mapped_file_size_commit_log: int = field(default=1024 * 1024 * 1024, metadata=_meta(
         "mappedFileSizeCommitLog", "Commit log file size in bytes"))
+    preallocate_commit_log: bool = field(default=True, metadata=_meta(
+        "preallocateCommitLog", "Reserve each new commit log file's blocks when it is created (fallocate; "
+        "a full disk fails the put cleanly instead of at a later write). ferrymq extension"))
     mapped_file_size_consume_queue: int = field(default=300_000 * 20, metadata=_meta(
         "mappedFileSizeConsumeQueue", "Consume queue file size in bytes (multiple of 20)"))
     flush_disk_type: FlushDiskType = field(default=FlushDiskType.ASYNC_FLUSH, metadata=_meta(

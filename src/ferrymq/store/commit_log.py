@@ -75,7 +75,8 @@ class CommitLog:
     def __init__(self, config: StoreConfig, clock_ms: Callable[[], int]) -> None:
         self.config = config
         self.clock_ms = clock_ms
-        self.mfq = MappedFileQueue(config.store_path_commit_log, config.mapped_file_size_commit_log)
+        self.mfq = MappedFileQueue(config.store_path_commit_log, config.mapped_file_size_commit_log,
+                                   preallocate=config.preallocate_commit_log)
         self.file_size = config.mapped_file_size_commit_log
         # next queue offset per (topic, queue_id); rebuilt from the consume queues on load
         self.topic_queue_table: dict[QueueKey, int] = {}

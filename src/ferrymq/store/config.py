@@ -46,6 +46,7 @@ class StoreConfig:
     store_path_commit_log: str = ""  # "" -> <root>/commitlog
     mapped_file_size_commit_log: int = 1 << 30
     mapped_file_size_consume_queue: int = 300_000 * CQ_STORE_UNIT_SIZE
+    preallocate_commit_log: bool = True  # posix_fallocate new commit log segments (mapped_file.py)
     flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
     offset_check_in_slave: bool = False

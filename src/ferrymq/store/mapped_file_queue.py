@@ -16,9 +16,10 @@ class MappedFileQueue:
     """Segments [files[0] .. files[-1]], contiguous. Only the writer mutates ``files``; it replaces
     the list rather than editing it in place, so a flush thread can iterate a snapshot."""
 
-    def __init__(self, store_path: str, mapped_file_size: int) -> None:
+    def __init__(self, store_path: str, mapped_file_size: int, *, preallocate: bool = False) -> None:
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
+        self.preallocate = preallocate  # new segments get their blocks reserved (MappedFile)
         self.files: list[MappedFile] = []
         self.flushed_where = 0  # global offset persisted so far
         self._flush_lock = threading.Lock()
@@ -118,7 +119,7 @@ class MappedFileQueue:
         except OSError as exc:
             raise StoreDirError(f"cannot create {self.store_path}: {exc}") from exc
         path = os.path.join(self.store_path, offset_to_file_name(file_from_offset))
-        mf = MappedFile(path, file_from_offset, self.mapped_file_size)
+        mf = MappedFile(path, file_from_offset, self.mapped_file_size, preallocate=self.preallocate)
         if not self.files:
             self.flushed_where = file_from_offset
         self.files = [*self.files, mf]
