@@ -31,6 +31,10 @@ def test_bench_quick_limits_prints_table(tmp_path):
     assert data["machine"]["cores"] >= 1
     rows = {r["wid"]: r for r in data["rows"]}
     assert rows["11a"]["median"] is not None and rows["11a"]["error"] is None
+    # the echo ceiling is the best of one and two load processes, repeat by repeat
+    extra = rows["11a"]["extra"]
+    assert rows["11a"]["values"] == [max(a, b) for a, b in zip(extra["load_procs_1"], extra["load_procs_2"],
+                                                               strict=True)]
     # everything it started is gone, its work dir removed
     assert list((tmp_path / "work").iterdir()) == []
 

@@ -36,7 +36,8 @@ def _size_option(value: str | None) -> int | None:
 @click.option("--warmup", "warmup_s", type=float, default=None, help="Uncounted seconds before each run [1].")
 @click.option("--sizes", default="1KiB", help="Message body sizes, comma separated (e.g. 1KiB,128B).")
 @click.option("--producers", type=int, default=16, help="Concurrent producers / connections / redis clients.")
-@click.option("--client-procs", type=int, default=2, help="Worker processes generating client load.")
+@click.option("--client-procs", type=int, default=1,
+              help="Worker processes generating ferrymq client load (the echo limit tries 1 and 2).")
 @click.option("--batch-bytes", default="256KiB", help="Body bytes per batched send (workload 2).")
 @click.option("--e2e-rate", type=int, default=None, help="Fixed send rate of the end-to-end latency run [2000].")
 @click.option("--backlog-bytes", default=None, help="Backlog consumed in workload 6 [256MiB].")
