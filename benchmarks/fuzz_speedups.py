@@ -23,7 +23,11 @@ arenas hold blocks up to 512 bytes, which ASan cannot see freed, e.g. a small re
         LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so) \\
         PYTHONPATH=/tmp/asan/src python benchmarks/fuzz_speedups.py --cases 300000
 
-``--family put_one`` (or scan, index, batch, types) runs one family only; the default runs them all.
+``--family put_one`` (or scan, index, batch, types, crc32) runs one family only; the default runs them all.
+The ``crc32`` family compares ``crc32`` with ``zlib.crc32``: lengths 0..70000, start offsets 0..127 into a larger
+buffer, random initial values, bytes / bytearray / memoryview slices and exact-size ctypes buffers (their last
+byte is the allocation's last byte, so an over-read is an ASan report), a tenth of the calls on the forced zlib
+fallback, and what non-contiguous or wrong-type arguments raise.
 ``--leaks`` instead calls each function ~100k times on valid and invalid input and prints the RSS
 growth (``/proc/self/statm``) and, on a debug build, ``sys.gettotalrefcount()`` growth.
 """
@@ -39,6 +43,7 @@ import random
 import struct
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -535,10 +540,63 @@ def fuzz_types(rng: random.Random, native: Any) -> None:
             pass
 
 
+CRC_MAX_LEN = 70_000
+#: the crc32 inputs are slices of these (at offsets 0..127, so every alignment)
+_CRC_POOL = random.Random(0).randbytes(CRC_MAX_LEN + 128)
+_CRC_POOL_RW = bytearray(_CRC_POOL)
+CRC_JUNK: list[Any] = ["text", None, 1.5, 7, [], object()]
+
+
+def _crc_outcome(fn: Callable[..., int], *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:  # noqa: BLE001 - the exception type is what is compared
+        return type(exc).__name__, None
+
+
+def fuzz_crc32(rng: random.Random, native: Any) -> None:
+    r = rng.random()
+    n = rng.randrange(300) if r < 0.45 else rng.randrange(4097) if r < 0.8 else rng.randrange(CRC_MAX_LEN + 1)
+    if rng.random() < 0.2:  # around the 16-byte block and the 64-byte step
+        n = max(0, min(CRC_MAX_LEN, rng.choice([16, 64, 128, 1024, 65536]) * rng.randrange(1, 4) + rng.randrange(-3, 4)))
+    start = rng.randrange(128)
+    value = rng.choice([0, 0xFFFFFFFF, rng.getrandbits(32), rng.randrange(-(1 << 40), 1 << 40)])
+    kind = rng.randrange(6)
+    obj: Any
+    if kind == 0:
+        obj = _CRC_POOL[start : start + n]
+    elif kind == 1:
+        obj = bytearray(_CRC_POOL[start : start + n])
+    elif kind == 2:
+        obj = memoryview(_CRC_POOL)[start : start + n]
+    elif kind == 3:
+        obj = memoryview(_CRC_POOL_RW)[start : start + n]
+    else:  # exactly n bytes of malloc'd memory (n > 16; shorter ctypes arrays live inside the object)
+        obj = _ctypes_bytes(_CRC_POOL[start : start + n]) if n > 16 else _CRC_POOL[start : start + n]
+    forced = rng.random() < 0.1
+    if forced:
+        native._crc32_force_fallback(True)
+    try:
+        args = (obj, value) if rng.random() < 0.8 else (obj,)
+        assert native.crc32(*args) == zlib.crc32(*args), (kind, n, start, args[1:], forced)
+        if n and rng.random() < 0.3:  # a running crc over two pieces
+            view = memoryview(obj).cast("B")
+            cut = rng.randrange(n + 1)
+            assert native.crc32(view[cut:], native.crc32(view[:cut], value)) == zlib.crc32(view, value)
+        if rng.random() < 0.05:  # arguments zlib refuses: the same exception type
+            bad: list[Any] = rng.choice([[memoryview(_CRC_POOL_RW)[start : start + n : 2]], [rng.choice(CRC_JUNK)],
+                                         [obj, rng.choice(CRC_JUNK)], [], [obj, 0, 0]])
+            got_bad, want_bad = _crc_outcome(native.crc32, *bad), _crc_outcome(zlib.crc32, *bad)
+            assert got_bad[0] == want_bad[0] and got_bad == want_bad, (bad, got_bad, want_bad)
+    finally:
+        if forced:
+            native._crc32_force_fallback(False)
+
+
 #: the case families and their share of a default run
 FAMILIES: dict[str, tuple[Callable[[random.Random, Any], None], int]] = {
     "scan": (fuzz_scan, 4), "index": (fuzz_index, 2), "batch": (fuzz_batch, 3), "put_one": (fuzz_put_one, 3),
-    "types": (fuzz_types, 1),
+    "types": (fuzz_types, 1), "crc32": (fuzz_crc32, 2),
 }
 
 
@@ -561,6 +619,15 @@ def truncations(native: Any, seed: int, family: str = "all") -> None:
     """Every prefix of a few valid streams, batch bodies and properties texts (the torn tail of a segment / a
     short read)."""
     rng = random.Random(seed)
+    if family in ("all", "crc32"):  # every length 0..300 at every start alignment, exact-size buffers
+        for n in range(301):
+            for start in range(64):
+                for value in (0, 0xFFFFFFFF):
+                    data = _ctypes_bytes(_CRC_POOL[start : start + n]) if n > 16 else _CRC_POOL[start : start + n]
+                    assert native.crc32(data, value) == zlib.crc32(data, value), (n, start, value)
+        if family == "crc32":
+            print("truncations done")
+            return
     if family in ("all", "put_one"):
         mm = bytearray(4096)
         for props in (PUT_PROPS[1], b"UNIQ_KEY\x01u1\x02WAIT\x01FALSE\x02TAGS\x01t\x02KEYS\x01a b",
@@ -640,6 +707,10 @@ def leaks(native: Any, calls: int, family: str = "all") -> None:
                                                 0, boom, 0, 0, 32767, 1 << 22),
         "batch nonint": lambda: native.put_batch(mm, 0, 1 << 16, body, b"TopicA", 0, 0, 0, b"", b"C", HOST, HOST,
                                                  0, lambda: "x", 0, 0, 32767, 1 << 22),
+        "crc32 short": lambda: native.crc32(b"body", 5),
+        "crc32 long": lambda: native.crc32(memoryview(_CRC_POOL)[3:70003], 5),
+        "crc32 err": lambda: native.crc32(memoryview(_CRC_POOL_RW)[::2]),
+        "crc32 value": lambda: native.crc32(body, "x"),
         "batch nofit": lambda: native.put_batch(bytearray(10), 0, 1 << 16, body, b"TopicA", 0, 0, 0, b"", b"C", HOST,
                                                 HOST, 0, lambda: 5, 0, 0, 32767, 1 << 22),
     }
