@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import struct
-import zlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -257,7 +256,7 @@ class CommitLog:
         topic_head_len = len(topic_head)
         pack_head = HEAD_V4.pack_into
         pack_i16 = _I16.pack_into
-        crc32 = zlib.crc32
+        crc32 = speedups.crc32
         mm = mf.mm
         pos = start_pos
         phy = base

@@ -22,6 +22,7 @@ from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
 from ferrymq.store.mapped_file_queue import MappedFileQueue
 from ferrymq.store.queue_table import ConsumeQueueTable
+from ferrymq.store.speedups import crc32 as _crc32
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def walk_valid_end(mfq: MappedFileQueue, start_index: int, start_pos: int, check
     pos = start_pos
     while True:
         status, size = check_record(
-            mf.mm, pos, check_crc, end=mf.file_size, expected_phy_offset=mf.file_from_offset + pos
+            mf.mm, pos, check_crc, end=mf.file_size, expected_phy_offset=mf.file_from_offset + pos, crc32=_crc32
         )
         if status is RecordCheck.OK:
             pos += size
@@ -69,7 +70,8 @@ def _checkpoint_resume(mfq: MappedFileQueue, dispatched: int, min_phy: int) -> t
     pos = dispatched - holder.file_from_offset
     if pos == 0 or pos >= holder.file_size:
         return None
-    status, _size = check_record(holder.mm, pos, True, end=holder.file_size, expected_phy_offset=dispatched)
+    status, _size = check_record(holder.mm, pos, True, end=holder.file_size, expected_phy_offset=dispatched,
+                                  crc32=_crc32)
     if status is RecordCheck.CORRUPT or status is RecordCheck.INCOMPLETE:
         return None
     # the segment must still hold its data below the checkpoint (not lost or zeroed since)
