@@ -374,7 +374,7 @@ def store_timestamp_of(buf: Buffer, pos: int) -> int:
 
 def check_record(
     buf: Buffer, pos: int, check_crc: bool, end: int | None = None, expected_phy_offset: int | None = None,
-    crc32: Callable[[bytes], int] = zlib.crc32,
+    crc32: Callable[[Buffer], int] = zlib.crc32,
 ) -> tuple[RecordCheck, int]:
     """Validate the record at ``pos`` without decoding it; ``end`` bounds the readable bytes. ``crc32``
     (``zlib.crc32``'s results) computes BODYCRC when ``check_crc``: the store passes its faster one.
