@@ -52,3 +52,18 @@ def test_bench_quick_broker_workloads(tmp_path):
         assert f" {wid} " in proc.stdout
     assert {r["wid"] for r in data["rows"]} >= {"1", "2", "3a", "3b", "4a", "4b", "6", "8"}
     assert list((tmp_path / "work").iterdir()) == []
+
+
+@pytest.mark.acceptance
+@pytest.mark.skipif(not _stack_available(), reason="broker/name server CLI not available yet")
+def test_bench_echo_ceiling_is_paired_with_workload_1(tmp_path):
+    """With 1 and 11 selected, each repeat of the echo ceiling runs right before a repeat of (1) and the
+    ratio of (1) is judged against it; the per-repeat ratios are shown."""
+    proc, data = _bench(tmp_path, "--only", "1,11", "--producers", "2", "--repeats", "2")
+    rows = {r["wid"]: r for r in data["rows"]}
+    echo, send = rows["11a"], rows["1"]
+    assert echo["paired_with"] == "1" and echo["error"] is None
+    assert len(echo["values"]) == len(send["values"]) == 2
+    assert send["ratio"].endswith("of (11a)") and "repeat/paired echo" in send["note"]
+    assert rows["11b"]["paired_with"] == "" and len(rows["11b"]["values"]) == 2
+    assert list((tmp_path / "work").iterdir()) == []

@@ -28,12 +28,13 @@ Workload ids (rows of the table):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import platform
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -110,6 +111,8 @@ class Row:
     target: str = ""
     status: str = ""
     ratio: str = ""
+    #: measured repeat by repeat right before this workload's repeats (11a with 1), "" = on its own
+    paired_with: str = ""
 
     @property
     def value(self) -> float | None:
@@ -130,6 +133,8 @@ class Bench:
         self.progress = progress
         self.log = log or (lambda s: None)
         self._task: Any = None
+        #: 11a rows measured inside workload 1 (one echo repeat right before each repeat of 1), by size
+        self._paired_echo: dict[int | None, Row] = {}
 
     # ---- bookkeeping -------------------------------------------------------------------------------------
     def row(self, wid: str, name: str, size: int | None, metric: str, unit: str) -> Row:
@@ -235,6 +240,33 @@ class Bench:
         if m["errors"] or m["not_ok"]:
             row.note = f"errors={m['errors']} not_ok={m['not_ok']} {m['first_error'] or ''}".strip()
 
+    # ---- echo ceiling (11a / 11b) -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _echo_server(self, sup: Supervisor, mode: str) -> Iterator[int]:
+        port = free_port()
+        child = sup.spawn(f"echo-{mode}", python_argv("-m", "ferrymq.cli.bench_impl.echo", "--port", str(port),
+                                                      "--mode", mode), port=port)
+        try:
+            sup.wait_port(child)
+            yield port
+        finally:
+            sup.stop(child)
+
+    def _echo_repeat(self, port: int, row: Row) -> None:
+        """One repeat of the echo ceiling: the load split over each of ECHO_LOAD_PROCS, the best kept."""
+        load_procs = sorted({min(n, self.o.producers) for n in ECHO_LOAD_PROCS})
+        best = 0.0
+        for procs in load_procs:
+            specs = [{"port": port, "connections": n, "body_bytes": row.size, "duration_s": self.o.duration_s,
+                      "warmup_s": self.o.warmup_s} for n in self._split(self.o.producers, procs)]
+            res = run_workers("ferrymq.cli.bench_impl.echo:load", specs, run_s=self.o.duration_s + self.o.warmup_s)
+            rate = sum(r["count"] / r["elapsed_s"] for r in res)
+            row.add_extra(f"load_procs_{procs}", rate)
+            best = max(best, rate)
+        row.values.append(best)
+        row.note = "best of " + " / ".join(
+            f"{p} load proc{'s' if p > 1 else ''} (median {row.x(f'load_procs_{p}') or 0:,.0f})" for p in load_procs)
+
     # ---- 11: limits ------------------------------------------------------------------------------------------
     def limits(self, sup: Supervisor) -> None:
         from ferrymq.cli.bench_impl import limits
@@ -242,34 +274,18 @@ class Bench:
         for mode, wid, name in (("codec", "11a", "limit: echo, RocketMQ codec"),
                                 ("raw", "11b", "limit: echo, length framing only")):
             rows = [self.row(wid, name, s, f"req/s ({self.o.producers} conns)", "req/s") for s in self.o.sizes]
+            if mode == "codec" and self.wants("1"):
+                # measured repeat by repeat right before workload 1's repeats (_w1): the same host phase
+                self._paired_echo = {row.size: row for row in rows}
+                continue
 
             def run(mode: str = mode, rows: list[Row] = rows) -> None:
-                port = free_port()
-                child = sup.spawn(f"echo-{mode}", python_argv("-m", "ferrymq.cli.bench_impl.echo", "--port",
-                                                              str(port), "--mode", mode), port=port)
-                try:
-                    sup.wait_port(child)
-                    load_procs = sorted({min(n, self.o.producers) for n in ECHO_LOAD_PROCS})
+                with self._echo_server(sup, mode) as port:
                     for row in rows:
                         for rep in range(self.o.repeats):
                             self.step(f"11 echo {mode} {fmt_size(row.size or 0)} #{rep + 1}")
-                            best = 0.0
-                            for procs in load_procs:
-                                specs = [{"port": port, "connections": n, "body_bytes": row.size,
-                                          "duration_s": self.o.duration_s, "warmup_s": self.o.warmup_s}
-                                         for n in self._split(self.o.producers, procs)]
-                                res = run_workers("ferrymq.cli.bench_impl.echo:load", specs,
-                                                  run_s=self.o.duration_s + self.o.warmup_s)
-                                rate = sum(r["count"] / r["elapsed_s"] for r in res)
-                                row.add_extra(f"load_procs_{procs}", rate)
-                                best = max(best, rate)
-                            row.values.append(best)
+                            self._echo_repeat(port, row)
                             self.advance()
-                        row.note = "best of " + " / ".join(
-                            f"{p} load proc{'s' if p > 1 else ''} (median {row.x(f'load_procs_{p}') or 0:,.0f})"
-                            for p in load_procs)
-                finally:
-                    sup.stop(child)
 
             self.guarded(rows, run)
 
@@ -404,13 +420,33 @@ class Bench:
             self.guarded(all_rows, run)
         finally:
             stack.close()
+            for echo in self._paired_echo.values():  # workload 1 never got to its repeats
+                if not echo.values and not echo.error:
+                    echo.error = "not measured: it runs paired with workload 1, which did not run"
+            self._paired_echo = {}
 
     def _w1(self, stack: Stack, master: Any, topics: dict[Any, str], row: Row) -> None:
-        for rep in range(self.o.repeats):
-            self.step(f"1 send x{self.o.producers} {fmt_size(row.size or 0)} #{rep + 1}")
-            self._record_produce(row, self.produce(stack, topics[("Send", row.size)], row.size or 0,
-                                                   self.o.producers))
-            self.advance()
+        echo = self._paired_echo.pop(row.size, None)
+        with contextlib.ExitStack() as cleanup:
+            port = 0
+            if echo is not None:
+                try:
+                    port = cleanup.enter_context(self._echo_server(stack.sup, "codec"))
+                except Exception as exc:  # noqa: BLE001 - the echo row fails, workload 1 still runs
+                    echo.error = f"echo server: {type(exc).__name__}: {exc}".splitlines()[0][:200]
+                    echo = None
+            for rep in range(self.o.repeats):
+                if echo is not None:
+                    self.step(f"11 echo codec {fmt_size(row.size or 0)} #{rep + 1} (paired with 1)")
+                    self.guarded([echo], functools.partial(self._echo_repeat, port, echo))
+                    self.advance()
+                self.step(f"1 send x{self.o.producers} {fmt_size(row.size or 0)} #{rep + 1}")
+                self._record_produce(row, self.produce(stack, topics[("Send", row.size)], row.size or 0,
+                                                       self.o.producers))
+                self.advance()
+        if echo is not None:
+            echo.paired_with = "1"
+            echo.note += "; each repeat run right before a repeat of (1), so the ratio compares one host phase"
 
     def _batch_n(self, size: int) -> int:
         return max(1, self.o.batch_bytes // max(1, size))
@@ -660,6 +696,9 @@ class Bench:
             if r.wid == "1":
                 ref = self.find("11a", r.size)
                 self._judge(r, v, ref, TARGET_ASYNC_VS_ECHO, f">= {TARGET_ASYNC_VS_ECHO:.0%} of echo (11a)")
+                if ref is not None and ref.paired_with == "1" and len(ref.values) == len(r.values):
+                    paired = "/".join(f"{a / b:.2f}" for a, b in zip(r.values, ref.values, strict=True) if b)
+                    r.note = "; ".join(x for x in (r.note, f"repeat/paired echo {paired}") if x)
             elif r.wid == "2":
                 r.target = f">= {TARGET_BATCH_MB_S:.0f} MB/s"
                 r.status = _pf(v >= TARGET_BATCH_MB_S)
