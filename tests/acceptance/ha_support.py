@@ -182,7 +182,7 @@ def wait_caught_up(pair: HAPair, *, timeout_s: float = REPLICATION_TIMEOUT_S) ->
 
 def commit_log_bytes(store_dir: Path, end: int) -> bytes:
     """Concatenated commit log segment files of ``store_dir`` from their first offset up to ``end``."""
-    files = sorted((store_dir / "commitlog").iterdir(), key=lambda p: int(p.name))
+    files = sorted((p for p in (store_dir / "commitlog").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     out = bytearray()
     for f in files:
         start = int(f.name)
@@ -194,7 +194,7 @@ def commit_log_bytes(store_dir: Path, end: int) -> bytes:
 
 
 def first_segment_offset(store_dir: Path) -> int:
-    return min(int(p.name) for p in (store_dir / "commitlog").iterdir())
+    return min(int(p.name) for p in (store_dir / "commitlog").iterdir() if p.name.isdigit())
 
 
 def queue_max_offsets(addr: str, topic: str, queues: int) -> list[int]:

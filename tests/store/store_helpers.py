@@ -9,6 +9,11 @@ from ferrymq.common.message_codec import RecordCheck, check_record, decode_recor
 from ferrymq.store import MessageStore, StoreConfig
 
 CL_SEGMENT = 64 * 1024
+
+
+def segment_files(directory: Path) -> list[Path]:
+    """The segment files of a commit log directory, in order (not the ``.prep`` one being warmed)."""
+    return sorted(p for p in directory.iterdir() if p.name.isdigit())
 CQ_FILE = 20 * 100
 
 

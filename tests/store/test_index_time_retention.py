@@ -5,7 +5,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from store_helpers import CL_SEGMENT, FakeClock, assert_cqs_match_commit_log, inner
+from store_helpers import CL_SEGMENT, FakeClock, assert_cqs_match_commit_log, inner, segment_files
 
 from ferrymq.common.message import (
     SYSFLAG_TRANSACTION_PREPARED,
@@ -103,7 +103,7 @@ def test_delete_expired_files(open_store: Opener, tmp_path: Path, clock: FakeClo
     for i in range(500):
         store.put_message(inner(queue_id=i % 2, body=b"z" * 300, keys=f"k{i}"))
     store.reput()
-    segments = sorted((tmp_path / "a" / "commitlog").iterdir())
+    segments = segment_files(tmp_path / "a" / "commitlog")
     assert len(segments) >= 4
     now = clock.now_ms
     for seg in segments:
@@ -113,7 +113,7 @@ def test_delete_expired_files(open_store: Opener, tmp_path: Path, clock: FakeClo
         _age(seg, 2 * 3_600_000, now)
     assert store.delete_expired_files(now_ms=now) == 2
     assert store.min_phy_offset == 2 * CL_SEGMENT
-    assert sorted((tmp_path / "a" / "commitlog").iterdir()) == segments[2:]
+    assert segment_files(tmp_path / "a" / "commitlog") == segments[2:]
     low = store.get_min_offset_in_queue("TopicA", 0)
     assert low > 0
     cq_dir = tmp_path / "a" / "consumequeue" / "TopicA" / "0"
@@ -126,7 +126,7 @@ def test_delete_expired_files(open_store: Opener, tmp_path: Path, clock: FakeClo
     for seg in segments[2:]:
         _age(seg, 5 * 3_600_000, now)
     store.delete_expired_files(now_ms=now)
-    assert sorted((tmp_path / "a" / "commitlog").iterdir()) == segments[-1:]
+    assert segment_files(tmp_path / "a" / "commitlog") == segments[-1:]
     store.shutdown()
     again = open_store(file_reserved_time_hours=1)
     assert again.min_phy_offset == int(segments[-1].name)

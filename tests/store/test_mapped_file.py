@@ -84,17 +84,17 @@ def test_existing_segment_is_never_removed_on_a_failed_open(tmp_path: Path) -> N
     assert path.read_bytes() == b"\x01" * 100
 
 
-@pytest.mark.parametrize("preallocate", [True, False])
-def test_commit_log_segments_follow_the_config(tmp_path: Path, preallocate: bool) -> None:
+@pytest.mark.parametrize("mode", ["fallocate", "sparse"])
+def test_commit_log_segments_follow_the_config(tmp_path: Path, mode: str) -> None:
     from ferrymq.store import MessageStore
 
-    store = MessageStore(make_config(tmp_path, preallocate_commit_log=preallocate))
+    store = MessageStore(make_config(tmp_path, commit_log_preallocation=mode))
     store.load()
     try:
         assert store.put_message(inner(body=b"x" * 100)).status is PutMessageStatus.PUT_OK
         (segment,) = sorted((tmp_path / "commitlog").iterdir())
         assert os.path.getsize(segment) == CL_SEGMENT
-        if not preallocate:
+        if mode == "sparse":
             assert _allocated_bytes(segment) < CL_SEGMENT
         elif _fallocate_works(tmp_path):
             assert _allocated_bytes(segment) >= CL_SEGMENT
@@ -102,12 +102,99 @@ def test_commit_log_segments_follow_the_config(tmp_path: Path, preallocate: bool
         store.shutdown()
 
 
+def _wait_prepared(store: object, offset: int) -> None:
+    """Wait (on the condition, not a sleep) for the warmer of the segment at ``offset`` to finish."""
+    warmer = store.commit_log.mfq._warmer  # type: ignore[attr-defined]
+    assert warmer is not None and warmer.file_from_offset == offset
+    warmer._thread.join(10)
+    assert not warmer._thread.is_alive()
+
+
+def test_warm_mode_zero_fills_the_next_segment_ahead_and_rolls_into_it(tmp_path: Path) -> None:
+    from ferrymq.store import MessageStore
+
+    store = MessageStore(make_config(tmp_path))  # "warm" is the default
+    store.load()
+    log_dir = tmp_path / "commitlog"
+    try:
+        _wait_prepared(store, 0)  # an empty store prepares its first segment at load
+        assert sorted(p.name for p in log_dir.iterdir()) == [f"{0:020d}.prep"]
+        assert store.put_message(inner(body=b"x" * 100)).status is PutMessageStatus.PUT_OK
+        first = log_dir / f"{0:020d}"
+        assert _allocated_bytes(first) >= CL_SEGMENT  # written zeros: every block is there
+        _wait_prepared(store, CL_SEGMENT)  # and the next one is on its way
+        nxt = log_dir / f"{CL_SEGMENT:020d}.prep"
+        assert nxt.stat().st_size == CL_SEGMENT and _allocated_bytes(nxt) >= CL_SEGMENT
+        while store.max_phy_offset < CL_SEGMENT:  # roll into the prepared segment
+            assert store.put_message(inner(body=b"y" * 1000)).status is PutMessageStatus.PUT_OK
+        names = sorted(p.name for p in log_dir.iterdir())
+        assert names[:2] == [f"{0:020d}", f"{CL_SEGMENT:020d}"]
+        store.reput()
+        n = 0
+        while True:  # every record, across the roll, reads back
+            got = store.get_message("g", "TopicA", 0, n, 32, None)
+            if got.status.name != "FOUND":
+                break
+            n += got.message_count
+        assert n == store.queues.queues[("TopicA", 0)].max_offset_in_queue > 60
+    finally:
+        store.shutdown()
+    assert not any(p.name.endswith(".prep") for p in log_dir.iterdir())  # shutdown cancels and removes it
+
+
+def test_stray_prepared_segment_is_removed_at_load_and_never_read_as_log(tmp_path: Path) -> None:
+    from ferrymq.store import MessageStore
+
+    store = MessageStore(make_config(tmp_path))
+    store.load()
+    try:
+        for _ in range(5):
+            assert store.put_message(inner(body=b"z" * 500)).status is PutMessageStatus.PUT_OK
+        end = store.max_phy_offset
+        _wait_prepared(store, CL_SEGMENT)
+    finally:
+        store.close_abruptly()  # a crash: the prepared file may stay behind
+    stray = tmp_path / "commitlog" / f"{CL_SEGMENT:020d}.prep"
+    stray.write_bytes(b"\xff" * 100)  # whatever a crash left there
+    again = MessageStore(make_config(tmp_path))
+    again.load()
+    try:
+        assert again.max_phy_offset == end
+        assert not stray.exists() or stray.stat().st_size == CL_SEGMENT  # removed, or re-prepared as zeros
+        assert again.put_message(inner(body=b"z" * 500)).status is PutMessageStatus.PUT_OK
+    finally:
+        again.shutdown()
+
+
+def test_warmer_that_fails_leaves_the_segment_to_be_made_on_the_spot(tmp_path: Path, monkeypatch) -> None:
+    from ferrymq.store import segment_warmer
+
+    real_pwrite = os.pwrite
+
+    def failing_pwrite(fd: int, data: object, pos: int) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(segment_warmer.os, "pwrite", failing_pwrite)
+    warmer = segment_warmer.SegmentWarmer(str(tmp_path / "seg"), 0, SIZE)
+    assert warmer.take() is False
+    assert not (tmp_path / "seg").exists() and not (tmp_path / "seg.prep").exists()
+    monkeypatch.setattr(segment_warmer.os, "pwrite", real_pwrite)
+    ok = segment_warmer.SegmentWarmer(str(tmp_path / "seg"), 0, SIZE)
+    assert ok.take() is True
+    assert (tmp_path / "seg").read_bytes() == bytes(SIZE)
+
+
+def test_unknown_preallocation_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="commit_log_preallocation"):
+        make_config(tmp_path, commit_log_preallocation="eager")
+
+
 def test_full_disk_on_roll_answers_create_mapedfile_failed_then_recovers(tmp_path: Path, monkeypatch) -> None:
     """The next commit log segment cannot be reserved: the put is refused cleanly, no half-made file is
     left for recovery to mistake for a torn segment, and puts go on once space is back."""
     from ferrymq.store import MessageStore
 
-    store = MessageStore(make_config(tmp_path))
+    store = MessageStore(make_config(tmp_path, commit_log_preallocation="fallocate"))
     store.load()
     try:
         while store.max_phy_offset < CL_SEGMENT - 3000:
@@ -126,3 +213,31 @@ def test_full_disk_on_roll_answers_create_mapedfile_failed_then_recovers(tmp_pat
         assert result.append_result is not None and result.append_result.wrote_offset == CL_SEGMENT
     finally:
         store.shutdown()
+
+
+def test_restart_and_slave_do_not_warm_until_needed(tmp_path: Path) -> None:
+    """A reopened store warms its next segment from its next roll on (not during recovery), and a slave
+    reserves blocks instead of warming (its catch-up would write every segment twice)."""
+    from ferrymq.store import MessageStore
+    from ferrymq.store.config import BrokerRole
+
+    store = MessageStore(make_config(tmp_path / "m"))
+    store.load()
+    assert store.put_message(inner(body=b"x" * 100)).status is PutMessageStatus.PUT_OK
+    store.shutdown()
+    again = MessageStore(make_config(tmp_path / "m"))
+    again.load()
+    try:
+        assert again.commit_log.mfq._warmer is None
+        while again.max_phy_offset < CL_SEGMENT:  # the roll makes the next segment and warms the one after
+            assert again.put_message(inner(body=b"y" * 1000)).status is PutMessageStatus.PUT_OK
+        _wait_prepared(again, 2 * CL_SEGMENT)
+    finally:
+        again.shutdown()
+    slave = MessageStore(make_config(tmp_path / "s", broker_role=BrokerRole.SLAVE))
+    slave.load()
+    try:
+        assert slave.commit_log.mfq.warm is False and slave.commit_log.mfq.preallocate is True
+        assert slave.commit_log.mfq._warmer is None
+    finally:
+        slave.shutdown()

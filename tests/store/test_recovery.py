@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from store_helpers import CL_SEGMENT, assert_cqs_match_commit_log, inner, scan_records
+from store_helpers import CL_SEGMENT, assert_cqs_match_commit_log, inner, scan_records, segment_files
 
 from ferrymq.common.message_codec import iter_records
 from ferrymq.store import GetMessageStatus, MessageStore, StoreCorruptError, StoreLockedError
@@ -24,7 +24,7 @@ def _fill(store: MessageStore, n: int, start: int = 0, body_size: int = 500) -> 
 
 
 def _last_segment(store_root: Path) -> Path:
-    return sorted((store_root / "commitlog").iterdir())[-1]
+    return segment_files(store_root / "commitlog")[-1]
 
 
 def test_clean_shutdown_and_reload(open_store: Opener, tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_store_lock_and_bad_files(open_store: Opener, tmp_path: Path, clock: obj
         MessageStore(a.config).load()
     _fill(a, 200)
     a.shutdown()
-    first = sorted((tmp_path / "a" / "commitlog").iterdir())[0]
+    first = segment_files(tmp_path / "a" / "commitlog")[0]
     with open(first, "r+b") as f:
         f.truncate(1000)  # a short non-last segment is not repairable
     with pytest.raises(StoreCorruptError):

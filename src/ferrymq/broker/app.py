@@ -76,7 +76,7 @@ def store_config_of(cfg: BrokerConfig) -> StoreConfig:
         store_path_commit_log=cfg.commit_log_dir,
         mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
         mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
-        preallocate_commit_log=cfg.preallocate_commit_log,
+        commit_log_preallocation=cfg.commit_log_preallocation,
         flush_disk_type=StoreFlushDiskType(cfg.flush_disk_type.value),
         broker_role=StoreBrokerRole(cfg.broker_role.value),
         flush_interval_commit_log_ms=cfg.flush_interval_commit_log_ms,

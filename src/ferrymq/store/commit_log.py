@@ -74,8 +74,12 @@ class CommitLog:
     def __init__(self, config: StoreConfig, clock_ms: Callable[[], int]) -> None:
         self.config = config
         self.clock_ms = clock_ms
+        mode = config.commit_log_preallocation
+        # a slave writes what it copies in large chunks, and its catch-up would write every segment twice
+        # (zeros, then data): it reserves blocks instead of warming
+        warm = mode == "warm" and config.broker_role is not BrokerRole.SLAVE
         self.mfq = MappedFileQueue(config.store_path_commit_log, config.mapped_file_size_commit_log,
-                                   preallocate=config.preallocate_commit_log)
+                                   preallocate=mode != "sparse", warm=warm)
         self.file_size = config.mapped_file_size_commit_log
         # next queue offset per (topic, queue_id); rebuilt from the consume queues on load
         self.topic_queue_table: dict[QueueKey, int] = {}

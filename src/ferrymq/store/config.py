@@ -40,13 +40,19 @@ def parse_delay_levels(text: str) -> dict[int, int]:
     return table
 
 
+COMMIT_LOG_PREALLOCATION_MODES = ("warm", "fallocate", "sparse")
+
+
 @dataclass
 class StoreConfig:
     store_path_root_dir: str
     store_path_commit_log: str = ""  # "" -> <root>/commitlog
     mapped_file_size_commit_log: int = 1 << 30
     mapped_file_size_consume_queue: int = 300_000 * CQ_STORE_UNIT_SIZE
-    preallocate_commit_log: bool = True  # posix_fallocate new commit log segments (mapped_file.py)
+    #: how new commit log segments get their blocks: "warm" (zero-filled one segment ahead on a background
+    #: thread, segment_warmer.py; a SLAVE uses "fallocate"), "fallocate" (reserved when created,
+    #: mapped_file.py) or "sparse"
+    commit_log_preallocation: str = "warm"
     flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
     offset_check_in_slave: bool = False
@@ -81,6 +87,8 @@ class StoreConfig:
         # a consume queue file holds whole 20-byte units
         unit = CQ_STORE_UNIT_SIZE
         self.mapped_file_size_consume_queue = -(-self.mapped_file_size_consume_queue // unit) * unit
+        if self.commit_log_preallocation not in COMMIT_LOG_PREALLOCATION_MODES:
+            raise ValueError(f"commit_log_preallocation must be one of {', '.join(COMMIT_LOG_PREALLOCATION_MODES)}")
         if self.mapped_file_size_commit_log < 4096:
             raise ValueError("mapped_file_size_commit_log must be at least 4096 bytes")
         if self.index_hash_slot_num <= 0 or self.index_max_num <= 1:

@@ -8,6 +8,7 @@ import threading
 
 from ferrymq.store.errors import StoreCorruptError, StoreDirError
 from ferrymq.store.mapped_file import MappedFile, offset_to_file_name
+from ferrymq.store.segment_warmer import SegmentWarmer, remove_stray_prepared
 
 log = logging.getLogger(__name__)
 
@@ -16,10 +17,14 @@ class MappedFileQueue:
     """Segments [files[0] .. files[-1]], contiguous. Only the writer mutates ``files``; it replaces
     the list rather than editing it in place, so a flush thread can iterate a snapshot."""
 
-    def __init__(self, store_path: str, mapped_file_size: int, *, preallocate: bool = False) -> None:
+    def __init__(self, store_path: str, mapped_file_size: int, *, preallocate: bool = False,
+                 warm: bool = False) -> None:
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
         self.preallocate = preallocate  # new segments get their blocks reserved (MappedFile)
+        #: the next segment is zero-filled ahead of need on a background thread (segment_warmer.py)
+        self.warm = warm
+        self._warmer: SegmentWarmer | None = None
         self.files: list[MappedFile] = []
         self.flushed_where = 0  # global offset persisted so far
         self._flush_lock = threading.Lock()
@@ -27,7 +32,16 @@ class MappedFileQueue:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Map every existing segment (positions set to full; recovery trims the last)."""
+        """Map every existing segment (positions set to full; recovery trims the last). With ``warm`` and no
+        segment yet, start preparing the first one (at offset 0); a queue with segments warms its next one
+        from its next roll on, so a restart's recovery does not compete with a zero-fill."""
+        if self.warm:
+            remove_stray_prepared(self.store_path)
+        self._load_files()
+        if self.warm and not self.files:
+            self._start_warmer(0)
+
+    def _load_files(self) -> None:
         if not os.path.isdir(self.store_path):
             return
         names = sorted(n for n in os.listdir(self.store_path) if len(n) == 20 and n.isdigit())
@@ -61,10 +75,12 @@ class MappedFileQueue:
             self.flushed_where = files[-1].end_offset
 
     def close(self) -> None:
+        self._stop_warmer()
         for mf in self.files:
             mf.close()
 
     def destroy(self) -> None:
+        self._stop_warmer()
         for mf in self.files:
             mf.destroy()
         self.files = []
@@ -119,11 +135,36 @@ class MappedFileQueue:
         except OSError as exc:
             raise StoreDirError(f"cannot create {self.store_path}: {exc}") from exc
         path = os.path.join(self.store_path, offset_to_file_name(file_from_offset))
+        warmer, self._warmer = self._warmer, None
+        if warmer is not None:
+            if warmer.file_from_offset == file_from_offset:
+                warmer.take()  # the zero-filled file is now at ``path`` (False: MappedFile makes it)
+            else:
+                warmer.cancel()
         mf = MappedFile(path, file_from_offset, self.mapped_file_size, preallocate=self.preallocate)
         if not self.files:
             self.flushed_where = file_from_offset
         self.files = [*self.files, mf]
+        if self.warm:
+            self._start_warmer(mf.end_offset)
         return mf
+
+    def _start_warmer(self, file_from_offset: int) -> None:
+        self._stop_warmer()
+        try:
+            os.makedirs(self.store_path, exist_ok=True)
+        except OSError as exc:
+            log.warning("cannot warm the next segment in %s: %s", self.store_path, exc)
+            return
+        path = os.path.join(self.store_path, offset_to_file_name(file_from_offset))
+        if os.path.exists(path):
+            return
+        self._warmer = SegmentWarmer(path, file_from_offset, self.mapped_file_size)
+
+    def _stop_warmer(self) -> None:
+        warmer, self._warmer = self._warmer, None
+        if warmer is not None:
+            warmer.cancel()
 
     def last_for_write(self, start_offset: int = 0) -> MappedFile:
         """The last segment if it has room, else a new one (the first at ``start_offset``'s segment)."""
