@@ -6,12 +6,13 @@ thread appends and moves ``wrote_position``; ``flush`` may run on another thread
 page-cache pages, so this persists them like ``msync`` would, and it releases the GIL.
 
 A new segment is either sparse (``ftruncate``: blocks are allocated on the first write of each page,
-inside the page fault) or, with ``preallocate=True``, reserved up front with ``posix_fallocate``. The
-commit log preallocates (``StoreConfig.preallocate_commit_log``): its first write of each 4 KiB page
-then takes a cheaper fault (no block allocation in the fault; ~0.5 µs less per 1 KiB record on ext4,
-benchmarks/PROFILE-NOTES.md "Round 5"), and a full disk shows as a clean error when the segment is
-created instead of a SIGBUS on a later write into a hole. File systems without fallocate get a sparse
-file.
+inside the page fault) or, with ``preallocate=True``, reserved up front with ``posix_fallocate``: the
+first write of each 4 KiB page then takes a cheaper fault (no block allocation in the fault; ~0.5 µs
+less per 1 KiB record on ext4, benchmarks/PROFILE-NOTES.md "Round 5"), and a full disk shows as a clean
+error when the segment is created instead of a SIGBUS on a later write into a hole. File systems without
+fallocate get a sparse file. A segment that already exists at its full size (e.g. one zero-filled ahead
+by ``segment_warmer``, what the commit log uses by default: ``StoreConfig.commit_log_preallocation``) is
+mapped as it is.
 """
 
 from __future__ import annotations
