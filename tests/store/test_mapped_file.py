@@ -216,10 +216,11 @@ def test_full_disk_on_roll_answers_create_mapedfile_failed_then_recovers(tmp_pat
 
 
 def test_restart_and_slave_do_not_warm_until_needed(tmp_path: Path) -> None:
-    """A reopened store warms its next segment from its next roll on (not during recovery), and a slave
-    reserves blocks instead of warming (its catch-up would write every segment twice)."""
+    """A reopened store warms its next segment from its next roll on (not during recovery); a slave (its
+    catch-up would write every segment twice) and a SYNC_FLUSH store (its fsyncs would queue behind the
+    zeros) reserve blocks instead of warming."""
     from ferrymq.store import MessageStore
-    from ferrymq.store.config import BrokerRole
+    from ferrymq.store.config import BrokerRole, FlushDiskType
 
     store = MessageStore(make_config(tmp_path / "m"))
     store.load()
@@ -234,10 +235,12 @@ def test_restart_and_slave_do_not_warm_until_needed(tmp_path: Path) -> None:
         _wait_prepared(again, 2 * CL_SEGMENT)
     finally:
         again.shutdown()
-    slave = MessageStore(make_config(tmp_path / "s", broker_role=BrokerRole.SLAVE))
-    slave.load()
-    try:
-        assert slave.commit_log.mfq.warm is False and slave.commit_log.mfq.preallocate is True
-        assert slave.commit_log.mfq._warmer is None
-    finally:
-        slave.shutdown()
+    for name, overrides in (("s", {"broker_role": BrokerRole.SLAVE}),
+                            ("f", {"flush_disk_type": FlushDiskType.SYNC_FLUSH})):
+        other = MessageStore(make_config(tmp_path / name, **overrides))
+        other.load()
+        try:
+            assert other.commit_log.mfq.warm is False and other.commit_log.mfq.preallocate is True
+            assert other.commit_log.mfq._warmer is None
+        finally:
+            other.shutdown()

@@ -67,8 +67,9 @@ class BrokerConfig:
         "mappedFileSizeCommitLog", "Commit log file size in bytes"))
     commit_log_preallocation: str = field(default="warm", metadata=_meta(
         "commitLogPreallocation", "warm: zero-fill the next commit log file ahead of need on a background "
-        "thread (steadier latency: no journal commit per flush); fallocate: reserve each file's blocks when "
-        "it is created; sparse. A full disk fails the put cleanly in the first two. ferrymq extension"))
+        "thread (steadier latency: no journal commit per flush; a SLAVE or SYNC_FLUSH broker uses fallocate); "
+        "fallocate: reserve each file's blocks when it is created; sparse. A full disk fails the put cleanly "
+        "in the first two. ferrymq extension"))
     mapped_file_size_consume_queue: int = field(default=300_000 * 20, metadata=_meta(
         "mappedFileSizeConsumeQueue", "Consume queue file size in bytes (multiple of 20)"))
     flush_disk_type: FlushDiskType = field(default=FlushDiskType.ASYNC_FLUSH, metadata=_meta(

@@ -35,7 +35,7 @@ from ferrymq.common.message_codec import (
     encode_record_parts,
 )
 from ferrymq.store import speedups
-from ferrymq.store.config import BrokerRole, StoreConfig
+from ferrymq.store.config import BrokerRole, FlushDiskType, StoreConfig
 from ferrymq.store.errors import StoreError
 from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.mapped_file_queue import MappedFileQueue
@@ -75,9 +75,11 @@ class CommitLog:
         self.config = config
         self.clock_ms = clock_ms
         mode = config.commit_log_preallocation
-        # a slave writes what it copies in large chunks, and its catch-up would write every segment twice
-        # (zeros, then data): it reserves blocks instead of warming
-        warm = mode == "warm" and config.broker_role is not BrokerRole.SLAVE
+        # warming only pays on an ASYNC_FLUSH master. A slave writes what it copies in large chunks, and its
+        # catch-up would write every segment twice (zeros, then data); under SYNC_FLUSH every send's fdatasync
+        # would queue behind the zeros' writeback (PROFILE-NOTES "Round 5: flush stalls"). Both reserve blocks.
+        warm = (mode == "warm" and config.broker_role is not BrokerRole.SLAVE
+                and config.flush_disk_type is not FlushDiskType.SYNC_FLUSH)
         self.mfq = MappedFileQueue(config.store_path_commit_log, config.mapped_file_size_commit_log,
                                    preallocate=mode != "sparse", warm=warm)
         self.file_size = config.mapped_file_size_commit_log

@@ -50,7 +50,7 @@ class StoreConfig:
     mapped_file_size_commit_log: int = 1 << 30
     mapped_file_size_consume_queue: int = 300_000 * CQ_STORE_UNIT_SIZE
     #: how new commit log segments get their blocks: "warm" (zero-filled one segment ahead on a background
-    #: thread, segment_warmer.py; a SLAVE uses "fallocate"), "fallocate" (reserved when created,
+    #: thread, segment_warmer.py; a SLAVE or SYNC_FLUSH store uses "fallocate"), "fallocate" (reserved when created,
     #: mapped_file.py) or "sparse"
     commit_log_preallocation: str = "warm"
     flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
