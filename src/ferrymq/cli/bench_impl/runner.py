@@ -266,6 +266,9 @@ class Bench:
         row.values.append(best)
         row.note = "best of " + " / ".join(
             f"{p} load proc{'s' if p > 1 else ''} (median {row.x(f'load_procs_{p}') or 0:,.0f})" for p in load_procs)
+        if row.paired_with:
+            row.note += f"; each repeat run right before a repeat of ({row.paired_with}), so the ratio compares " \
+                        "one host phase"
 
     # ---- 11: limits ------------------------------------------------------------------------------------------
     def limits(self, sup: Supervisor) -> None:
@@ -432,6 +435,7 @@ class Bench:
             if echo is not None:
                 try:
                     port = cleanup.enter_context(self._echo_server(stack.sup, "codec"))
+                    echo.paired_with = "1"
                 except Exception as exc:  # noqa: BLE001 - the echo row fails, workload 1 still runs
                     echo.error = f"echo server: {type(exc).__name__}: {exc}".splitlines()[0][:200]
                     echo = None
@@ -444,9 +448,6 @@ class Bench:
                 self._record_produce(row, self.produce(stack, topics[("Send", row.size)], row.size or 0,
                                                        self.o.producers))
                 self.advance()
-        if echo is not None:
-            echo.paired_with = "1"
-            echo.note += "; each repeat run right before a repeat of (1), so the ratio compares one host phase"
 
     def _batch_n(self, size: int) -> int:
         return max(1, self.o.batch_bytes // max(1, size))
