@@ -34,6 +34,18 @@ def offset_to_file_name(offset: int) -> str:
     return f"{offset:020d}"
 
 
+def pwrite_all(fd: int, data: bytes | memoryview, pos: int, path: str) -> None:
+    """Write all of ``data`` at file position ``pos`` (``pwrite(2)`` may write less than asked)."""
+    n = len(data)
+    with memoryview(data) as view:
+        done = 0
+        while done < n:
+            written = os.pwrite(fd, view[done:], pos + done)
+            if written <= 0:
+                raise OSError(errno.EIO, f"pwrite wrote nothing at {pos + done} of {path}")
+            done += written
+
+
 def _size_new_segment(fd: int, file_size: int, preallocate: bool) -> None:
     """Give an empty segment file its fixed size: reserved blocks (``preallocate``) or a sparse file."""
     if preallocate:
@@ -125,13 +137,7 @@ class MappedFile:
         pos = self.wrote_position
         n = len(data)
         assert pos + n <= self.file_size, "append past segment end"
-        with memoryview(data) as view:
-            done = 0
-            while done < n:
-                written = os.pwrite(self._fd, view[done:], pos + done)
-                if written <= 0:
-                    raise OSError(errno.EIO, f"pwrite wrote nothing at {pos + done} of {self.path}")
-                done += written
+        pwrite_all(self._fd, data, pos, self.path)
         self.wrote_position = pos + n
         return pos
 

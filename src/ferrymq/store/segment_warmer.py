@@ -18,6 +18,8 @@ import logging
 import os
 import threading
 
+from ferrymq.store.mapped_file import pwrite_all
+
 log = logging.getLogger(__name__)
 
 #: zeros written per ``pwrite`` (the thread takes the GIL once per chunk)
@@ -46,13 +48,10 @@ class SegmentWarmer:
             return
         try:
             zeros = memoryview(bytes(min(ZERO_FILL_CHUNK_BYTES, self.file_size)))
-            pos = 0
-            while pos < self.file_size and not self._cancelled.is_set():
-                n = min(len(zeros), self.file_size - pos)
-                written = os.pwrite(fd, zeros[:n], pos)
-                if written <= 0:
-                    raise OSError(f"pwrite wrote nothing at {pos} of {self.tmp_path}")
-                pos += written
+            for pos in range(0, self.file_size, len(zeros)):
+                if self._cancelled.is_set():
+                    break
+                pwrite_all(fd, zeros[: self.file_size - pos], pos, self.tmp_path)
         except OSError as exc:
             self.error = exc
         finally:
