@@ -1,4 +1,10 @@
-"""A directory of contiguous fixed-size segments named by their 20-digit start offset."""
+"""A directory of contiguous fixed-size segments named by their 20-digit start offset.
+
+| file name                     | what                                                               |
+|-------------------------------|--------------------------------------------------------------------|
+| ``<offset:020d>``             | a segment: ``mapped_file_size`` bytes holding global offsets from ``offset`` |
+| ``<offset:020d>.prep``        | the next segment being zero-filled (``warm``, segment_warmer.py); never read as log, deleted at ``load`` |
+"""
 
 from __future__ import annotations
 
