@@ -229,3 +229,40 @@ async def test_replay_cpp_capture_frames(broker) -> None:
                 assert resp.code == R.SUCCESS
     finally:
         writer.close()
+
+
+async def test_broker_max_reconsume_times_caps_client_header(tmp_path, namesrv) -> None:
+    """``maxReconsumeTimes=2`` in broker.conf: a send-back carrying the client's default 16 (as the Apache C++
+    consumer sends it) goes to the DLQ once the message has been retried twice, and so does a send to the
+    retry topic with reconsumeTimes 2."""
+    async with BrokerController(make_config(str(tmp_path / "s"), namesrv.addr, max_reconsume_times=2)) as ctl:
+        c = await Client().open(ctl.broker_addr)
+        try:
+            resp = await c.call(10, send_v1("Orig"), b"payload")
+            _, _, phy = decode_offset_msg_id(resp.ext_fields["msgId"])
+            back = await c.call(36, {"offset": phy, "group": "cgm", "delayLevel": 0, "maxReconsumeTimes": 16},
+                                version=407)
+            assert back.code == R.SUCCESS, back.remark
+            units = await wait_for(lambda: ctl.store.get_consume_queue_units("SCHEDULE_TOPIC_XXXX", 2, 0, 10))
+            first_retry = units[0][0]
+            assert ctl.store.look_message_by_offset(first_retry).reconsume_times == 1
+            back = await c.call(36, {"offset": first_retry, "group": "cgm", "delayLevel": 0,
+                                     "maxReconsumeTimes": 16}, version=407)
+            assert back.code == R.SUCCESS, back.remark
+            units = await wait_for(lambda: ctl.store.get_consume_queue_units("SCHEDULE_TOPIC_XXXX", 3, 0, 10))
+            second_retry = units[0][0]
+            assert ctl.store.look_message_by_offset(second_retry).reconsume_times == 2
+            back = await c.call(36, {"offset": second_retry, "group": "cgm", "delayLevel": 0,
+                                     "maxReconsumeTimes": 16}, version=407)
+            assert back.code == R.SUCCESS, back.remark
+            got = await wait_for(lambda: c.call(11, pull("%DLQ%cgm", group="admin", sys_flag=4)))
+            (dlq,) = records(got.body)
+            assert dlq.body == b"payload" and dlq.reconsume_times == 3
+
+            fields = send_v1("%RETRY%cgm", 0, "TAGS\x01A\x02", reconsumeTimes="2", maxReconsumeTimes="16")
+            resp = await c.call(10, fields, b"dead", version=407)
+            assert resp.code == R.SUCCESS
+            _, _, phy = decode_offset_msg_id(resp.ext_fields["msgId"])
+            assert ctl.store.look_message_by_offset(phy).topic == "%DLQ%cgm"
+        finally:
+            c.close()

@@ -127,7 +127,9 @@ class BrokerConfig:
     short_polling_time_ms: int = field(default=1000, metadata=_meta(
         "shortPollingTimeMills", "Park time when long polling is disabled"))
     max_reconsume_times: int = field(default=16, metadata=_meta(
-        "maxReconsumeTimes", "Default retries before a message goes to the DLQ"))
+        "maxReconsumeTimes",
+        "Most retries a message gets before it goes to the DLQ: caps the group's retryMaxTimes and the client's "
+        "header value"))
     flush_consumer_offset_interval_ms: int = field(default=5000, metadata=_meta(
         "flushConsumerOffsetInterval", "Consumer offset persist period in ms"))
     flush_delay_offset_interval_ms: int = field(default=10_000, metadata=_meta(

@@ -131,6 +131,15 @@ def _tags_code_cached(cache: dict[str, int], tags: str | None) -> int:
     return code
 
 
+def max_reconsume_times(group_max: int, cmd_version: int, header_max: int | None, broker_max: int) -> int:
+    """Retries a message of a group gets before the DLQ: the client's header value (clients from V3_4_9 on
+    send one) else the group's ``retryMaxTimes``, never more than the broker's ``maxReconsumeTimes``."""
+    limit = group_max
+    if cmd_version >= VERSION_WITH_MAX_RECONSUME_TIMES and header_max is not None:
+        limit = header_max
+    return min(limit, broker_max)
+
+
 class SendProcessor:
     def __init__(self, ctx: BrokerController) -> None:
         self.ctx = ctx
@@ -224,9 +233,8 @@ class SendProcessor:
         sg = self.ctx.groups.find(group)
         if sg is None:
             return cmd.response(R.SUBSCRIPTION_GROUP_NOT_EXIST, remark=f"subscription group not exist, {group}")
-        max_rt = sg.retry_max_times
-        if cmd.version >= VERSION_WITH_MAX_RECONSUME_TIMES and h.max_reconsume_times is not None:
-            max_rt = h.max_reconsume_times
+        max_rt = max_reconsume_times(sg.retry_max_times, cmd.version, h.max_reconsume_times,
+                                     self.ctx.config.max_reconsume_times)
         if h.reconsume_times < max_rt:
             return topic, queue_id
         dlq = dlq_topic(group)

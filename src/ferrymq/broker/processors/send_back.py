@@ -2,7 +2,8 @@
 
 The message at commit log ``offset`` is re-stored to ``%RETRY%<group>`` with delay level
 ``delayLevel`` (0 → 3 + reconsumeTimes), or to ``%DLQ%<group>`` once reconsumeTimes reaches
-maxReconsumeTimes (header, else the group's retryMaxTimes) or when delayLevel < 0.
+maxReconsumeTimes (header, else the group's retryMaxTimes; at most the broker's maxReconsumeTimes) or when
+delayLevel < 0.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.headers import get_int, get_str
-from ferrymq.broker.processors.send import index_keys
+from ferrymq.broker.processors.send import index_keys, max_reconsume_times
 from ferrymq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -63,10 +64,12 @@ class SendBackProcessor:
             return cmd.response(R.SYSTEM_ERROR, remark=f"look message by offset failed, {phy_offset}")
         props = dict(msg.properties)
         props.setdefault(PROPERTY_RETRY_TOPIC, msg.topic)
-        max_rt = sg.retry_max_times
         raw_max = cmd.ext_fields.get("maxReconsumeTimes")
-        if raw_max not in (None, "") and cmd.version >= 121:
-            max_rt = get_int(cmd, "maxReconsumeTimes")
+        try:
+            header_max = get_int(cmd, "maxReconsumeTimes") if raw_max not in (None, "") else None
+        except ProtocolError as exc:
+            return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
+        max_rt = max_reconsume_times(sg.retry_max_times, cmd.version, header_max, ctx.config.max_reconsume_times)
         reconsume = msg.reconsume_times
         if reconsume >= max_rt or delay_level < 0:
             topic = dlq_topic(group)
