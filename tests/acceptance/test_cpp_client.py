@@ -41,6 +41,8 @@ RunScript = Callable[..., dict[str, Any]]
 FILTER_TAGS = ["TagA", "TagB", "TagA", "TagB", "TagC"]
 #: 18 default delay levels; level 2 is 5 s
 DELAY_LEVEL_2_MS = 5000
+#: body padding that makes a 10-message batch pass the C++ client's 4 KiB compression threshold
+BIG_BODY_PAD = 1000
 
 
 def uniq(prefix: str) -> str:
@@ -121,12 +123,20 @@ def test_send_batch_and_delay_level_2(
                       delay_level=2)
     assert_all_ok(delayed, 3)
     sent_at = {r["seq"]: r["send_start_ms"] for r in delayed}
+    # ten ~1 KiB bodies: the client deflates the batch body (>= 4 KiB) and sets sysFlag bit 0
+    big = produce(run_script, c, tmp_path, topic=topic, prefix="b", count=10, tags=tags, batch=10, start=200,
+                  body_pad=BIG_BODY_PAD)
+    assert_all_ok(big, 10)
 
-    expect = set(range(10)) | {100, 101, 102}
+    expect = set(range(10)) | {100, 101, 102} | set(range(200, 210))
     summary, recs = consume(run_script, c, tmp_path, topic=topic, group=uniq("cg"), expect=expect)
     assert summary["met"], f"consumer did not get every message: {summary}"
     assert {r["seq"] for r in recs} == expect
     for rec in recs:
+        if rec["seq"] >= 200:
+            exp = expected_message("b", rec["seq"], tags, BIG_BODY_PAD)
+            assert {k: rec[k] for k in exp} == exp, f"compressed-batch message {rec['seq']} differs"
+            continue
         assert_exact(rec, "b", tags, topic)
         if rec["seq"] in sent_at:
             waited_ms = rec["recv_ms"] - sent_at[rec["seq"]]

@@ -8,6 +8,7 @@ import pathlib
 import socket
 import struct
 
+import pytest
 from broker_helpers import Client, make_config, pull, records, send_v1, wait_for
 
 from ferrymq.broker.app import BrokerController
@@ -266,3 +267,33 @@ async def test_broker_max_reconsume_times_caps_client_header(tmp_path, namesrv) 
             assert ctl.store.look_message_by_offset(phy).topic == "%DLQ%cgm"
         finally:
             c.close()
+
+
+async def test_compressed_batch_body_is_inflated(broker, client: Client) -> None:
+    """The Apache C++ client 1.x deflates a batch body of >= 4 KiB and sets sysFlag bit 0: every entry is stored
+    as its own uncompressed record, without the compressed flag."""
+    import zlib
+
+    bodies = [bytes([65 + i]) * 3000 for i in range(3)]
+    body = encode_batch_body([(0, b, f"TAGS\x01TagZ\x02UNIQ_KEY\x01Z{i}\x02") for i, b in enumerate(bodies)])
+    resp = await client.call(10, send_v1("Zipped", 0, "", batch="1", sysFlag=1), zlib.compress(body, 5))
+    assert resp.code == R.SUCCESS, resp.remark
+    assert len(resp.ext_fields["msgId"].split(",")) == 3
+    got = await client.call(11, pull("Zipped", sub="TagZ"))
+    msgs = records(got.body)
+    assert [m.body for m in msgs] == bodies
+    assert all(m.sys_flag & 1 == 0 for m in msgs)
+
+
+@pytest.mark.parametrize("payload, reason", [
+    (lambda zlib: zlib.compress(b"\0" * (64 * 1024 * 1024), 9), "inflates past"),  # a 64 KiB "zip bomb"
+    (lambda zlib: b"not zlib at all", "does not inflate"),
+    (lambda zlib: zlib.compress(b"x" * 10_000)[:-8], "truncated"),
+])
+async def test_bad_compressed_batch_body_is_refused(broker, client: Client, payload, reason) -> None:
+    import zlib
+
+    resp = await client.call(10, send_v1("Zipped", 0, "", batch="1", sysFlag=1), payload(zlib))
+    assert resp.code == R.MESSAGE_ILLEGAL and reason in (resp.remark or "")
+    ok = await client.call(10, send_v1("Zipped"), b"still serving")
+    assert ok.code == R.SUCCESS

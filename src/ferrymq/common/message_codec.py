@@ -465,6 +465,23 @@ def encode_batch_shared_properties(flags: list[int], bodies: Sequence[Buffer], b
     return b"".join(chain.from_iterable(zip(heads, bodies, repeat(prop_head), map(tails.__getitem__, tail_slices))))
 
 
+def inflate_bounded(data: bytes, max_bytes: int) -> bytes:
+    """Inflate a zlib-compressed body (sysFlag bit 0, as RocketMQ clients compress bodies and batch bodies
+    past ``compressMsgBodyOverHowmuch``), refusing more than ``max_bytes`` of output without producing it,
+    so a small "zip bomb" costs at most ``max_bytes`` of memory. Raises ValueError when the data is not a
+    whole zlib stream or inflates past the limit."""
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data, max_bytes + 1)
+    except zlib.error as exc:
+        raise ValueError(f"compressed body does not inflate: {exc}") from None
+    if len(out) > max_bytes:
+        raise ValueError(f"compressed body inflates past {max_bytes} bytes")
+    if not inflater.eof:
+        raise ValueError("compressed body is truncated")
+    return out
+
+
 def decode_batch_body(body: bytes) -> list[tuple[int, bytes, str]]:
     """Decode a batch SEND body into (flag, body, properties_string). RecordFormatError on junk."""
     result: list[tuple[int, bytes, str]] = []

@@ -37,6 +37,7 @@ from ferrymq.common.message import (
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     PROPERTY_WAIT_STORE_MSG_OK,
+    SYSFLAG_COMPRESSED,
     SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_NOT_TYPE,
@@ -45,7 +46,7 @@ from ferrymq.common.message import (
     string_to_properties,
     tags_hash_code,
 )
-from ferrymq.common.message_codec import RecordFormatError, decode_batch_body
+from ferrymq.common.message_codec import RecordFormatError, decode_batch_body, inflate_bounded
 from ferrymq.common.topic import (
     NOT_ALLOWED_SEND_TOPICS,
     PERM_READ,
@@ -322,6 +323,14 @@ class SendProcessor:
                                                           f"{h.topic}")
         if h.sys_flag & SYSFLAG_TRANSACTION_MASK:
             return cmd.response(R.MESSAGE_ILLEGAL, remark="batch message does not support transaction")
+        if h.sys_flag & SYSFLAG_COMPRESSED:
+            # the Apache C++ client 1.x compresses a whole batch body of >= 4 KiB and sets sysFlag bit 0; the
+            # entries are stored uncompressed, one record each, without the flag
+            try:
+                cmd.body = inflate_bounded(cmd.body, ctx.config.max_message_size)
+            except ValueError as exc:
+                return cmd.response(R.MESSAGE_ILLEGAL, remark=f"bad batch body: {exc}")
+            h.sys_flag &= ~SYSFLAG_COMPRESSED
         batch_props = string_to_properties(h.properties)
         wait = batch_props.pop(PROPERTY_WAIT_STORE_MSG_OK, "true").lower() != "false"
         fast = self._put_batch_native(conn, cmd, h, queue_id, batch_props)
