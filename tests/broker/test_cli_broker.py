@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
+
+import pytest
 from broker_helpers import make_config, send_v1
 from click.testing import CliRunner
 
@@ -44,3 +47,62 @@ async def test_async_send_is_answered_inline(tmp_path) -> None:
         assert isinstance(resp, bytes)
         frame = FrameDecoder().feed(resp)
         assert len(frame) == 1 and frame[0].code == 0 and frame[0].ext_fields["queueOffset"] == "0"
+
+
+BAD_CONFIG_LINES = [
+    ("mappedFileSizeConsumeQueue=0", "mappedFileSizeConsumeQueue"),
+    ("flushIntervalCommitLog=0", "flushIntervalCommitLog"),
+    ("syncFlushTimeout=-1", "syncFlushTimeout"),
+    ("haListenPort=99999", "haListenPort"),
+    ("listenPort=65535", "listenPort"),
+    ("brokerIP1=not-an-ip", "brokerIP1"),
+    ("mappedFileSizeCommitLog=100", "mappedFileSizeCommitLog"),
+    ("haSendHeartbeatInterval=0", "haSendHeartbeatInterval"),
+    ("haTransferBatchSize=0", "haTransferBatchSize"),
+    ("haTransferBatchSize=-5", "haTransferBatchSize"),
+    ("maxReconsumeTimes=-1", "maxReconsumeTimes"),
+]
+
+
+@pytest.mark.parametrize("line, key", BAD_CONFIG_LINES)
+def test_wrong_value_is_a_config_error(tmp_path, line: str, key: str) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"brokerName=b\nstorePathRootDir={tmp_path / 'store'}\n{line}\n")
+    result = CliRunner().invoke(command, ["-c", str(conf)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"config error: {key}:"), result.output
+    assert not (tmp_path / "store").exists()
+
+
+def test_non_utf8_file_is_a_config_error(tmp_path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_bytes(b"brokerName=b\xff\xfe\n")
+    result = CliRunner().invoke(command, ["-c", str(conf)])
+    assert result.exit_code == 2 and result.output.startswith("config error: -c:") and "UTF-8" in result.output
+
+
+def test_file_without_broker_keys_is_refused(tmp_path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("brokerNmae=typo\nstorPathRootDir=/tmp/x\n")
+    result = CliRunner().invoke(command, ["-c", str(conf)])
+    assert result.exit_code == 2 and "not a broker config" in result.output
+
+
+def test_bad_log_level_is_a_config_error(tmp_path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"brokerName=b\nstorePathRootDir={tmp_path / 'store'}\n")
+    result = CliRunner().invoke(command, ["-c", str(conf), "--log-level", "LOUD"])
+    assert result.exit_code == 2 and result.output.startswith("config error: --log-level:")
+
+
+def test_locked_store_is_a_config_error(tmp_path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    conf = tmp_path / "broker.conf"
+    conf.write_text(f"brokerName=b\nstorePathRootDir={store}\nlistenPort=0\nnamesrvAddr=127.0.0.1:1\n")
+    with open(store / "lock", "w") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running broker holds it
+        result = CliRunner().invoke(command, ["-c", str(conf)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("config error: storePathRootDir:") and "locked" in result.output

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ferrymq.broker.config import BrokerConfig, FlushDiskType, parse_delay_levels
+from ferrymq.broker.config import FAST_PORT_OFFSET, BrokerConfig, FlushDiskType, parse_delay_levels
 from ferrymq.broker.consumer_manager import ClientChannel, ConsumerManager
 from ferrymq.broker.flush import FlushService
 from ferrymq.broker.long_polling import PullRequestHoldService
@@ -60,8 +60,6 @@ log = logging.getLogger(__name__)
 BROKER_VERSION = "V4_9_7"
 CLIENT_SCAN_INTERVAL_MS = 10_000
 DELETE_EXPIRED_INTERVAL_MS = 10_000
-#: the fast (VIP) port is listenPort minus this
-FAST_PORT_OFFSET = 2
 #: a slave dispatches replicated bytes within this delay (transfers arriving meanwhile go in one reput)
 SLAVE_REPUT_DELAY_S = 0.001
 
@@ -150,6 +148,11 @@ class BrokerController:
         return f"{self.config.broker_ip1}:{self.port}"
 
     @property
+    def bind_addr(self) -> str:
+        """host:port the remoting server is bound to (``listenHost``, 0.0.0.0 = every interface)."""
+        return f"{self.config.listen_host}:{self.port}"
+
+    @property
     def ha_port(self) -> int:
         if self.ha_service is not None:
             return int(self.ha_service.port)
@@ -211,8 +214,8 @@ class BrokerController:
             asyncio.ensure_future(self._every(DELETE_EXPIRED_INTERVAL_MS, self._delete_expired)),
         ]
         self._started = True
-        log.info("broker %s (id %d, %s) serving on %s", cfg.broker_name, cfg.broker_id, cfg.broker_role.value,
-                 self.broker_addr)
+        log.info("broker %s (id %d, %s) serving on %s (registered as %s)", cfg.broker_name, cfg.broker_id,
+                 cfg.broker_role.value, self.bind_addr, self.broker_addr)
 
     async def _start_ha(self) -> None:
         cfg = self.config

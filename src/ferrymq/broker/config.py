@@ -10,6 +10,7 @@ Unknown keys are logged as warnings (``BrokerConfig.warnings``); invalid values 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 from dataclasses import dataclass, field, fields
@@ -39,6 +40,13 @@ DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 
 REGISTER_PERIOD_MIN_MS = 10_000
 REGISTER_PERIOD_MAX_MS = 60_000
 MASTER_ID = 0
+#: the fast (VIP) port is listenPort minus this
+FAST_PORT_OFFSET = 2
+#: smallest commit log segment accepted (a segment must hold whole records and its end-of-file blank)
+MIN_COMMIT_LOG_FILE_SIZE = 4096
+#: a broker.conf must set at least one of these; a file that sets none is not a broker config
+REQUIRED_ANY_KEYS = ("brokerName", "brokerClusterName", "storePathRootDir", "listenPort", "namesrvAddr",
+                     "brokerRole")
 
 
 def _meta(key: str, doc: str) -> Any:
@@ -182,12 +190,23 @@ class BrokerConfig:
             raise ConfigError("brokerId", "a SLAVE needs brokerId > 0")
         if not self.is_slave:
             self.broker_id = MASTER_ID
-        if not 0 <= self.listen_port <= 65535:
-            raise ConfigError("listenPort", f"port out of range: {self.listen_port}")
-        if self.mapped_file_size_consume_queue % 20:
-            raise ConfigError("mappedFileSizeConsumeQueue", "must be a multiple of 20")
+        self._validate_addresses()
+        if self.mapped_file_size_consume_queue <= 0 or self.mapped_file_size_consume_queue % 20:
+            raise ConfigError("mappedFileSizeConsumeQueue",
+                              f"must be a positive multiple of 20, got {self.mapped_file_size_consume_queue}")
+        if self.mapped_file_size_commit_log < MIN_COMMIT_LOG_FILE_SIZE:
+            raise ConfigError("mappedFileSizeCommitLog", f"must be at least {MIN_COMMIT_LOG_FILE_SIZE} bytes, "
+                                                         f"got {self.mapped_file_size_commit_log}")
         for key, value in (("maxMessageSize", self.max_message_size),
-                           ("mappedFileSizeCommitLog", self.mapped_file_size_commit_log),
+                           ("flushIntervalCommitLog", self.flush_interval_commit_log_ms),
+                           ("syncFlushTimeout", self.sync_flush_timeout_ms),
+                           ("haSendHeartbeatInterval", self.ha_send_heartbeat_interval_ms),
+                           ("haHousekeepingInterval", self.ha_housekeeping_interval_ms),
+                           ("haTransferBatchSize", self.ha_transfer_batch_size),
+                           ("flushConsumerOffsetInterval", self.flush_consumer_offset_interval_ms),
+                           ("flushDelayOffsetInterval", self.flush_delay_offset_interval_ms),
+                           ("channelExpiredTimeout", self.channel_expired_timeout_ms),
+                           ("slaveSyncInterval", self.slave_sync_interval_ms),
                            ("defaultTopicQueueNums", self.default_topic_queue_nums),
                            ("maxTransferCountOnMessageInMemory", self.max_transfer_count_on_message_in_memory),
                            ("maxTransferBytesOnMessageInMemory", self.max_transfer_bytes_on_message_in_memory),
@@ -195,7 +214,30 @@ class BrokerConfig:
                            ("maxTransferBytesOnMessageInDisk", self.max_transfer_bytes_on_message_in_disk)):
             if value <= 0:
                 raise ConfigError(key, f"must be positive, got {value}")
+        for key, value in (("maxReconsumeTimes", self.max_reconsume_times),
+                           ("fileReservedTime", self.file_reserved_time_hours),
+                           ("shortPollingTimeMills", self.short_polling_time_ms)):
+            if value < 0:
+                raise ConfigError(key, f"must not be negative, got {value}")
+        if self.slave_timeout_ms < -1:
+            raise ConfigError("slaveTimeout", f"must be -1 (use syncFlushTimeout) or >= 0, got {self.slave_timeout_ms}")
         parse_delay_levels(self.message_delay_level)
+
+    def _validate_addresses(self) -> None:
+        if not 0 <= self.listen_port <= 65535:
+            raise ConfigError("listenPort", f"port out of range: {self.listen_port}")
+        if self.ha_listen_port != -1 and not 0 <= self.ha_listen_port <= 65535:
+            raise ConfigError("haListenPort", f"must be -1 (listenPort+1) or a port 0..65535, "
+                                              f"got {self.ha_listen_port}")
+        if self.ha_listen_port == -1 and self.listen_port == 65535:
+            raise ConfigError("listenPort", "65535 leaves no room for the HA port listenPort+1: set haListenPort")
+        if self.fast_listen_enable and 0 < self.listen_port <= FAST_PORT_OFFSET:
+            raise ConfigError("listenPort", f"{self.listen_port} leaves no room for the fast port "
+                                            f"listenPort-{FAST_PORT_OFFSET}: use a higher port or fastListenEnable=false")
+        try:  # clients decode the registered address (and the offset msgId's store host) as an IP
+            ipaddress.ip_address(self.broker_ip1)
+        except ValueError:
+            raise ConfigError("brokerIP1", f"must be an IP address, got {self.broker_ip1!r}") from None
         for addr in self.namesrv_addr:
             _check_addr("namesrvAddr", addr)
         if self.ha_master_address:
@@ -292,7 +334,11 @@ def load_config(path: str, overrides: dict[str, str] | None = None) -> BrokerCon
             text = fh.read()
     except OSError as exc:
         raise ConfigError("-c", f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("-c", f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     props = parse_properties(text)
+    if not any(key in props for key in REQUIRED_ANY_KEYS):
+        raise ConfigError("-c", f"{path} sets none of {', '.join(REQUIRED_ANY_KEYS)}: not a broker config")
     props.update(overrides or {})
     return from_properties(props)
 

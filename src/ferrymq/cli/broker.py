@@ -13,6 +13,7 @@ import click
 from ferrymq.errors import ConfigError, FerryError
 
 EXIT_CONFIG_ERROR = 2
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -38,14 +39,18 @@ async def wait_for_signal() -> None:
 async def _run(config_path: str, namesrv: str | None) -> None:
     from ferrymq.broker.app import BrokerController
     from ferrymq.broker.config import load_config
+    from ferrymq.store.errors import StoreDirError
 
     overrides = {"namesrvAddr": namesrv} if namesrv else None
     cfg = load_config(config_path, overrides)
-    ctl = BrokerController(cfg)
-    await ctl.start()
+    try:
+        ctl = BrokerController(cfg)
+        await ctl.start()
+    except StoreDirError as exc:  # a locked or unusable store directory is a set-up error, not a crash
+        raise ConfigError("storePathRootDir", str(exc)) from None
     try:
         click.echo(f"ferrymq broker {cfg.broker_name} (id {cfg.broker_id}, {cfg.broker_role.value}) serving on "
-                   f"{ctl.broker_addr}")
+                   f"{ctl.bind_addr} (registered as {ctl.broker_addr})")
         sys.stdout.flush()
         await wait_for_signal()
     finally:
@@ -59,6 +64,10 @@ async def _run(config_path: str, namesrv: str | None) -> None:
 @click.option("--log-level", default="INFO", show_default=True)
 def command(config_path: str, namesrv: str | None, log_level: str) -> None:
     """Run a broker until SIGINT/SIGTERM."""
+    if log_level.upper() not in LOG_LEVELS:
+        click.echo(f"config error: --log-level: expected one of {', '.join(LOG_LEVELS)}, got {log_level!r}",
+                   err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
