@@ -110,6 +110,8 @@ class ClientInstance:
         self.producer_groups: set[str] = set()
         self.consumers: dict[str, ConsumerHooks] = {}
         self._backoff: dict[str, tuple[Backoff, float]] = {}
+        #: one connect attempt per address at a time (see ``connection``)
+        self._connect_locks: dict[str, asyncio.Lock] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._refresh_now = asyncio.Event()
         #: broker addresses whose connection dropped or failed while a route still lists them
@@ -175,21 +177,31 @@ class ClientInstance:
         return cmd
 
     async def connection(self, addr: str) -> Connection:
-        entry = self._backoff.get(addr)
-        if entry is not None and time.monotonic() < entry[1]:
-            raise ConnectError(f"cannot connect to {addr}: backing off after a failed attempt")
-        try:
-            conn = await self.pool.get(addr)
-        except ConnectError:
-            backoff = entry[0] if entry else Backoff(self.config.reconnect_backoff_base_ms,
-                                                     self.config.reconnect_backoff_max_ms)
-            self._backoff[addr] = (backoff, time.monotonic() + backoff.next_delay_ms() / 1000)
-            self._note_broker_down(addr)
-            raise
-        if entry is not None:
-            del self._backoff[addr]
-        self._down_brokers.discard(addr)
-        return conn
+        """The open connection to ``addr``, connecting if needed; ConnectError while its backoff runs.
+
+        One attempt per address at a time: callers that arrive while an attempt is under way wait for
+        it and then read its outcome (the open connection, or the backoff it set), so each refused
+        connect counts as one failure and the backoff state is only changed by the caller that tried."""
+        lock = self._connect_locks.get(addr)
+        if lock is None:
+            lock = self._connect_locks[addr] = asyncio.Lock()
+        async with lock:
+            conn = self.pool.open_connection(addr)
+            if conn is None:
+                entry = self._backoff.get(addr)
+                if entry is not None and time.monotonic() < entry[1]:
+                    raise ConnectError(f"cannot connect to {addr}: backing off after a failed attempt")
+                try:
+                    conn = await self.pool.get(addr)
+                except ConnectError:
+                    backoff = entry[0] if entry else Backoff(self.config.reconnect_backoff_base_ms,
+                                                             self.config.reconnect_backoff_max_ms)
+                    self._backoff[addr] = (backoff, time.monotonic() + backoff.next_delay_ms() / 1000)
+                    self._note_broker_down(addr)
+                    raise
+            self._backoff.pop(addr, None)
+            self._down_brokers.discard(addr)
+            return conn
 
     def ready_connection(self, addr: str) -> Connection | None:
         """The open connection to ``addr`` when using it needs no bookkeeping (no backoff entry, not marked
