@@ -12,13 +12,47 @@ from ferrymq.client.config import ClientConfig, parse_name_servers
 from ferrymq.client.consumer.core import ConsumerCore
 from ferrymq.client.instance import ClientInstance
 from ferrymq.client.jsonmq import mq_keyed_map
-from ferrymq.common.message import MessageExt
+from ferrymq.common.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MessageExt, decode_offset_msg_id
 from ferrymq.common.route import MASTER_ID, MessageQueue, TopicRouteData
 from ferrymq.common.topic import PERM_READ, PERM_WRITE, validate_topic
-from ferrymq.errors import BrokerError, ClientError, TopicNotExistError
+from ferrymq.errors import BrokerError, ClientError, FerryError, ProtocolError, TopicNotExistError
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
+
+#: timeout of a QUERY_MESSAGE call (the broker walks index files)
+QUERY_MESSAGE_TIMEOUT_MS = 15_000
+#: most records one unique-key query asks for (the broker caps it at its defaultQueryMaxNum, 32)
+UNIQUE_KEY_QUERY_MAX_NUM = 32
+#: topics looked up at once when a message is found by unique key without a topic
+MESSAGE_LOOKUP_CONCURRENCY = 8
+#: lengths of a message id in hex digits: IPv4 forms (offset msgId 4+4+8 bytes, Java/C++ UNIQ_KEY 16 bytes)
+#: and IPv6 forms (28 bytes)
+MESSAGE_ID_HEX_LENGTHS = (32, 56)
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def check_message_id(msg_id: str) -> str:
+    """``msg_id`` without surrounding blanks if it can be a message id (hex digits, 32 or 56 of them: an
+    offset msgId or a client unique key); ClientError otherwise."""
+    text = msg_id.strip()
+    if len(text) not in MESSAGE_ID_HEX_LENGTHS or not set(text) <= _HEX_DIGITS:
+        raise ClientError(f"malformed message id {msg_id!r}: expected "
+                          f"{' or '.join(map(str, MESSAGE_ID_HEX_LENGTHS))} hex digits "
+                          "(an offset msgId, or the msgId/UNIQ_KEY a producer or consumer reports)")
+    return text
+
+
+def decode_offset_id(msg_id: str) -> tuple[str, int] | None:
+    """(broker address, commit log offset) if ``msg_id`` has the shape of an offset msgId (IPv4 store
+    host, a port in 1..65535, a non-negative offset), else None: then it can only be a unique key."""
+    try:
+        ip, port, phy_offset = decode_offset_msg_id(msg_id)
+    except ValueError:
+        return None
+    if not 0 < port <= api.MAX_PORT or phy_offset < 0:
+        return None
+    return f"{ip}:{port}", phy_offset
 
 
 @dataclass(slots=True)
@@ -173,31 +207,35 @@ class Admin:
     def _core(self, group: str = "TOOLS_CONSUMER") -> ConsumerCore:
         return ConsumerCore(self.instance, group)
 
+    async def topic_stats(self, broker_addr: str, topic: str) -> dict[MessageQueue, dict[str, int]]:
+        """GET_TOPIC_STATS_INFO of one broker: minOffset, maxOffset and lastUpdateTimestamp (store time of
+        the queue's last message, 0 when empty) per queue."""
+        resp = api.check(await self._call(broker_addr, RemotingCommand.request(RequestCode.GET_TOPIC_STATS_INFO,
+                                                                               {"topic": topic})))
+        out: dict[MessageQueue, dict[str, int]] = {}
+        for mq, value in mq_keyed_map(resp.body or b"{}", "offsetTable"):
+            if not isinstance(value, dict):
+                raise ProtocolError(f"topic stats of {topic} from {broker_addr}: bad entry for {mq}: {value!r}")
+            out[mq] = {k: int(value.get(k, 0)) for k in ("minOffset", "maxOffset", "lastUpdateTimestamp")}
+        return out
+
     async def topic_status(self, topic: str) -> list[tuple[MessageQueue, int, int, int]]:
-        """(queue, min_offset, max_offset, last_update_ms) per readable queue."""
+        """(queue, min_offset, max_offset, last_update_ms) per readable queue; last_update_ms is the store
+        timestamp of the queue's last message (0 when it is empty)."""
         route = await self.topic_route(topic)
         core = self._core()
         out: list[tuple[MessageQueue, int, int, int]] = []
-        stats: dict[MessageQueue, dict[str, Any]] = {}
+        stats: dict[MessageQueue, dict[str, int]] = {}
         for bd in route.broker_datas:
             addr = bd.lowest_addr()
-            if addr is None:
-                continue
-            try:
-                resp = await self._call(addr, RemotingCommand.request(RequestCode.GET_TOPIC_STATS_INFO,
-                                                                      {"topic": topic}))
-                if resp.code == ResponseCode.SUCCESS and resp.body:
-                    for mq, v in mq_keyed_map(resp.body, "offsetTable"):
-                        if isinstance(v, dict):
-                            stats[mq] = v
-            except Exception:
-                pass
+            if addr is not None:
+                stats.update(await self.topic_stats(addr, topic))
         for mq in routes.subscribe_queues(topic, route):
             s = stats.get(mq)
             if s is not None:
-                out.append((mq, int(s.get("minOffset", 0)), int(s.get("maxOffset", 0)),
-                            int(s.get("lastUpdateTimestamp", 0))))
+                out.append((mq, s["minOffset"], s["maxOffset"], s["lastUpdateTimestamp"]))
                 continue
+            # a read queue beyond the broker's write queues (readQueueNums > writeQueueNums)
             lo = await core.query_offset(RequestCode.GET_MIN_OFFSET, mq)
             hi = await core.query_offset(RequestCode.GET_MAX_OFFSET, mq)
             out.append((mq, lo, hi, 0))
@@ -205,15 +243,15 @@ class Admin:
 
     # ---- consumer groups -----------------------------------------------------------------------------------------
     async def consumer_progress(self, group: str, topic: str | None = None) -> list[tuple[MessageQueue, int, int, int]]:
-        """(queue, broker_offset, consumer_offset, lag) per queue. Without ``topic``: the topics the broker
-        reports for the group (GET_CONSUME_STATS), else the retry topic."""
+        """(queue, broker_offset, consumer_offset, lag) per queue. Without ``topic``: every topic the
+        group has committed offsets for on any master (GET_CONSUME_STATS)."""
         topics = [topic] if topic else await self._group_topics(group)
         core = self._core(group)
         out: list[tuple[MessageQueue, int, int, int]] = []
         for t in topics:
             try:
                 route = await self.topic_route(t)
-            except BrokerError:
+            except TopicNotExistError:
                 continue
             for mq in routes.subscribe_queues(t, route):
                 broker_offset = await core.query_offset(RequestCode.GET_MAX_OFFSET, mq)
@@ -222,16 +260,29 @@ class Admin:
                 out.append((mq, broker_offset, consumer_offset, max(lag, 0)))
         return out
 
+    async def consume_stats(self, broker_addr: str, group: str, topic: str = "") -> dict[MessageQueue, dict[str, int]]:
+        """GET_CONSUME_STATS of one broker: brokerOffset, consumerOffset and lastTimestamp per queue of the
+        group (of ``topic``, or of every topic the group has offsets for)."""
+        resp = api.check(await self._call(broker_addr, RemotingCommand.request(
+            RequestCode.GET_CONSUME_STATS, {"consumerGroup": group, "topic": topic})))
+        out: dict[MessageQueue, dict[str, int]] = {}
+        for mq, value in mq_keyed_map(resp.body or b"{}", "offsetTable"):
+            if not isinstance(value, dict):
+                raise ProtocolError(f"consume stats of {group} from {broker_addr}: bad entry for {mq}: {value!r}")
+            out[mq] = {k: int(value.get(k, 0)) for k in ("brokerOffset", "consumerOffset", "lastTimestamp")}
+        return out
+
     async def _group_topics(self, group: str) -> list[str]:
+        """The topics of every master's consume stats for ``group``. A master that cannot answer is an
+        error naming it (a partial list would under-report the lag)."""
         topics: set[str] = set()
         for b in await self.brokers(masters_only=True):
             try:
-                resp = await self._call(b.addr, RemotingCommand.request(RequestCode.GET_CONSUME_STATS,
-                                                                        {"consumerGroup": group, "topic": ""}))
-                if resp.code == ResponseCode.SUCCESS and resp.body:
-                    topics |= {mq.topic for mq, _ in mq_keyed_map(resp.body, "offsetTable")}
-            except Exception:
-                continue
+                stats = await self.consume_stats(b.addr, group)
+            except (FerryError, ValueError) as exc:
+                raise ClientError(f"consume stats of group {group} from broker {b.broker_name} ({b.addr}) "
+                                  f"failed: {type(exc).__name__}: {exc}") from exc
+            topics |= {mq.topic for mq in stats}
         if not topics:
             raise ClientError(f"no topic found for group {group}; pass a topic")
         return sorted(topics)
@@ -270,6 +321,62 @@ class Admin:
             raise ClientError(f"message {offset_msg_id} not found")
         return msgs[0]
 
+    async def find_message(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        """A message by either id RocketMQ gives it (like Java's ``viewMessage(topic, msgId)``):
+
+        * the offset msgId (store host + commit log offset, what the broker answers a send with): read
+          with VIEW_MESSAGE_BY_ID from that broker, when the id decodes to a registered broker address;
+        * otherwise, or when that finds nothing, the client's unique key (UNIQ_KEY, what producers and
+          consumers report as msgId): a QUERY_MESSAGE by unique key in ``topic``, or in every topic the
+          name server lists when none is given. When several records carry the key (re-sends, retries),
+          the earliest stored one is returned.
+
+        ClientError for a malformed id (``check_message_id``) or when no message has it."""
+        msg_id = check_message_id(msg_id)
+        offset_id = decode_offset_id(msg_id)
+        if offset_id is not None:
+            addr, _ = offset_id
+            if addr in {b.addr for b in await self.brokers()}:
+                try:
+                    m = await self.view_message(msg_id)
+                    if m.offset_msg_id == msg_id.upper():
+                        return m
+                except BrokerError:
+                    pass  # nothing at that offset: try it as a unique key
+        topics = [topic] if topic else await self.topic_list()
+        sem = asyncio.Semaphore(MESSAGE_LOOKUP_CONCURRENCY)
+
+        async def lookup(t: str) -> list[MessageExt]:
+            async with sem:
+                try:
+                    return await self.query_messages_by_unique_key(t, msg_id)
+                except TopicNotExistError:
+                    return []
+        found = [m for batch in await asyncio.gather(*(lookup(t) for t in topics)) for m in batch]
+        if not found:
+            where = f"topic {topic}" if topic else f"any of the {len(topics)} topics"
+            raise ClientError(f"no message with id {msg_id} in {where}")
+        return min(found, key=lambda m: (m.store_timestamp, m.phy_offset))
+
+    async def query_messages_by_unique_key(self, topic: str, uniq_key: str) -> list[MessageExt]:
+        """Messages of ``topic`` whose UNIQ_KEY is ``uniq_key`` (QUERY_MESSAGE with the unique-key flag)."""
+        route = await self.topic_route(topic)
+        end_ms = int(time.time() * 1000) + 60_000
+
+        async def one(addr: str) -> list[MessageExt]:
+            resp = await self._call(addr, api.build_query_message(topic, uniq_key, UNIQUE_KEY_QUERY_MAX_NUM, 0,
+                                                                  end_ms, unique_key=True),
+                                    timeout_ms=QUERY_MESSAGE_TIMEOUT_MS)
+            if resp.code == ResponseCode.QUERY_NOT_FOUND:
+                return []
+            api.check(resp)
+            return api.decode_messages(resp.body) if resp.body else []
+
+        addrs = [a for a in (bd.lowest_addr() for bd in route.broker_datas) if a]
+        batches = await asyncio.gather(*(one(a) for a in addrs))
+        return [m for batch in batches for m in batch
+                if m.topic == topic and m.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) == uniq_key]
+
     async def query_messages_by_key(self, topic: str, key: str, max_num: int = 32,
                                     begin_ms: int = 0, end_ms: int | None = None) -> list[MessageExt]:
         """Messages whose KEYS (or UNIQ_KEY) contain ``key``, from every broker group of the topic."""
@@ -278,7 +385,7 @@ class Admin:
 
         async def one(addr: str) -> list[MessageExt]:
             resp = await self._call(addr, api.build_query_message(topic, key, max_num, begin_ms, end_ms),
-                                    timeout_ms=15_000)
+                                    timeout_ms=QUERY_MESSAGE_TIMEOUT_MS)
             if resp.code == ResponseCode.QUERY_NOT_FOUND:
                 return []
             api.check(resp)

@@ -1,8 +1,9 @@
 """Reading and writing fastjson maps keyed by MessageQueue objects.
 
 Java writes ``Map<MessageQueue, X>`` as ``{{"brokerName":"b","queueId":0,"topic":"t"}:X, ...}``, which is
-not JSON. We turn each object key into a string key first, then parse. The list shape
-``[{"brokerName","queueId","topic", ...value fields}]`` is accepted too. ``dumps_mq_keys`` writes that
+not JSON. We turn each object key into a string key first, then parse. Two list shapes are accepted too:
+``[{"brokerName","queueId","topic", ...value fields}]`` (the C++ client's offset tables) and
+``[{"messageQueue":{...}, <one value field>:{...}}]`` (the admin bodies of earlier ferrymq brokers). ``dumps_mq_keys`` writes that
 fastjson shape (what Java's admin tools decode and the C++ client sends), everything else as plain JSON.
 """
 
@@ -12,6 +13,7 @@ import re
 from typing import Any
 
 from ferrymq.common.route import MessageQueue
+from ferrymq.errors import ProtocolError
 from ferrymq.remoting import jsonx
 
 _MQ_KEY = re.compile(
@@ -31,19 +33,38 @@ def loads_mq_keys(data: bytes) -> Any:
         return jsonx.loads(_MQ_KEY.sub(_key_sub, data))
 
 
+def _mq(field: str, obj: Any) -> MessageQueue:
+    try:
+        return MessageQueue.from_json(obj)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"{field}: not a MessageQueue: {obj!r} ({type(exc).__name__}: {exc})") from None
+
+
 def mq_keyed_map(data: bytes, field: str) -> list[tuple[MessageQueue, Any]]:
-    obj = loads_mq_keys(data)
+    """The (queue, value) pairs of the map or list ``field`` of the body ``data``; ProtocolError when the
+    body is not one of the shapes above."""
+    try:
+        obj = loads_mq_keys(data)
+    except ValueError as exc:
+        raise ProtocolError(f"{field}: body is not JSON ({exc})") from None
     table = obj.get(field) if isinstance(obj, dict) else None
     out: list[tuple[MessageQueue, Any]] = []
     if isinstance(table, list):
         for item in table:
-            out.append((MessageQueue.from_json(item), item))
+            if not isinstance(item, dict):
+                raise ProtocolError(f"{field}: a list entry is not an object: {item!r}")
+            mq_obj = item.get("messageQueue")
+            if isinstance(mq_obj, dict):
+                values = [v for k, v in item.items() if k != "messageQueue"]
+                out.append((_mq(field, mq_obj), values[0] if len(values) == 1 else item))
+            else:
+                out.append((_mq(field, item), item))
     elif isinstance(table, dict):
         for key, value in table.items():
             if key.startswith(_MQ_PREFIX):
-                out.append((MessageQueue.from_json(jsonx.loads(key[len(_MQ_PREFIX):])), value))
+                out.append((_mq(field, jsonx.loads(key[len(_MQ_PREFIX):])), value))
             elif isinstance(value, dict) and {"topic", "brokerName", "queueId"} <= value.keys():
-                out.append((MessageQueue.from_json(value), value))
+                out.append((_mq(field, value), value))
     return out
 
 

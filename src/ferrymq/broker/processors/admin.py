@@ -14,12 +14,18 @@
 | 30/31| GET_MAX_OFFSET / GET_MIN_OFFSET   | header offset                                           |
 | 29   | SEARCH_OFFSET_BY_TIMESTAMP        | header offset                                           |
 | 32   | GET_EARLIEST_MSG_STORETIME        | header timestamp                                        |
-| 202  | GET_TOPIC_STATS_INFO              | {"offsetTable":[{"messageQueue":MQ,"topicOffset":{…}}]} |
-| 208  | GET_CONSUME_STATS                 | {"consumeTps":0,"offsetTable":[{"messageQueue":…,"offsetWrapper":{…}}]} |
+| 202  | GET_TOPIC_STATS_INFO              | {"offsetTable":{MQ:{"lastUpdateTimestamp","maxOffset","minOffset"}}} |
+| 208  | GET_CONSUME_STATS                 | {"consumeTps":0.0,"offsetTable":{MQ:{"brokerOffset","consumerOffset","lastTimestamp"}}} |
 | 203  | GET_CONSUMER_CONNECTION_LIST      | ConsumerConnection JSON                                 |
 
-Tables keyed by MessageQueue are written as arrays of {messageQueue, value} pairs: fastjson writes
-object keys (not JSON), which no strict parser reads; this is a deliberate deviation.
+MQ is a MessageQueue object ``{"brokerName":s,"queueId":i,"topic":s}`` in key position: the tables keyed by
+MessageQueue are written the way fastjson writes a ``Map<MessageQueue, X>`` (``jsonx.object_keyed``), which
+is what Java admin tools decode. That is not strict JSON; ``ferrymq.client.jsonmq`` reads it.
+
+* GET_TOPIC_STATS_INFO: one entry per write queue; ``lastUpdateTimestamp`` is the store timestamp of the
+  queue's last message (0 for an empty queue).
+* GET_CONSUME_STATS: without ``topic``, every topic the group has committed offsets for; one entry per
+  read queue; ``lastTimestamp`` is the store timestamp of the last consumed message (0 when none).
 """
 
 from __future__ import annotations
@@ -201,10 +207,10 @@ class AdminProcessor:
         for qid in range(tc.write_queue_nums):
             max_off = store.get_max_offset_in_queue(topic, qid)
             last = store.get_message_store_timestamp(topic, qid, max_off - 1) if max_off > 0 else 0
-            table.append({"messageQueue": self._mq(topic, qid), "topicOffset": {
-                "minOffset": max(0, store.get_min_offset_in_queue(topic, qid)), "maxOffset": max(0, max_off),
-                "lastUpdateTimestamp": max(0, last)}})
-        return cmd.response(R.SUCCESS, body=jsonx.dumps({"offsetTable": table}))
+            table.append((self._mq(topic, qid), {
+                "lastUpdateTimestamp": max(0, last), "maxOffset": max(0, max_off),
+                "minOffset": max(0, store.get_min_offset_in_queue(topic, qid))}))
+        return cmd.response(R.SUCCESS, body=jsonx.dumps({"offsetTable": jsonx.object_keyed(table)}))
 
     def consume_stats(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         group = cmd.ext_fields.get("consumerGroup") or ""
@@ -220,9 +226,10 @@ class AdminProcessor:
                 broker_off = max(0, store.get_max_offset_in_queue(topic, qid))
                 consumer_off = max(0, self.ctx.offsets.query(group, topic, qid))
                 last = store.get_message_store_timestamp(topic, qid, consumer_off - 1) if consumer_off > 0 else 0
-                table.append({"messageQueue": self._mq(topic, qid), "offsetWrapper": {
-                    "brokerOffset": broker_off, "consumerOffset": consumer_off, "lastTimestamp": max(0, last)}})
-        return cmd.response(R.SUCCESS, body=jsonx.dumps({"consumeTps": 0.0, "offsetTable": table}))
+                table.append((self._mq(topic, qid), {
+                    "brokerOffset": broker_off, "consumerOffset": consumer_off, "lastTimestamp": max(0, last)}))
+        return cmd.response(R.SUCCESS, body=jsonx.dumps({"consumeTps": 0.0,
+                                                         "offsetTable": jsonx.object_keyed(table)}))
 
     def consumer_connections(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         group = cmd.ext_fields.get("consumerGroup") or ""
