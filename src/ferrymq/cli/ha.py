@@ -1,4 +1,4 @@
-"""``ferry ha status -n NAMESRV [--json]``: every broker group's master and slaves with their lag.
+"""``ferry ha status [-n NAMESRV] [--json]`` (the name server defaults to ``NAMESRV_ADDR``): every broker group's master and slaves with their lag.
 
 Sources: GET_BROKER_CLUSTER_INFO from the name server; GET_BROKER_RUNTIME_INFO from every broker.
 A master's runtime info carries ``haSlaveCount`` and ``haSlaves`` (a JSON list of
@@ -17,6 +17,8 @@ import time
 from typing import Any
 
 import click
+
+from ferrymq.client._cli import namesrv_option
 
 EXIT_UNREACHABLE = 1
 
@@ -150,7 +152,7 @@ def command() -> None:
 
 
 @command.command("status")
-@click.option("-n", "--namesrv", required=True, help='name server address(es), "host:port;host:port"')
+@namesrv_option
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @click.option("--timeout-ms", default=5000, show_default=True, type=int)
 def status(namesrv: str, as_json: bool, timeout_ms: int) -> None:

@@ -57,8 +57,17 @@ def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, as_json: boo
     for col in columns:
         table.add_column(col)
     for row in rows:
-        table.add_row(*(str(row.get(c, "")) for c in columns))
+        table.add_row(*(table_cell(row.get(c, "")) for c in columns))
     Console(width=int(os.environ.get("COLUMNS", "160"))).print(table)
+
+
+def table_cell(value: Any) -> str:
+    """A value as table text: a map as ``key=value`` pairs, a list comma-separated (never a Python repr)."""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={table_cell(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple, set)):
+        return ", ".join(table_cell(v) for v in value)
+    return str(value)
 
 
 def message_row(m: Any) -> dict[str, Any]:

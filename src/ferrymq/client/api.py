@@ -352,12 +352,19 @@ def build_create_topic(topic: str, *, read_queue_nums: int, write_queue_nums: in
         "topicSysFlag": topic_sys_flag, "order": order})
 
 
+#: largest TCP port (the port field of an offset msgId is an int32)
+MAX_PORT = 65_535
+
+
 def build_view_message(offset_msg_id: str) -> tuple[str, RemotingCommand]:
     """(broker address, request) for an offset msgId."""
     try:
         ip, port, phy_offset = decode_offset_msg_id(offset_msg_id)
     except ValueError as exc:
         raise ValueError(f"not an offset message id: {offset_msg_id!r} ({exc})") from None
+    if not 0 < port <= MAX_PORT or phy_offset < 0:
+        raise ValueError(f"not an offset message id: {offset_msg_id!r} (port {port}, offset {phy_offset}); "
+                         "a client msgId (UNIQ_KEY) is found with Admin.find_message")
     return f"{ip}:{port}", RemotingCommand.request(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": phy_offset})
 
 
