@@ -25,7 +25,7 @@ def available() -> str | None:
     try:
         import redis  # noqa: F401
     except ImportError:
-        return "PyPI package 'redis' not installed (pip install redis)"
+        return "PyPI package 'redis' not installed (pip install 'ferrymq[bench]')"
     return None
 
 
