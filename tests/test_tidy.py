@@ -1,5 +1,5 @@
-"""Tidy checks: the import layers of shared/design/ARCHITECTURE.md, by scanning src/ferrymq with ast,
-plus the one-copy rule for the test command (README.md and .ci/run run the same line).
+"""Tidy checks: the import layers of CONTRIBUTING.md ("Rules the code keeps"), by scanning src/ferrymq
+with ast, plus the one-copy rule for the test command (README.md and .ci/run run the same line).
 
     common  <-  remoting  <-  client  <-  cli, spark
     common  <-  store     <-  ha      <-  broker

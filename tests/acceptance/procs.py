@@ -1,7 +1,7 @@
 """Process helpers for acceptance tests: ferrymq subprocesses, raw remoting requests (free ports come from
 ``support.ports`` and are re-exported here).
 
-Rules kept here (docs/CONTRIBUTING-agents.md):
+Rules kept here (CONTRIBUTING.md, "Tests"):
 
 * every port is on 127.0.0.1, found by binding port 0 (brokers also need listenPort-2 and listenPort+1);
 * every process started is registered and stopped (SIGTERM, then SIGKILL) by its owner, also on failure;
