@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import pathlib
 import socket
 import struct
 
@@ -17,8 +16,7 @@ from ferrymq.common.message_codec import encode_batch_body
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import FrameDecoder
 from ferrymq.remoting.codes import ResponseCode as R
-
-CAPTURES = pathlib.Path("/work/shared/protocol/captures")
+from support.shared import CAPTURES  # noqa: E402
 
 
 async def test_long_poll_is_woken_by_a_send(broker, client: Client) -> None:

@@ -28,8 +28,7 @@ from ferrymq.common.route import BrokerData, MessageQueue, QueueData, TopicRoute
 from ferrymq.errors import TopicNotExistError
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand, decode_frame, encode
-
-CAPTURES = Path("/work/shared/protocol/captures")
+from support.shared import CAPTURES  # noqa: E402
 
 
 def route(*brokers: tuple[str, dict[int, str], int, int, int]) -> TopicRouteData:

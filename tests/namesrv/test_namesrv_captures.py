@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from pathlib import Path
 
 import orjson
 import pytest
@@ -15,8 +14,8 @@ from ferrymq.namesrv.register_body import body_crc32
 from ferrymq.remoting.codec import FrameDecoder, RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.connection import connect
+from support.shared import CAPTURES  # noqa: E402
 
-CAPTURES = Path("/work/shared/protocol/captures")
 FILES = ["capture_cpp.jsonl", "capture_alions.jsonl", "capture_cpp_slave_only.jsonl"]
 READ_TIMEOUT_S = 5.0
 
