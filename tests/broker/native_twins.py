@@ -16,6 +16,7 @@ import ferrymq.broker.app as app_mod
 from ferrymq.broker.app import BrokerController
 from ferrymq.common.message import host_to_bytes
 from ferrymq.remoting.codec import FrameDecoder, RemotingCommand
+from ferrymq.store.segment_warmer import PREPARED_SUFFIX
 from support.inproc import broker_config
 from support.native import require_extension
 
@@ -100,12 +101,15 @@ def answer(ctl: BrokerController, cmd: RemotingCommand) -> tuple[Any, ...]:
 
 
 def stored_files(ctl: BrokerController) -> dict[str, bytes]:
+    """The store's files as the store reads them. A ``.prep`` file is the next commit log segment that the
+    warmer thread is still zero-filling (not yet part of the log), so its bytes depend on the warmer's
+    progress, not on what was stored: it is left out."""
     ctl.writer.reput_now()
     ctl.store.flush_consume_queues()
     root = Path(ctl.store.config.store_path_root_dir)
     out: dict[str, bytes] = {}
     for sub in ("commitlog", "consumequeue", "index"):
         for path in sorted((root / sub).rglob("*")):
-            if path.is_file():
+            if path.is_file() and path.suffix != PREPARED_SUFFIX:
                 out[str(path.relative_to(root))] = path.read_bytes()
     return out
