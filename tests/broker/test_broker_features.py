@@ -295,3 +295,12 @@ async def test_bad_compressed_batch_body_is_refused(broker, client: Client, payl
     assert resp.code == R.MESSAGE_ILLEGAL and reason in (resp.remark or "")
     ok = await client.call(10, send_v1("Zipped"), b"still serving")
     assert ok.code == R.SUCCESS
+
+
+@pytest.mark.parametrize("field", ["flag", "sysFlag", "reconsumeTimes"])
+async def test_header_int_beyond_int32_is_answered_clearly(broker, client: Client, caplog, field: str) -> None:
+    resp = await client.call(10, send_v1("Ranges", **{field: "99999999999"}), b"x")
+    assert resp.code == R.SYSTEM_ERROR
+    assert resp.remark == f"header field '{field}' is outside the 32-bit int range: 99999999999"
+    assert not [r for r in caplog.records if r.exc_info], "no traceback is logged for a bad header"
+    assert (await client.call(10, send_v1("Ranges"), b"x")).code == R.SUCCESS

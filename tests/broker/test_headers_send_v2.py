@@ -45,9 +45,24 @@ def test_v2_out_of_long_range_refused(value: str) -> None:
         SendHeader.parse(RemotingCommand(310, fields))
 
 
-def test_v2_long_range_edges_accepted() -> None:
-    h = SendHeader.parse(RemotingCommand(310, {"b": "T", "g": str(2**63 - 1), "h": str(-(2**63))}))
-    assert (h.born_timestamp, h.flag) == (2**63 - 1, -(2**63))
+def test_v2_long_and_int_range_edges_accepted() -> None:
+    h = SendHeader.parse(RemotingCommand(310, {"b": "T", "g": str(2**63 - 1), "h": str(-(2**31))}))
+    assert (h.born_timestamp, h.flag) == (2**63 - 1, -(2**31))
+    h = SendHeader.parse(RemotingCommand(10, {"topic": "T", "sysFlag": str(2**31 - 1), "reconsumeTimes": "0"}))
+    assert h.sys_flag == 2**31 - 1
+
+
+@pytest.mark.parametrize("code, key", [(310, "h"), (310, "f"), (310, "j"), (310, "e"), (310, "d"), (310, "l"),
+                                       (10, "flag"), (10, "sysFlag"), (10, "reconsumeTimes"), (10, "queueId")])
+@pytest.mark.parametrize("value", [str(2**31), str(-(2**31) - 1), "99999999999", str(2**63 - 1)])
+def test_int_fields_outside_the_int_range_refused(code: int, key: str, value: str) -> None:
+    """flag, sysFlag, reconsumeTimes, queueId, ... are Java ints: a larger value is a clear ProtocolError (the
+    send answers SYSTEM_ERROR with it), not a struct.error from the record encoder."""
+    fields = {"a": "pg", "b": "T"} if code == 310 else {"producerGroup": "pg", "topic": "T"}
+    fields[key] = value
+    name = V2_TO_V1.get(key, key) if code == 310 else key
+    with pytest.raises(ProtocolError, match=f"'{name}' is outside the 32-bit int range"):
+        SendHeader.parse(RemotingCommand(code, fields))
 
 
 _INT_LETTERS = ("d", "e", "f", "g", "h", "j")

@@ -166,3 +166,21 @@ def test_oversized_length_refused_while_a_large_frame_is_pending() -> None:
     assert decoder.feed(wire[:10_000]) == []
     with pytest.raises(FrameTooLargeError):
         decoder.feed(wire[10_000:] + struct.pack(">i", (1 << 20) + 1))
+
+
+@pytest.mark.parametrize("opaque", [b"99999999999999999999999", b"18446744073709551615", b"2147483648",
+                                    b"-2147483649", b"1e30"])
+def test_opaque_outside_the_int_range_is_a_protocol_error(opaque: bytes) -> None:
+    """The opaque is a Java int echoed in the answer: a larger one is refused at the header parse (the
+    connection is closed with one log line), never a TypeError from encoding the answer."""
+    header = b'{"code":10,"language":"JAVA","version":400,"opaque":' + opaque + b',"flag":0,"extFields":{}}'
+    frame = struct.pack(">ii", 4 + len(header), len(header)) + header
+    with pytest.raises(ProtocolError, match="opaque"):
+        FrameDecoder().feed(frame)
+
+
+def test_opaque_int_range_edges_accepted() -> None:
+    for opaque in (2**31 - 1, -(2**31)):
+        header = b'{"code":10,"language":"JAVA","version":400,"opaque":%d,"flag":0,"extFields":{}}' % opaque
+        (cmd,) = FrameDecoder().feed(struct.pack(">ii", 4 + len(header), len(header)) + header)
+        assert cmd.opaque == opaque

@@ -96,7 +96,7 @@ class SendHeader:
         if not topic:
             raise ProtocolError("missing header field 'topic'")
         max_rt = f.get("maxReconsumeTimes")
-        return cls(
+        header = cls(
             producer_group=f.get("producerGroup", ""),
             topic=topic,
             default_topic=f.get("defaultTopic") or "TBW102",
@@ -111,6 +111,17 @@ class SendHeader:
             max_reconsume_times=_int(f, "maxReconsumeTimes") if max_rt not in (None, "") else None,
             batch=cmd.code == RequestCode.SEND_BATCH_MESSAGE or parse_bool(f.get("batch")),
         )
+        header._check_int_fields()
+        return header
+
+    def _check_int_fields(self) -> None:
+        """The Java header declares these as ``Integer``; a value outside that range is a bad request (it could
+        not be stored: the record layout has 32-bit fields)."""
+        for key, value in (("defaultTopicQueueNums", self.default_topic_queue_nums), ("queueId", self.queue_id),
+                           ("sysFlag", self.sys_flag), ("flag", self.flag), ("reconsumeTimes", self.reconsume_times),
+                           ("maxReconsumeTimes", self.max_reconsume_times)):
+            if value is not None and not JAVA_INT_MIN <= value <= JAVA_INT_MAX:
+                raise ProtocolError(f"header field {key!r} is outside the 32-bit int range: {value}")
 
     @classmethod
     def _parse_v2(cls, f: dict[str, str], code: int) -> SendHeader | None:
@@ -137,13 +148,13 @@ class SendHeader:
             max_rt = int(l_) if l_ else None
         except ValueError:
             return None
-        # every value of a string of at most 18 characters is inside the Java long range: only longer
-        # strings need the range check (the general parser refuses them with its message)
-        if ((d is not None and len(d) > 18) or (e is not None and len(e) > 18) or (fl is not None and len(fl) > 18)
-                or (g is not None and len(g) > 18) or (h is not None and len(h) > 18)
-                or (j is not None and len(j) > 18) or (l_ is not None and len(l_) > 18)):
-            ints = (queue_nums, queue_id, sys_flag, born, flag, reconsume, 0 if max_rt is None else max_rt)
-            if min(ints) < JAVA_LONG_MIN or max(ints) > JAVA_LONG_MAX:
+        # every value of a string of at most 9 characters is inside the Java int range (18: long): only longer
+        # strings need the range checks (the general parser refuses them with its message)
+        if ((d is not None and len(d) > 9) or (e is not None and len(e) > 9) or (fl is not None and len(fl) > 9)
+                or (g is not None and len(g) > 18) or (h is not None and len(h) > 9)
+                or (j is not None and len(j) > 9) or (l_ is not None and len(l_) > 9)):
+            ints = (queue_nums, queue_id, sys_flag, flag, reconsume, 0 if max_rt is None else max_rt)
+            if min(ints) < JAVA_INT_MIN or max(ints) > JAVA_INT_MAX or not JAVA_LONG_MIN <= born <= JAVA_LONG_MAX:
                 return None
         k = get("k")
         m = get("m")

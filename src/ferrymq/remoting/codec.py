@@ -59,6 +59,9 @@ _PREFIX = struct.Struct(">iI")
 #: body joined from them once (instead of appending the chunks to the buffer and copying the body out of it)
 _BIG_FRAME_MIN_BYTES = 16 * 1024
 _BIN_FIXED = struct.Struct(">hbhii")
+#: code, opaque, flag and version are Java ints
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
 _LANG_BY_CODE = {m.value: m.name for m in LanguageCode}
 _LANG_NAMES = frozenset(m.name for m in LanguageCode)
 
@@ -251,7 +254,7 @@ def decode_json_header(header: bytes | bytearray, body: bytes) -> RemotingComman
     except (KeyError, TypeError):
         return _decode_json_header_general(obj, body)
     if (type(code) is int and type(opaque) is int and type(flag) is int and type(version) is int
-            and type(language) is str and type(ext) is dict):
+            and type(language) is str and type(ext) is dict and _INT32_MIN <= opaque <= _INT32_MAX):
         try:
             "".join(ext.values())  # raises TypeError unless every value is a string
         except TypeError:
@@ -274,8 +277,12 @@ def _decode_json_header_general(obj: Any, body: bytes) -> RemotingCommand:
     if type(code) is not int or type(opaque) is not int or type(flag) is not int or type(version) is not int:
         try:
             code, opaque, flag, version = int(code), int(opaque), int(flag), int(version)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ProtocolError("header has a non-integer code/opaque/flag/version") from None
+    for name, value in (("code", code), ("opaque", opaque), ("flag", flag), ("version", version)):
+        if not _INT32_MIN <= value <= _INT32_MAX:
+            # every one is a Java int; the opaque is echoed in the answer, which could not be encoded
+            raise ProtocolError(f"header {name} {value} is outside the 32-bit int range")
     language = get("language", "OTHER")
     if type(language) is not str:
         language = _LANG_BY_CODE.get(language, "OTHER") if isinstance(language, int) else str(language)
