@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import click
 
+from ferrymq.common import logthrottle
 from ferrymq.errors import ConfigError, FerryError
 
 EXIT_CONFIG_ERROR = 2
@@ -70,6 +71,7 @@ def command(config_path: str, namesrv: str | None, log_level: str) -> None:
         sys.exit(EXIT_CONFIG_ERROR)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logthrottle.install()
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(_run(config_path, namesrv))

@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from ferrymq.common import logthrottle
 from ferrymq.errors import ConfigError
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
@@ -78,6 +79,7 @@ def command(listen: str, kv_config_path: str | None, log_level: str) -> None:
         click.echo(f"Error: invalid --listen: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(), format=LOG_FORMAT)
+    logthrottle.install()
     try:
         _run(host, port, kv_config_path)
     except ConfigError as exc:
