@@ -222,3 +222,29 @@ def test_empty_segment_after_roll(open_store: Opener, tmp_path: Path) -> None:
     assert_cqs_match_commit_log(b)
     r = b.put_message(inner())
     assert r.append_result is not None and r.append_result.wrote_offset == CL_SEGMENT
+
+
+def test_crash_then_zeroed_tail_below_the_checkpoint(open_store: Opener, tmp_path: Path) -> None:
+    """SIGKILL, then the last records of the log lost on disk (zeroed), although the checkpoint says they
+    were dispatched: recovery finds the real end, drops the consume-queue units pointing past it, and the
+    next put lands right after the last intact record (no hole of zeros in the log)."""
+    a = open_store()
+    offsets = _fill(a, 300)
+    a.reput()
+    a.flush()
+    a.flush_consume_queues()
+    assert a.checkpoint.dispatched_phy_offset == a.max_phy_offset
+    a.close_abruptly()
+    seg = _last_segment(tmp_path / "a")
+    seg_start = int(seg.name)
+    cut = offsets[280]
+    with open(seg, "r+b") as fh:
+        fh.seek(cut - seg_start)
+        fh.write(bytes(offsets[-1] + 600 - cut))
+    b = open_store()
+    assert b.last_start_was_abnormal
+    assert b.max_phy_offset == cut
+    assert len(_record_offsets(b)) == 280
+    assert_cqs_match_commit_log(b)
+    r = b.put_message(inner(queue_id=0))
+    assert r.append_result is not None and r.append_result.wrote_offset == cut

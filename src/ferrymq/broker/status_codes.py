@@ -22,6 +22,7 @@ GetMessageStatus → PULL response (master; a slave rewrites 21 to 20 in process
 | FOUND                   | 0                                 |
 | NO_MATCHED_MESSAGE      | 20                                |
 | MESSAGE_WAS_REMOVING    | 20                                |
+| MESSAGE_CORRUPT         | 20 (nextBeginOffset past them)    |
 | NO_MATCHED_LOGIC_QUEUE  | 21 if request offset != 0, else 19|
 | NO_MESSAGE_IN_QUEUE     | 21 if request offset != 0, else 19|
 | OFFSET_FOUND_NULL       | 19                                |
@@ -75,6 +76,7 @@ PULL_STATUS_TABLE: dict[str, int | None] = {
     "FOUND": R.SUCCESS,
     "NO_MATCHED_MESSAGE": R.PULL_RETRY_IMMEDIATELY,
     "MESSAGE_WAS_REMOVING": R.PULL_RETRY_IMMEDIATELY,
+    "MESSAGE_CORRUPT": R.PULL_RETRY_IMMEDIATELY,
     "NO_MATCHED_LOGIC_QUEUE": None,
     "NO_MESSAGE_IN_QUEUE": None,
     "OFFSET_FOUND_NULL": R.PULL_NOT_FOUND,

@@ -372,6 +372,28 @@ def store_timestamp_of(buf: Buffer, pos: int) -> int:
     return int(_Q64.unpack_from(buf, pos + off)[0])
 
 
+#: TOTALSIZE, MAGICCODE, BODYCRC, PHYSICALOFFSET, SYSFLAG, BODYLENGTH of a record with IPv4 hosts
+_VERIFY_V4 = struct.Struct(">iiI16xqi44xi")
+
+
+def verify_stored_record(record: Buffer, phy_offset: int, crc32: Callable[[Buffer], int] = zlib.crc32) -> bool:
+    """True when ``record`` (one whole record as read back for a consumer) has the message magic, a TOTALSIZE
+    equal to its length, the PHYSICALOFFSET it was read from and a BODYCRC that matches its body. The read
+    path calls this on every record it serves: one unpack and the (native) CRC for the usual IPv4 record."""
+    view = memoryview(record)
+    if len(view) < RECORD_MIN_SIZE:
+        return False
+    total, magic, crc, phy, sys_flag, body_len = _VERIFY_V4.unpack_from(view, 0)
+    if magic != MESSAGE_MAGIC_CODE or total != len(view) or phy != phy_offset:
+        return False
+    if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
+        status, size = check_record(view, 0, True, expected_phy_offset=phy_offset, crc32=crc32)
+        return status is RecordCheck.OK and size == total
+    if body_len < 0 or 88 + body_len + 3 > total:
+        return False
+    return crc32(view[88:88 + body_len]) & CRC_MASK == crc
+
+
 def check_record(
     buf: Buffer, pos: int, check_crc: bool, end: int | None = None, expected_phy_offset: int | None = None,
     crc32: Callable[[Buffer], int] = zlib.crc32,

@@ -358,6 +358,7 @@ class MessageStore:
             "getMessageTimesTotalFound": str(self.reader.get_found_total),
             "getMessageTimesTotalMiss": str(self.reader.get_miss_total),
             "getMessageTransferedMsgCount": str(self.reader.transferred_msg_total),
+            "corruptRecordsNotServed": str(self.reader.corrupt_record_total),
             "consumeQueueCount": str(len(self.queues.queues)),
             "earliestMessageTimeStamp": str(earliest if earliest is not None else -1),
             "lastStartAbnormal": str(self.last_start_was_abnormal).lower(),

@@ -5,7 +5,9 @@ consume queues agree with it, and choose where re-dispatch starts.
 * Abnormal start (``abort`` present: the last run crashed): CRC-walk from the checkpoint's
   ``dispatched_phy_offset`` itself (everything below it was flushed in the commit log, the consume
   queues and the index) when a record boundary is found there; otherwise from the segment holding
-  it (at most ``recover_segments_normal`` back), or from the first segment if that is unknown.
+  it (at most ``recover_segments_normal`` back), or from the first segment if that is unknown. The
+  checkpoint is trusted only while the record each consume queue ends with is intact: a tail lost on disk
+  below the checkpoint makes recovery walk the segment instead.
 
 The walk stops at the first record with a bad magic, size, physical offset or CRC, or at zeros.
 Everything from there on is zeroed (rest of that segment) or deleted (later segments). Consume
@@ -83,6 +85,34 @@ def _checkpoint_resume(mfq: MappedFileQueue, dispatched: int, min_phy: int) -> t
     return mfq.files.index(holder), pos
 
 
+def _queue_tails_intact(mfq: MappedFileQueue, queues: ConsumeQueueTable, below_phy: int) -> bool:
+    """Whether the record each consume queue ends with (below ``below_phy``) is still intact in the log.
+
+    The checkpoint says the log was flushed up to its dispatched offset, but the disk may have lost the
+    tail anyway (a torn write, a damaged file): then the newest units of some queue point into zeros or
+    garbage, and recovery must not resume at the checkpoint."""
+    for cq in queues.queues.values():
+        last = cq.max_offset_in_queue - 1
+        if last < cq.min_offset_in_queue:
+            continue
+        unit = cq.get_unit(last)
+        if unit is None:
+            continue
+        phy, size, _tags = unit
+        if phy + size > below_phy:
+            continue
+        holder = mfq.find(phy)
+        if holder is None:
+            continue
+        status, found = check_record(holder.mm, phy - holder.file_from_offset, True, end=holder.file_size,
+                                     expected_phy_offset=phy, crc32=_crc32)
+        if status is not RecordCheck.OK or found != size:
+            log.warning("commit log: the record of consume queue %s/%d at phy offset %d is damaged; "
+                        "recovery walks the log instead of trusting the checkpoint", cq.topic, cq.queue_id, phy)
+            return False
+    return True
+
+
 def recover(
     config: StoreConfig,
     commit_log: CommitLog,
@@ -106,6 +136,8 @@ def recover(
 
     dispatched = checkpoint.dispatched_phy_offset
     resume = _checkpoint_resume(mfq, dispatched, max(first.file_from_offset, data_start)) if abnormal else None
+    if resume is not None and not _queue_tails_intact(mfq, queues, dispatched):
+        resume = None
     if resume is not None:
         # crash: everything below the checkpoint was flushed and dispatched; walk only what came after
         # it (a clean start still CRC-walks its last segments, as before)

@@ -40,6 +40,8 @@ class GetMessageStatus(enum.Enum):
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
     NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    #: the scan found only records that fail their magic/size/offset/CRC check (skipped, never served)
+    MESSAGE_CORRUPT = "MESSAGE_CORRUPT"
 
 
 @dataclass(slots=True)
