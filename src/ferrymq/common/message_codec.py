@@ -373,7 +373,7 @@ def store_timestamp_of(buf: Buffer, pos: int) -> int:
 
 
 #: TOTALSIZE, MAGICCODE, BODYCRC, PHYSICALOFFSET, SYSFLAG, BODYLENGTH of a record with IPv4 hosts
-_VERIFY_V4 = struct.Struct(">iiI16xqi44xi")
+VERIFY_V4 = struct.Struct(">iiI16xqi44xi")
 
 
 def verify_stored_record(record: Buffer, phy_offset: int, crc32: Callable[[Buffer], int] = zlib.crc32) -> bool:
@@ -383,7 +383,7 @@ def verify_stored_record(record: Buffer, phy_offset: int, crc32: Callable[[Buffe
     view = memoryview(record)
     if len(view) < RECORD_MIN_SIZE:
         return False
-    total, magic, crc, phy, sys_flag, body_len = _VERIFY_V4.unpack_from(view, 0)
+    total, magic, crc, phy, sys_flag, body_len = VERIFY_V4.unpack_from(view, 0)
     if magic != MESSAGE_MAGIC_CODE or total != len(view) or phy != phy_offset:
         return False
     if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):

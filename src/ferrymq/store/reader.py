@@ -13,7 +13,11 @@ from __future__ import annotations
 import logging
 import struct
 
+from ferrymq.common.message import SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6
 from ferrymq.common.message_codec import (
+    CRC_MASK,
+    MESSAGE_MAGIC_CODE,
+    VERIFY_V4,
     RecordCheck,
     check_record,
     decode_record_meta,
@@ -29,6 +33,11 @@ from ferrymq.store.index import IndexService
 from ferrymq.store.queue_table import ConsumeQueueTable
 from ferrymq.store.results import GetMessageResult, GetMessageStatus, QueryMessageResult
 from ferrymq.store.speedups import crc32 as _crc32
+
+_verify_unpack = VERIFY_V4.unpack_from
+_MAGIC = MESSAGE_MAGIC_CODE
+_CRC_MASK = CRC_MASK
+_HOST_V6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +151,11 @@ class StoreReader:
                     status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 next_file_start = cl.roll_next_file(phy)
                 continue
-            if not verify_stored_record(record, phy, _crc32):
+            # verify_stored_record inlined for the usual IPv4 record (one unpack, the native CRC)
+            total, magic, crc, rec_phy, rec_sys_flag, body_len = _verify_unpack(record, 0)
+            if ((magic != _MAGIC or total != size or rec_phy != phy or rec_sys_flag & _HOST_V6
+                 or not 0 <= body_len <= size - 91 or _crc32(record[88:88 + body_len]) & _CRC_MASK != crc)
+                    and not verify_stored_record(record, phy, _crc32)):
                 self._report_corrupt(phy, size, cq.topic, cq.queue_id, offset + (i // CQ_STORE_UNIT_SIZE) - 1)
                 if total_bytes == 0:
                     status = GetMessageStatus.MESSAGE_CORRUPT
