@@ -9,7 +9,9 @@ consume queues agree with it, and choose where re-dispatch starts.
   checkpoint is trusted only while the record each consume queue ends with is intact: a tail lost on disk
   below the checkpoint makes recovery walk the segment instead.
 
-The walk stops at the first record with a bad magic, size, physical offset or CRC, or at zeros.
+The walk stops at the first record with a bad magic, size or physical offset, or at zeros, and at a bad
+CRC on the last record (a torn write). A record whose only fault is its BODYCRC and that an intact record
+follows is bit rot, not a torn tail: it is kept (the read path never serves it) with the records after it.
 Everything from there on is zeroed (rest of that segment) or deleted (later segments). Consume
 queue units pointing past the cut are dropped; units the queues lack are re-dispatched by reput.
 """
@@ -22,6 +24,7 @@ from ferrymq.common.message_codec import RecordCheck, check_record
 from ferrymq.store.checkpoint import StoreCheckpoint
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
+from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.mapped_file_queue import MappedFileQueue
 from ferrymq.store.queue_table import ConsumeQueueTable
 from ferrymq.store.speedups import crc32 as _crc32
@@ -42,6 +45,15 @@ def walk_valid_end(mfq: MappedFileQueue, start_index: int, start_pos: int, check
         if status is RecordCheck.OK:
             pos += size
             continue
+        if status is RecordCheck.CORRUPT and check_crc:
+            rotten = _rotten_size(mf, pos)
+            if rotten:
+                # a damaged body inside the log, not a torn tail: keep the record (the read path never serves
+                # it) and every acknowledged record after it
+                log.error("commit log: BODYCRC mismatch at phy offset %d, %d bytes; the record is kept but never "
+                          "served", mf.file_from_offset + pos, rotten)
+                pos += rotten
+                continue
         if status is RecordCheck.BLANK and size == mf.file_size - pos:
             if i + 1 < len(files):
                 i += 1
@@ -54,6 +66,19 @@ def walk_valid_end(mfq: MappedFileQueue, start_index: int, start_pos: int, check
                 "commit log: invalid record (%s) at phy offset %d", status.value, mf.file_from_offset + pos
             )
         return mf.file_from_offset + pos
+
+
+def _rotten_size(mf: MappedFile, pos: int) -> int:
+    """TOTALSIZE of the record at ``pos`` when only its BODYCRC is wrong (its framing is intact) AND an intact
+    record follows it in the same segment; 0 otherwise. A bad CRC on the last record of the log is a torn
+    write (its body never fully reached the disk) and is cut like any torn tail."""
+    expected = mf.file_from_offset + pos
+    status, size = check_record(mf.mm, pos, False, end=mf.file_size, expected_phy_offset=expected)
+    if status is not RecordCheck.OK:
+        return 0
+    nxt, _ = check_record(mf.mm, pos + size, True, end=mf.file_size, expected_phy_offset=expected + size,
+                          crc32=_crc32)
+    return size if nxt is RecordCheck.OK else 0
 
 
 def _checkpoint_resume(mfq: MappedFileQueue, dispatched: int, min_phy: int) -> tuple[int, int] | None:
