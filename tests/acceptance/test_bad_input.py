@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from procs import LOOPBACK, Cluster, ProcessGroup, create_topic, start_broker, start_namesrv
+from procs import LOOPBACK, Cluster, ProcessGroup, create_topic, request, start_broker, start_namesrv
 
 from ferrymq.remoting.codec import RemotingCommand, decode_frame, encode
 from ferrymq.remoting.codes import RequestCode, ResponseCode
@@ -297,4 +297,53 @@ def test_bad_connections_do_not_flood_the_log(procs: ProcessGroup) -> None:
     # one more after the throttle window would print the count; here the cap itself is what is checked
     closing = [line for line in broker.proc.log_text().splitlines() if "closing 127.0.0.1" in line]
     assert 1 <= len(closing) <= 10, f"{len(closing)} 'closing' lines in the broker log"
+    assert broker.proc.returncode is None
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.timeout(120)
+def test_a_client_that_never_reads_its_pull_answers_costs_bounded_memory(procs: ProcessGroup) -> None:
+    """A client pipelines thousands of PULLs (128 KiB answers each) and never reads: the broker stops reading
+    from it at the write high-water mark, its RSS stays bounded, and another client is served meanwhile."""
+    from ferrymq.common.message_codec import encode_batch_body
+    from support.wire import pull, send_v1
+
+    ns = start_namesrv(procs)
+    broker = start_broker(procs, [ns.addr])
+    assert broker.proc is not None
+    topic = f"NoRead{uuid.uuid4().hex[:6]}"
+    entries = [(0, bytes([i % 251]) * 4096, "") for i in range(64)]
+    for _ in range(5):
+        resp = request(broker.addr, int(RequestCode.SEND_BATCH_MESSAGE), send_v1(topic, 0, ""),
+                       encode_batch_body(entries))
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+    rss_before = _rss_bytes(broker.proc.pid)
+    req = encode(RemotingCommand.request(int(RequestCode.PULL_MESSAGE),
+                                         pull(topic, sys_flag=4, max_msgs=32, suspend_ms=0)))
+    abuser = socket.create_connection((LOOPBACK, broker.port))
+    abuser.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    abuser.settimeout(0.2)
+    sent_requests = 0
+    deadline = time.monotonic() + 6
+    try:
+        while time.monotonic() < deadline and sent_requests < 40_000:
+            try:
+                abuser.sendall(req * 100)
+                sent_requests += 100
+            except TimeoutError:
+                pass  # the broker stopped reading from us: exactly what is wanted
+        rss_after = _rss_bytes(broker.proc.pid)
+        good = request(broker.addr, int(RequestCode.PULL_MESSAGE), pull(topic, sys_flag=4, max_msgs=4))
+        assert good.code == ResponseCode.SUCCESS
+    finally:
+        abuser.close()
+    growth = rss_after - rss_before
+    assert growth < 200 * 1024 * 1024, f"broker RSS grew by {growth >> 20} MiB ({sent_requests} unread pulls sent)"
     assert broker.proc.returncode is None

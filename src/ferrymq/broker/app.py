@@ -179,13 +179,14 @@ class BrokerController:
         self.writer.reput_now()
         self.start_ms = self.clock_ms()
 
-        self.server = RemotingServer(self.dispatcher, cfg.listen_host, cfg.listen_port,
+        limits = cfg.server_limits()
+        self.server = RemotingServer(self.dispatcher, cfg.listen_host, cfg.listen_port, limits=limits,
                                      on_connection_closed=self._on_connection_closed)
         await self.server.start()
         self.store_host = host_to_bytes(cfg.broker_ip1, self.server.port)
         if cfg.fast_listen_enable:
             fast_port = self.server.port - FAST_PORT_OFFSET if cfg.listen_port > FAST_PORT_OFFSET else 0
-            self.fast_server = RemotingServer(self.dispatcher, cfg.listen_host, fast_port,
+            self.fast_server = RemotingServer(self.dispatcher, cfg.listen_host, fast_port, limits=limits,
                                               on_connection_closed=self._on_connection_closed)
             try:
                 await self.fast_server.start()

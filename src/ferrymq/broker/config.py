@@ -18,6 +18,16 @@ from enum import Enum, StrEnum
 from typing import Any
 
 from ferrymq.errors import ConfigError
+from ferrymq.remoting.limits import (
+    DEFAULT_FRAME_DEADLINE_MS,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    DEFAULT_MAX_PARTIAL_BYTES_TOTAL,
+    DEFAULT_MAX_WRITE_BUFFER_BYTES,
+    DEFAULT_MAX_WRITE_BUFFER_BYTES_TOTAL,
+    DEFAULT_WRITE_HIGH_WATER_BYTES,
+    ServerLimits,
+)
 from ferrymq.store.config import COMMIT_LOG_PREALLOCATION_MODES
 
 log = logging.getLogger(__name__)
@@ -146,6 +156,21 @@ class BrokerConfig:
         "channelExpiredTimeout", "Client channels without heartbeat are dropped after this"))
     delete_when: str = field(default="04", metadata=_meta("deleteWhen", "Accepted for compatibility; ignored"))
     broker_permission: int = field(default=6, metadata=_meta("brokerPermission", "Broker perm bits (6 = RW)"))
+    max_connections: int = field(default=DEFAULT_MAX_CONNECTIONS, metadata=_meta(
+        "maxConnections", "Most client connections open at once, per port; more are closed at once"))
+    max_connections_per_address: int = field(default=DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, metadata=_meta(
+        "maxConnectionsPerAddress", "Most connections from one remote IP, per port"))
+    frame_deadline_ms: int = field(default=DEFAULT_FRAME_DEADLINE_MS, metadata=_meta(
+        "frameDeadlineMs", "A request frame begun must arrive whole within this, or the connection closes"))
+    max_partial_frame_bytes_total: int = field(default=DEFAULT_MAX_PARTIAL_BYTES_TOTAL, metadata=_meta(
+        "maxPartialFrameBytesTotal", "Bytes of unfinished frames all connections of a port may hold"))
+    write_buffer_high_water_bytes: int = field(default=DEFAULT_WRITE_HIGH_WATER_BYTES, metadata=_meta(
+        "writeBufferHighWaterBytes", "Answers buffered for a client past which its requests are not read"))
+    max_write_buffer_bytes: int = field(default=DEFAULT_MAX_WRITE_BUFFER_BYTES, metadata=_meta(
+        "maxWriteBufferBytesPerConnection", "Answers buffered for one client past which it is disconnected"))
+    max_write_buffer_bytes_total: int = field(default=DEFAULT_MAX_WRITE_BUFFER_BYTES_TOTAL, metadata=_meta(
+        "maxWriteBufferBytesTotal", "Answers buffered for all non-reading clients of a port; the largest "
+        "backlog is disconnected past it"))
     # ---- derived, not read from the file ----
     warnings: list[str] = field(default_factory=list, metadata={"derived": True})
 
@@ -222,6 +247,23 @@ class BrokerConfig:
         if self.slave_timeout_ms < -1:
             raise ConfigError("slaveTimeout", f"must be -1 (use syncFlushTimeout) or >= 0, got {self.slave_timeout_ms}")
         parse_delay_levels(self.message_delay_level)
+        self.server_limits()
+
+    def server_limits(self) -> ServerLimits:
+        """The per-port connection limits (remoting/limits.py) these keys set."""
+        try:
+            return ServerLimits(
+                max_connections=self.max_connections,
+                max_connections_per_address=self.max_connections_per_address,
+                frame_deadline_ms=self.frame_deadline_ms,
+                max_partial_bytes_total=self.max_partial_frame_bytes_total,
+                write_high_water_bytes=self.write_buffer_high_water_bytes,
+                max_write_buffer_bytes=self.max_write_buffer_bytes,
+                max_write_buffer_bytes_total=self.max_write_buffer_bytes_total,
+            )
+        except ValueError as exc:  # the message starts with the ServerLimits field's name
+            key = next(k for attr, k in _LIMIT_KEYS.items() if str(exc).startswith(attr + " "))
+            raise ConfigError(key, str(exc)) from None
 
     def _validate_addresses(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -265,6 +307,15 @@ def parse_delay_levels(text: str) -> list[int]:
         raise ConfigError("messageDelayLevel", "no delay levels")
     return out
 
+
+#: ServerLimits field -> the broker.conf key that sets it (for config errors)
+_LIMIT_KEYS = {
+    "max_connections_per_address": "maxConnectionsPerAddress", "max_connections": "maxConnections",
+    "frame_deadline_ms": "frameDeadlineMs", "max_partial_bytes_total": "maxPartialFrameBytesTotal",
+    "write_high_water_bytes": "writeBufferHighWaterBytes",
+    "max_write_buffer_bytes_total": "maxWriteBufferBytesTotal",
+    "max_write_buffer_bytes": "maxWriteBufferBytesPerConnection",
+}
 
 # key name -> dataclass field
 FIELDS = {f.metadata["key"]: f for f in fields(BrokerConfig) if "key" in f.metadata}

@@ -38,6 +38,7 @@ from ferrymq.remoting.codec import (
     encode,
 )
 from ferrymq.remoting.codes import ResponseCode
+from ferrymq.remoting.limits import ServerBudget
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,18 @@ class Connection(asyncio.Protocol):
         *,
         on_close: Callable[[Connection], None] | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        budget: ServerBudget | None = None,
     ) -> None:
         self.dispatcher = dispatcher or Dispatcher()
+        #: the server side's shared limits (None on a client's connection: see remoting/limits.py)
+        self._budget = budget
+        #: bytes of an unfinished frame counted in the budget, and since when (monotonic s; 0 = none)
+        self._partial_bytes = 0
+        self._partial_since = 0.0
+        self._admitted_ip: str | None = None
+        self._reading_paused = False
+        #: requests read but not served while reading is paused (at most one read's worth)
+        self._held: list[RemotingCommand] = []
         self._on_close = on_close
         self._decoder = FrameDecoder(max_frame_bytes)
         self._transport: asyncio.Transport | None = None
@@ -116,35 +127,120 @@ class Connection(asyncio.Protocol):
             self.peer_addr = f"{peer[0]}:{peer[1]}"
         if sock:
             self.local_addr = f"{sock[0]}:{sock[1]}"
+        if self._budget is not None:
+            self._admit(self._budget, str(peer[0]) if peer else "")
+
+    def _admit(self, budget: ServerBudget, ip: str) -> None:
+        limits = budget.limits
+        count = budget.per_address.get(ip, 0)
+        if budget.connections >= limits.max_connections:
+            reason = f"{limits.max_connections} connections open (maxConnections)"
+        elif count >= limits.max_connections_per_address:
+            reason = f"{count} connections open from {ip} (maxConnectionsPerAddress)"
+        else:
+            budget.connections += 1
+            budget.per_address[ip] = count + 1
+            self._admitted_ip = ip
+            self._transport.set_write_buffer_limits(high=limits.write_high_water_bytes)  # type: ignore[union-attr]
+            return
+        log.warning("refusing connection from %s: %s", self.peer_addr, reason)
+        self.abort()
 
     def data_received(self, data: bytes) -> None:
-        self.last_activity = time.monotonic()
+        self.last_activity = now = time.monotonic()
+        decoder = self._decoder
         try:
-            commands = self._decoder.feed(data)
+            commands = decoder.feed(data)
         except ProtocolError as exc:
             log.warning("closing %s: %s", self.peer_addr, exc)
             self.close(exc)
             return
+        budget = self._budget
+        if budget is not None and (self._partial_bytes or decoder.buffered):
+            if self._account_partial(budget, decoder.buffered, now):
+                return
         for cmd in commands:
             if cmd.flag & FLAG_RESPONSE:
                 entry = self._pending.pop(cmd.opaque, None)
                 if entry is not None and not entry[0].done():
                     entry[0].set_result(cmd)
+            elif self._reading_paused:
+                # the peer does not take its answers: the rest of this read waits until it does
+                self._held.append(cmd)
             else:
                 self._serve(cmd)
+
+    def _account_partial(self, budget: ServerBudget, buffered: int, now: float) -> bool:
+        """Count this connection's unfinished frame in the server's budget; close the connection (True)
+        when the frame is late or the server holds too many unfinished bytes."""
+        budget.partial_bytes += buffered - self._partial_bytes
+        self._partial_bytes = buffered
+        if not buffered:
+            self._partial_since = 0.0
+            return False
+        if not self._partial_since:
+            self._partial_since = now
+        limits = budget.limits
+        if budget.partial_bytes > limits.max_partial_bytes_total:
+            reason = (f"unfinished frames of all connections hold {budget.partial_bytes} bytes "
+                      f"(limit {limits.max_partial_bytes_total})")
+        elif (now - self._partial_since) * 1000 > limits.frame_deadline_ms:
+            reason = f"a frame took longer than {limits.frame_deadline_ms} ms to arrive (frameDeadlineMs)"
+        else:
+            return False
+        log.warning("closing %s: %s", self.peer_addr, reason)
+        self.close(ProtocolError(reason))
+        return True
+
+    def frame_overdue(self, now: float) -> bool:
+        """Whether an unfinished frame has waited past the frame deadline (the server's scan asks)."""
+        budget = self._budget
+        return (budget is not None and bool(self._partial_since)
+                and (now - self._partial_since) * 1000 > budget.limits.frame_deadline_ms)
+
+    def write_buffer_size(self) -> int:
+        transport = self._transport
+        return transport.get_write_buffer_size() if transport is not None and not self.closed else 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown(exc or ConnectionClosedError(f"connection to {self.peer_addr} closed"))
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        if self._budget is not None and self._transport is not None and not self.closed:
+            # the peer does not take its answers: read no more requests from it until it does
+            self._transport.pause_reading()
+            self._reading_paused = True
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._reading_paused and self._transport is not None and not self.closed:
+            self._reading_paused = False
+            held, self._held = self._held, []
+            for i, cmd in enumerate(held):
+                if self._reading_paused or self.closed:
+                    self._held = held[i:] if not self.closed else []
+                    break
+                self._serve(cmd)
+            if not self._reading_paused and not self.closed:
+                self._transport.resume_reading()
         waiters, self._drain_waiters = self._drain_waiters, []
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+
+    def _check_write_buffer(self) -> None:
+        """While writing is paused (answers pile up for a peer that does not read), close the connection
+        once its buffered answers pass ``max_write_buffer_bytes``."""
+        budget = self._budget
+        if budget is None or self._transport is None or self.closed:
+            return
+        size = self._transport.get_write_buffer_size()
+        limit = budget.limits.max_write_buffer_bytes
+        if size > limit:
+            reason = f"{size} bytes of answers not taken by the peer (limit {limit})"
+            log.warning("closing %s: %s", self.peer_addr, reason)
+            self.abort()
 
     # ---- serving incoming requests -----------------------------------------
     def _serve(self, cmd: RemotingCommand) -> None:
@@ -174,6 +270,8 @@ class Connection(asyncio.Protocol):
             else:
                 result.opaque = cmd.opaque  # type: ignore[union-attr]
                 transport.write(encode(result))  # type: ignore[arg-type]
+            if self._write_paused:
+                self._check_write_buffer()
             return
         if result is None or isinstance(result, (RemotingCommand, bytes)):
             self._reply(cmd, result)
@@ -211,6 +309,8 @@ class Connection(asyncio.Protocol):
         if transport is None or self.closed:
             raise ConnectionClosedError(f"connection to {self.peer_addr} is closed")
         transport.write(cmd if isinstance(cmd, bytes) else encode(cmd))
+        if self._write_paused:
+            self._check_write_buffer()
 
     async def drain(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark."""
@@ -317,6 +417,19 @@ class Connection(asyncio.Protocol):
             return
         self.closed = True
         self.close_reason = reason
+        budget = self._budget
+        if budget is not None:
+            budget.partial_bytes -= self._partial_bytes
+            self._partial_bytes = 0
+            ip = self._admitted_ip
+            if ip is not None:
+                self._admitted_ip = None
+                budget.connections -= 1
+                left = budget.per_address.get(ip, 1) - 1
+                if left > 0:
+                    budget.per_address[ip] = left
+                else:
+                    budget.per_address.pop(ip, None)
         pending, self._pending = self._pending, {}
         if self._timer is not None:
             self._timer.cancel()
