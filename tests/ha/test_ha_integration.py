@@ -375,3 +375,28 @@ async def test_slave_waits_for_a_master_that_starts_later(tmp_path: Path, caplog
         await service.stop()
         slave.shutdown()
         master.shutdown()
+
+
+async def test_master_caps_its_ha_connections(tmp_path: Path) -> None:
+    """Connections past the cap are closed at once; the ones inside it are kept (a hostile peer cannot open
+    thousands of links, each with its own pump task)."""
+    master = open_store(tmp_path / "m", BrokerRole.SYNC_MASTER)
+    service = HAService(master, listen_host="127.0.0.1", listen_port=0, max_slave_connections=4)
+    await service.start()
+    peers = []
+    try:
+        for _ in range(10):
+            peers.append(await asyncio.open_connection("127.0.0.1", service.port))
+        await wait_for(lambda: service.connection_count == 4, 5, what="four links accepted")
+        closed = 0
+        for reader, _writer in peers[4:]:
+            try:
+                closed += await asyncio.wait_for(reader.read(1), 5) == b""
+            except ConnectionResetError:
+                closed += 1
+        assert closed == 6 and service.connection_count == 4
+    finally:
+        for _r, w in peers:
+            w.close()
+        await service.stop()
+        master.shutdown()

@@ -49,6 +49,10 @@ MAX_ACK_WAITERS = 1_000_000
 SWEEP_EARLY_S = 0.001
 
 
+#: HA connections a master accepts at once (a group has a few slaves; anything past this is not one of them)
+MAX_SLAVE_CONNECTIONS = 16
+
+
 def _monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
@@ -133,6 +137,12 @@ class _SlaveLink(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.addr = _peer(transport)
         if not self.service.started:
+            self.closed = True
+            transport.close()
+            return
+        if len(self.service._links) >= self.service.max_slave_connections:
+            log.warning("refusing HA connection from %s: %d slave connections open (the limit)",
+                        self.addr, len(self.service._links))
             self.closed = True
             transport.close()
             return
@@ -286,8 +296,10 @@ class HAService:
         diff_log_interval_ms: int = DEFAULT_DIFF_LOG_INTERVAL_MS,
         segment_size: int | None = None,
         clock_ms: Callable[[], int] = _monotonic_ms,
+        max_slave_connections: int = MAX_SLAVE_CONNECTIONS,
     ) -> None:
         self._view = StoreView(store, segment_size)
+        self.max_slave_connections = max_slave_connections
         self._config = HAConfig(
             heartbeat_interval_ms=heartbeat_interval_ms,
             housekeeping_interval_ms=housekeeping_interval_ms,
