@@ -36,7 +36,7 @@ from ferrymq.common.message_codec import (
 )
 from ferrymq.store import speedups
 from ferrymq.store.config import BrokerRole, FlushDiskType, StoreConfig
-from ferrymq.store.errors import StoreError
+from ferrymq.store.errors import StoreDiskFullError, StoreError
 from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.mapped_file_queue import MappedFileQueue
 from ferrymq.store.results import (
@@ -93,6 +93,8 @@ class CommitLog:
         self.native = speedups.NATIVE
         #: False while the owning store is not running (``MessageStore`` keeps it): ``put_one_raw`` declines
         self.accepting_puts = True
+        #: the last segment creation found the disk full (MessageStore.check_disk_space clears it)
+        self.out_of_space = False
         # first valid byte when the first segment was started mid-file by append_at (slave)
         self.data_start_phy_offset = 0
         self.last_store_timestamp = 0  # of the newest appended record
@@ -163,10 +165,19 @@ class CommitLog:
                 mf.append(blank_filler(remaining))
                 mf.wrote_position = mf.file_size
                 mf = self.mfq.create_file(mf.end_offset)
+        except StoreDiskFullError as exc:
+            # no room for the next segment: refuse puts (DISK_FULL) until the store's disk check sees room
+            log.error("cannot create commit log segment: %s", exc)
+            self.out_of_space = True
+            self.accepting_puts = False
+            return None
         except (StoreError, OSError) as exc:
             log.error("cannot create commit log segment: %s", exc)
             return None
         return mf
+
+    def _no_segment_status(self) -> PutMessageStatus:
+        return PutMessageStatus.DISK_FULL if self.out_of_space else PutMessageStatus.CREATE_MAPEDFILE_FAILED
 
     def put_message(self, inner: MessageExtBrokerInner) -> PutMessageResult:
         status, topic_bytes, props = self._check(inner)
@@ -186,7 +197,7 @@ class CommitLog:
         if mf is None or total + END_FILE_MIN_BLANK_LENGTH > mf.file_size - mf.wrote_position:
             mf = self._segment_with_room(total)
             if mf is None:
-                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+                return _illegal(self._no_segment_status())
         pos = mf.wrote_position
         phy_offset = mf.file_from_offset + pos
         store_ts = self.clock_ms()
@@ -251,7 +262,7 @@ class CommitLog:
         queue_offset = self.topic_queue_table.get(key, 0)
         mf = self._segment_with_room(total)
         if mf is None:
-            return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+            return _illegal(self._no_segment_status())
         start_pos = mf.wrote_position
         base = mf.file_from_offset + start_pos
         store_ts = self.clock_ms()
@@ -478,7 +489,7 @@ class CommitLog:
                 return None  # too large for any segment: MESSAGE_ILLEGAL from the Python path
             mf = self._segment_with_room(total)
             if mf is None:
-                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED), res, 0
+                return _illegal(self._no_segment_status()), res, 0
         return None  # pragma: no cover - the second call always has room
 
     def _queue_dispatch(self, meta: RecordMeta) -> None:
