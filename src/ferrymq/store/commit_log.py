@@ -30,8 +30,10 @@ from ferrymq.common.message_codec import (
     HEAD_V4,
     MESSAGE_MAGIC_CODE,
     RECORD_FIXED_SIZE,
+    RecordCheck,
     RecordMeta,
     blank_filler,
+    check_record,
     encode_record_parts,
 )
 from ferrymq.store import speedups
@@ -70,6 +72,27 @@ def _illegal(status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> Put
     return PutMessageResult(status, None)
 
 
+_VERIFY_END, _VERIFY_BAD, _VERIFY_BLANK, _VERIFY_OTHER = 0, 1, 2, 3
+
+
+def _verify_records_py(buf: Any, start: int, end: int, base_phy: int) -> tuple[int, int]:
+    """The pure-Python ``_speedups.verify_records``: (pos, status) of the first record in buf[start:end] that
+    is incomplete (END), fails its check (BAD) or is a BLANK filler."""
+    pos = start
+    while pos + 8 <= end:
+        status, size = check_record(buf, pos, True, end=end, expected_phy_offset=base_phy + pos,
+                                    crc32=speedups.crc32)
+        if status is RecordCheck.OK:
+            pos += size
+        elif status is RecordCheck.BLANK:
+            return pos, _VERIFY_BLANK
+        elif status is RecordCheck.INCOMPLETE:
+            return pos, _VERIFY_END
+        else:
+            return pos, _VERIFY_BAD
+    return pos, _VERIFY_END
+
+
 class CommitLog:
     def __init__(self, config: StoreConfig, clock_ms: Callable[[], int]) -> None:
         self.config = config
@@ -95,6 +118,8 @@ class CommitLog:
         self.accepting_puts = True
         #: the last segment creation found the disk full (MessageStore.check_disk_space clears it)
         self.out_of_space = False
+        #: replicated bytes (slave) below this physical offset are whole records that passed their check
+        self.replica_verified_phy = 0
         # first valid byte when the first segment was started mid-file by append_at (slave)
         self.data_start_phy_offset = 0
         self.last_store_timestamp = 0  # of the newest appended record
@@ -549,11 +574,52 @@ class CommitLog:
                 view = view[n:]
         finally:
             view.release()
+        return self._verify_replicated()
+
+    def _verify_replicated(self) -> bool:
+        """Check every record replication completed (magic, size, physical offset, BODYCRC) before anything
+        reads or dispatches it. A record that fails is cut off with everything after it (the slave reconnects
+        and asks for it again) and False is returned: a slave never keeps a damaged record."""
+        native = self.native
+        r = self.replica_verified_phy
+        max_phy = self.max_offset
+        if r < self.min_offset:
+            r = self.min_offset
+        while r < max_phy:
+            mf = self.mfq.find(r)
+            if mf is None:
+                break
+            base = mf.file_from_offset
+            end = mf.wrote_position
+            if native is not None:
+                pos, status = native.verify_records(mf.mm, r - base, end, base)
+            else:
+                pos, status = _verify_records_py(mf.mm, r - base, end, base)
+            r = base + pos
+            if status == _VERIFY_END:
+                break
+            if status == _VERIFY_BLANK:
+                r = mf.end_offset
+                continue
+            if status == _VERIFY_OTHER:
+                check, size = check_record(mf.mm, pos, True, end=end, expected_phy_offset=r, crc32=speedups.crc32)
+                if check is RecordCheck.OK:
+                    r += size
+                    continue
+                if check is RecordCheck.INCOMPLETE:
+                    break
+            log.error("replication: the record at phy offset %d fails its check; cut from there, asking the "
+                      "master again", r)
+            self.replica_verified_phy = r
+            self.mfq.truncate(r)
+            return False
+        self.replica_verified_phy = r
         return True
 
     # --- recovery ----------------------------------------------------------------------------
 
     def truncate(self, phy_offset: int) -> None:
+        self.replica_verified_phy = phy_offset
         self.mfq.truncate(phy_offset)
         self.pending.clear()
         if self.data_start_phy_offset and self.mfq.last() is None:

@@ -107,6 +107,7 @@ class MessageStore:
         if self.index is not None:
             self.index.load()
         reput_from = recover(c, self.commit_log, self.queues, self.checkpoint, abnormal)
+        self.commit_log.replica_verified_phy = self.commit_log.max_offset  # recovered: checked by the walk
         self.dispatcher.reput_phy_offset = reput_from
         create_abort_file(c.abort_path)
         self.dispatcher.reput()  # catch up before serving
