@@ -109,6 +109,8 @@ class BrokerController:
         self.topics = TopicManager(cdir, cluster_name=config.broker_cluster_name, broker_name=config.broker_name,
                                    auto_create_topic_enable=config.auto_create_topic_enable,
                                    default_topic_queue_nums=config.default_topic_queue_nums, clock_ms=clock_ms)
+        if config.is_slave:
+            self.topics.replica_queue_count = self.store.queue_count
         self.offsets = ConsumerOffsetManager(cdir)
         self.groups = SubscriptionGroupManager(cdir, auto_create=config.auto_create_subscription_group,
                                                clock_ms=clock_ms)

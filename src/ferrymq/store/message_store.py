@@ -305,6 +305,10 @@ class MessageStore:
     def topic_queue_ids(self) -> dict[str, list[int]]:
         return self.queues.topic_queue_ids()
 
+    def queue_count(self, topic: str) -> int:
+        """1 + the highest queue id of ``topic`` with a consume queue here (0: the store holds none)."""
+        return self.queues.queue_count(topic)
+
     def delete_topic(self, topic: str) -> None:
         for key in self.queues.delete_topic(topic):
             self.commit_log.topic_queue_table.pop(key, None)
