@@ -267,3 +267,54 @@ def test_g_metadata_reaches_the_slave_within_one_sync_period(procs: Any) -> None
         what="offset on the slave",
         alive=pair.alive,
     )
+
+
+#: a metadata change on the master is on the slave within this (the slave polls every 500 ms)
+METADATA_BOUND_S = 1.0
+#: a consumer offset committed on the master is on the slave within this (copied every second)
+OFFSET_BOUND_S = 1.5
+
+
+def _slave_knows_group(slave_addr: str, group: str) -> bool:
+    resp = request(slave_addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+    return group in (json.loads(resp.body or b"{}").get("subscriptionGroupTable") or {})
+
+
+def test_h_metadata_within_a_second_and_slave_offsets_survive_the_masters_return(procs: Any) -> None:
+    """Five rounds: a topic, a subscription group and a consumer offset changed on the master reach the slave
+    within a second (not one slaveSyncInterval later). Then the master is SIGKILLed, a consumer commits a
+    larger offset on the slave, the master comes back: it takes the slave's offset (the consumer is not
+    rewound) and the slave keeps it."""
+    from procs import create_topic
+
+    pair = start_ha_pair(procs, role="ASYNC_MASTER", slaveSyncInterval=60_000)
+    wait_for(lambda: slave_knows_topic(pair.slave.addr, "TBW102"), timeout_s=10, what="slave up")
+    for i in range(5):
+        topic, group = f"HaMetaH{i}", f"ha-meta-group-{i}"
+        assert create_topic(pair.master.addr, topic, queues=2).code == ResponseCode.SUCCESS
+        t0 = time.monotonic()
+        wait_for(lambda topic=topic: slave_knows_topic(pair.slave.addr, topic), timeout_s=METADATA_BOUND_S,
+                 interval_s=0.05, what=f"topic {topic} on the slave within {METADATA_BOUND_S} s", alive=pair.alive)
+        took_topic = time.monotonic() - t0
+        resp = request(pair.master.addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                       body=json.dumps({"groupName": group, "retryMaxTimes": 3}).encode())
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        wait_for(lambda group=group: _slave_knows_group(pair.slave.addr, group), timeout_s=METADATA_BOUND_S,
+                 interval_s=0.05, what=f"group {group} on the slave", alive=pair.alive)
+        resp = request(pair.master.addr, RequestCode.UPDATE_CONSUMER_OFFSET,
+                       {"consumerGroup": group, "topic": topic, "queueId": 1, "commitOffset": 40 + i})
+        assert resp.code == ResponseCode.SUCCESS
+        wait_for(lambda group=group, topic=topic, i=i: query_consumer_offset(pair.slave.addr, group, topic, 1)
+                 == 40 + i, timeout_s=OFFSET_BOUND_S, interval_s=0.05, what="offset on the slave", alive=pair.alive)
+        print(f"(h) round {i}: topic on the slave after {took_topic * 1000:.0f} ms")
+
+    topic, group = "HaMetaH0", "ha-meta-group-0"
+    pair.master.kill()
+    resp = request(pair.slave.addr, RequestCode.UPDATE_CONSUMER_OFFSET,
+                   {"consumerGroup": group, "topic": topic, "queueId": 1, "commitOffset": 500})
+    assert resp.code == ResponseCode.SUCCESS
+    pair.master.start()
+    wait_for(lambda: query_consumer_offset(pair.master.addr, group, topic, 1) == 500, timeout_s=10,
+             what="the slave's offset on the returned master", alive=pair.alive)
+    wait_for(lambda: query_consumer_offset(pair.slave.addr, group, topic, 1) == 500, timeout_s=5,
+             what="the slave keeps its offset", alive=pair.alive)

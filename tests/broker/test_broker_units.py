@@ -226,3 +226,22 @@ def test_configuration_reference_lists_every_key() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     missing = [key for key, _default, _doc in config_table() if f"`{key}`" not in doc]
     assert missing == []
+
+
+def test_slave_offset_merge_keeps_its_own_larger_commits_once(tmp_path) -> None:
+    """Master wins per queue, except a larger offset committed on the slave since the last merge: kept and
+    handed to the master; once the master has it, a later master reset below it is not undone."""
+    from ferrymq.broker.offset_manager import ConsumerOffsetManager
+
+    slave = ConsumerOffsetManager(str(tmp_path))
+    slave.local_commits = {}
+    slave.commit("g", "T", 0, 50)   # committed on the slave while the master was down
+    slave.commit("g", "T", 1, 5)    # smaller than the master's: the master wins
+    push = slave.merge_from_master({"offsetTable": {"T@g": {"0": 10, "1": 30, "2": 7}}})
+    assert push == {("T@g", 0): 50}
+    assert slave.table["T@g"] == {0: 50, 1: 30, 2: 7}
+    slave.pushed("T@g", 0, 50)
+    assert slave.local_commits == {}
+    # the master later resets queue 0 to 3: the slave follows, nothing is pushed back
+    assert slave.merge_from_master({"offsetTable": {"T@g": {"0": 3, "1": 30, "2": 7}}}) == {}
+    assert slave.query("g", "T", 0) == 3

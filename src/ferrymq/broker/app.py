@@ -112,6 +112,8 @@ class BrokerController:
         if config.is_slave:
             self.topics.replica_queue_count = self.store.queue_count
         self.offsets = ConsumerOffsetManager(cdir)
+        if config.is_slave:
+            self.offsets.local_commits = {}
         self.groups = SubscriptionGroupManager(cdir, auto_create=config.auto_create_subscription_group,
                                                clock_ms=clock_ms)
         self.consumers = ConsumerManager(clock_ms=clock_ms, channel_expired_ms=config.channel_expired_timeout_ms)

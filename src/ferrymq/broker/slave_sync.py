@@ -1,11 +1,20 @@
-"""SlaveSynchronize: a slave copies its master's metadata (not messages) every 10 s (protocol §6.6).
+"""SlaveSynchronize: a slave copies its master's metadata (not messages) (protocol §6.6).
 
-| step                | request                               | effect on the slave                                  |
-|---------------------|---------------------------------------|------------------------------------------------------|
-| topics              | GET_ALL_TOPIC_CONFIG (21)             | data version differs -> replace table + version, persist |
-| consumer offsets    | GET_ALL_CONSUMER_OFFSET (43)          | merge, master wins per key, persist                  |
-| delay offsets       | GET_ALL_DELAY_OFFSET (45)             | body written verbatim to ``delayOffset.json``        |
-| subscription groups | GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) | data version differs -> replace, persist            |
+| step                | request                               | every                   | effect on the slave           |
+|---------------------|---------------------------------------|-------------------------|-------------------------------|
+| topics              | GET_ALL_TOPIC_CONFIG (21)             | METADATA_POLL_MS (500)  | data version differs -> replace table + version, persist |
+| subscription groups | GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) | METADATA_POLL_MS       | data version differs -> replace, persist |
+| consumer offsets    | GET_ALL_CONSUMER_OFFSET (43)          | OFFSET_SYNC_MS (1000)   | merge (below), persist        |
+| delay offsets       | GET_ALL_DELAY_OFFSET (45)             | slaveSyncInterval (10 s)| body written verbatim to ``delayOffset.json`` |
+
+Topics and groups are asked for with the slave's data version (``knownDataVersion``, a ferrymq extension,
+processors/admin.py): a ferrymq master answers "unchanged" with no body, so a change reaches the slave within
+about half a second at the cost of one small frame per poll; any other master sends its whole table.
+
+Consumer offsets: the master's value wins per queue, except an offset committed on this slave (while the
+master was unreachable) that is larger than the master's: the slave keeps it and hands it to the master with
+UPDATE_CONSUMER_OFFSET (15), so a consumer that goes back to the master is not rewound. Only commits made on
+the slave since the last merge count, so an offset reset on the master is not undone later.
 
 Runs only while ``master_addr`` is known and differs from the broker's own address. Requests go to
 the master's main (remoting) port through the broker's ``ConnectionPool``. A failing step is
@@ -18,6 +27,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ferrymq.broker.processors.admin import KNOWN_VERSION_FIELD, UNCHANGED_FIELD
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
@@ -31,6 +41,10 @@ DEFAULT_SYNC_INTERVAL_MS = 10_000
 #: RocketMQ runs the first sync 3 s after start.
 FIRST_SYNC_DELAY_MS = 3_000
 SYNC_REQUEST_TIMEOUT_MS = 3_000
+#: period of the topic / subscription group version poll (a change reaches the slave within about this)
+METADATA_POLL_MS = 500
+#: period of the consumer offset copy
+OFFSET_SYNC_MS = 1_000
 
 
 def _attr(obj: Any, *names: str) -> Any:
@@ -99,20 +113,35 @@ class SlaveSynchronize:
             self._own_pool = None
 
     async def _run(self) -> None:
+        """sync_all right away when the master address changes and every slaveSyncInterval; in between the
+        cheap polls: topics and groups every METADATA_POLL_MS, consumer offsets every OFFSET_SYNC_MS."""
         assert self._wake is not None
-        delay_ms = self.first_delay_ms
+        loop = asyncio.get_running_loop()
+        next_full = loop.time() + self.first_delay_ms / 1000.0
+        next_offsets = loop.time()
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), delay_ms / 1000.0)
+                await asyncio.wait_for(self._wake.wait(), METADATA_POLL_MS / 1000.0)
+                woken = True
             except TimeoutError:
-                pass
+                woken = False
             self._wake.clear()
-            delay_ms = self.interval_ms
+            now = loop.time()
             try:
-                await self.sync_all()
+                if woken or now >= next_full:
+                    next_full = now + self.interval_ms / 1000.0
+                    next_offsets = now + OFFSET_SYNC_MS / 1000.0
+                    await self.sync_all()
+                else:
+                    steps = [("topic config", self.sync_topic_config),
+                             ("subscription groups", self.sync_subscription_group_config)]
+                    if now >= next_offsets:
+                        next_offsets = now + OFFSET_SYNC_MS / 1000.0
+                        steps.append(("consumer offsets", self.sync_consumer_offset))
+                    await self._run_steps(steps)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # pragma: no cover - sync_all logs per step
+            except Exception as exc:  # pragma: no cover - the steps log themselves
                 log.exception("slave sync failed: %s", exc)
 
     # ---- one round -----------------------------------------------------------------------------
@@ -133,25 +162,37 @@ class SlaveSynchronize:
             self._own_pool = ConnectionPool()
         return self._own_pool
 
-    async def _fetch(self, addr: str, code: int) -> bytes | None:
-        cmd = RemotingCommand.request(code, {})
+    async def _fetch(self, addr: str, code: int, known_version: Any = None) -> bytes | None:
+        fields = {}
+        if known_version is not None:
+            fields[KNOWN_VERSION_FIELD] = f"{known_version['counter']}:{known_version['timestamp']}"
+        cmd = RemotingCommand.request(code, fields)
         resp = await self._pool().invoke(addr, cmd, SYNC_REQUEST_TIMEOUT_MS)
         if resp.code != ResponseCode.SUCCESS:
             raise RuntimeError(f"request {code} answered {resp.code} {resp.remark or ''}")
+        if resp.ext_fields.get(UNCHANGED_FIELD) == "true":
+            return None
         return resp.body
 
     async def sync_all(self) -> bool:
         """One round of the four steps; True when every step succeeded."""
-        addr = self._should_sync()
-        if addr is None:
-            return False
-        ok = True
-        for name, step in (
+        ok = await self._run_steps([
             ("topic config", self.sync_topic_config),
             ("consumer offsets", self.sync_consumer_offset),
             ("delay offsets", self.sync_delay_offset),
             ("subscription groups", self.sync_subscription_group_config),
-        ):
+        ])
+        if ok:
+            self.sync_count += 1
+            self.last_error = None
+        return ok
+
+    async def _run_steps(self, steps: list[tuple[str, Any]]) -> bool:
+        addr = self._should_sync()
+        if addr is None:
+            return False
+        ok = True
+        for name, step in steps:
             try:
                 await step(addr)
             except asyncio.CancelledError:
@@ -160,17 +201,15 @@ class SlaveSynchronize:
                 ok = False
                 self.last_error = f"{name}: {exc!r}"
                 log.warning("slave sync of %s from %s failed: %r", name, addr, exc)
-        if ok:
-            self.sync_count += 1
-            self.last_error = None
         return ok
 
     async def sync_topic_config(self, addr: str) -> None:
-        body = await self._fetch(addr, RequestCode.GET_ALL_TOPIC_CONFIG)
+        topics = _attr(self.controller, "topics", "topic_manager")
+        body = await self._fetch(addr, RequestCode.GET_ALL_TOPIC_CONFIG,
+                                 _local_version(topics) if topics is not None else None)
         if not body:
             return
         obj = jsonx.loads(body)
-        topics = _attr(self.controller, "topics", "topic_manager")
         if topics is None or not isinstance(obj, dict):
             return
         if _version_of(obj) != _local_version(topics):
@@ -189,11 +228,17 @@ class SlaveSynchronize:
         offsets = _attr(self.controller, "offsets", "offset_manager")
         if offsets is None or not isinstance(obj, dict):
             return
-        if hasattr(offsets, "merge_from_master"):
-            offsets.merge_from_master(obj)
-        else:  # pragma: no cover - older manager shape
-            offsets.decode(obj)
-            offsets.persist()
+        push = offsets.merge_from_master(obj)
+        offsets.persist()
+        for (key, queue_id), offset in push.items():
+            topic, _, group = key.partition("@")
+            cmd = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+                "consumerGroup": group, "topic": topic, "queueId": queue_id, "commitOffset": offset})
+            resp = await self._pool().invoke(addr, cmd, SYNC_REQUEST_TIMEOUT_MS)
+            if resp.code == ResponseCode.SUCCESS:
+                offsets.pushed(key, queue_id, offset)
+                log.info("slave sync: handed offset %d of %s queue %d (committed here) to the master", offset, key,
+                         queue_id)
 
     async def sync_delay_offset(self, addr: str) -> None:
         body = await self._fetch(addr, RequestCode.GET_ALL_DELAY_OFFSET)
@@ -206,11 +251,12 @@ class SlaveSynchronize:
         schedule.write_raw(bytes(body))
 
     async def sync_subscription_group_config(self, addr: str) -> None:
-        body = await self._fetch(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+        groups = _attr(self.controller, "groups", "subscription_manager")
+        body = await self._fetch(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+                                 _local_version(groups) if groups is not None else None)
         if not body:
             return
         obj = jsonx.loads(body)
-        groups = _attr(self.controller, "groups", "subscription_manager")
         if groups is None or not isinstance(obj, dict):
             return
         if _version_of(obj) != _local_version(groups):

@@ -6,10 +6,10 @@
 | 215  | DELETE_TOPIC_IN_BROKER            | SUCCESS                                                 |
 | 200  | UPDATE_AND_CREATE_SUBSCRIPTIONGROUP | SUCCESS                                               |
 | 207  | DELETE_SUBSCRIPTIONGROUP          | SUCCESS                                                 |
-| 21   | GET_ALL_TOPIC_CONFIG              | TopicConfigSerializeWrapper JSON                        |
+| 21   | GET_ALL_TOPIC_CONFIG              | TopicConfigSerializeWrapper JSON (none when unchanged)  |
 | 43   | GET_ALL_CONSUMER_OFFSET           | {"offsetTable":{"t@g":{"0":n}}}                         |
 | 45   | GET_ALL_DELAY_OFFSET              | {"offsetTable":{"1":n}}                                 |
-| 201  | GET_ALL_SUBSCRIPTIONGROUP_CONFIG  | {"dataVersion":…,"subscriptionGroupTable":…}            |
+| 201  | GET_ALL_SUBSCRIPTIONGROUP_CONFIG  | {"dataVersion":…,"subscriptionGroupTable":…} (likewise) |
 | 28   | GET_BROKER_RUNTIME_INFO           | {"table":{k: str}}                                      |
 | 30/31| GET_MAX_OFFSET / GET_MIN_OFFSET   | header offset                                           |
 | 29   | SEARCH_OFFSET_BY_TIMESTAMP        | header offset                                           |
@@ -49,6 +49,22 @@ log = logging.getLogger(__name__)
 
 SLAVE_MODIFY_REMARK = ("Can't modify topic or subscription group from slave broker, please execute it from "
                        "master broker.")
+
+
+#: ferrymq extension of GET_ALL_TOPIC_CONFIG / GET_ALL_SUBSCRIPTIONGROUP_CONFIG: a slave sends the data version
+#: it holds ("counter:timestamp"); when it is the current one the answer has no body and ``unchanged=true``, so
+#: a slave can ask every half second at the cost of one small frame. Other brokers ignore the field.
+KNOWN_VERSION_FIELD = "knownDataVersion"
+UNCHANGED_FIELD = "unchanged"
+
+
+def version_token(version: Any) -> str:
+    return f"{version.counter}:{version.timestamp}"
+
+
+def _unchanged(cmd: RemotingCommand, version: Any) -> bool:
+    known = cmd.ext_fields.get(KNOWN_VERSION_FIELD)
+    return known is not None and known == version_token(version)
 
 
 def _bad(cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
@@ -143,6 +159,8 @@ class AdminProcessor:
 
     # ---- slave sync bodies -------------------------------------------------------------------
     def all_topics(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        if _unchanged(cmd, self.ctx.topics.data_version):
+            return cmd.response(R.SUCCESS, {UNCHANGED_FIELD: "true"})
         return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.topics.encode()))
 
     def all_offsets(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
@@ -152,6 +170,8 @@ class AdminProcessor:
         return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.schedule.encode()))
 
     def all_groups(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        if _unchanged(cmd, self.ctx.groups.data_version):
+            return cmd.response(R.SUCCESS, {UNCHANGED_FIELD: "true"})
         return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.groups.encode()))
 
     def runtime_info(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
