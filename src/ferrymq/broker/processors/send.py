@@ -476,7 +476,8 @@ class _SlaveAckReply:
 
     def __call__(self, ok: bool) -> None:
         cmd = self.cmd
-        self.proc.ctx.stats.sync_wait.observe(time.perf_counter() - self.started_s)
+        if self.proc is not None:  # (None in unit tests of the reply alone)
+            self.proc.ctx.stats.sync_wait.observe(time.perf_counter() - self.started_s)
         resp: RemotingCommand | bytes
         try:
             if ok:
