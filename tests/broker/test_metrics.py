@@ -132,3 +132,24 @@ async def test_other_paths_are_404(broker: BrokerController) -> None:
     finally:
         writer.close()
     assert raw.startswith(b"HTTP/1.0 404")
+
+
+def test_metrics_port_out_of_range_is_a_config_error(tmp_path: Any) -> None:
+    from broker_helpers import make_config
+
+    from ferrymq.errors import ConfigError
+
+    cfg = make_config(str(tmp_path), metrics_port=70_000)
+    with pytest.raises(ConfigError, match="metricsPort"):
+        cfg.validate()
+
+
+async def test_oversized_request_head_is_400(broker: BrokerController) -> None:
+    assert broker.metrics_server is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", broker.metrics_server.port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.0\r\nX-Pad: " + b"a" * 10_000 + b"\r\n\r\n")
+        raw = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    assert raw.startswith(b"HTTP/1.0 400")  # 10 KB > METRICS_MAX_HEAD_BYTES, all of it read by the server

@@ -1,11 +1,4 @@
-"""Prometheus endpoint of the broker (``metricsPort``) and the name server (``--metrics-port``).
-
-Served by a minimal asyncio HTTP/1.0 handler on the process's own event loop (``GET /metrics`` →
-``prometheus_client.generate_latest``): the collectors then read the broker's state on the loop thread that
-owns it — no locks and no "dict changed size during iteration" between a scrape thread and the loop — and no
-extra thread runs. A scrape costs the loop the time to render the text (well under a millisecond for a few
-hundred series). Requests are bounded: the request head is read within ``METRICS_READ_TIMEOUT_S`` and up to
-``METRICS_MAX_HEAD_BYTES``; anything else is answered 404/400 and closed.
+"""The broker's Prometheus metrics (``metricsPort``), served by ``ferrymq.remoting.metrics_http``.
 
 Nothing is counted per message by prometheus_client: ``BrokerStats`` holds plain ints bumped on the event
 loop and ``BrokerCollector`` turns them into metric families at scrape time; the consume-queue lag is computed
@@ -14,32 +7,24 @@ at scrape time from the offset table and the store's max queue offsets. See docs
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from ferrymq.broker.stats import BrokerStats, LatencyHistogram
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.metrics_http import MetricsServer
 
-log = logging.getLogger(__name__)
-
-METRICS_PATH = "/metrics"
-#: a scrape's request head must arrive within this time and size
-METRICS_READ_TIMEOUT_S = 5.0
-METRICS_MAX_HEAD_BYTES = 8192
 SEND_CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
 
 
@@ -201,53 +186,6 @@ def instrument(dispatcher: Any, stats: BrokerStats) -> None:
     handler = dispatcher.get(RequestCode.PULL_MESSAGE)
     if handler is not None:
         dispatcher.register(RequestCode.PULL_MESSAGE, _timed(handler, on_pull))
-
-
-# ---- HTTP ----------------------------------------------------------------------------------------
-class MetricsServer:
-    """``GET /metrics`` on ``host:port`` (port 0 = any free port; ``port`` holds the bound one)."""
-
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self.registry = registry
-        self.host = host
-        self.port = port
-        self._server: asyncio.AbstractServer | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("metrics on http://%s:%d%s", self.host, self.port, METRICS_PATH)
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), METRICS_READ_TIMEOUT_S)
-            except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-                return
-            if len(head) > METRICS_MAX_HEAD_BYTES:
-                status, body, ctype = "400 Bad Request", b"request head too large\n", "text/plain"
-            else:
-                parts = head.split(b"\r\n", 1)[0].split()
-                path = parts[1].split(b"?", 1)[0] if len(parts) >= 2 else b""
-                if len(parts) >= 2 and parts[0] == b"GET" and path.decode("latin-1") == METRICS_PATH:
-                    status, body, ctype = "200 OK", generate_latest(self.registry), CONTENT_TYPE_LATEST
-                else:
-                    status, body, ctype = "404 Not Found", f"try GET {METRICS_PATH}\n".encode(), "text/plain"
-            writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                         "Connection: close\r\n\r\n".encode("latin-1") + body)
-            await writer.drain()
-        except ConnectionError:
-            pass
-        except Exception:
-            log.exception("metrics request failed")
-        finally:
-            writer.close()
 
 
 def broker_metrics_server(ctx: Any) -> MetricsServer | None:
