@@ -25,6 +25,8 @@ from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.metrics_http import MetricsServer
 
+#: the ``code`` label of a request the handler hands to a callback (answered later, e.g. on a slave's ack)
+ANSWERED_LATER_CODE = -1
 SEND_CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
 
 
@@ -159,8 +161,11 @@ def _timed(handler: Callable[..., Any], observe: Callable[[int, float], None]) -
         if isinstance(resp, RemotingCommand):
             observe(resp.code, perf() - started_s)
             return resp
-        if resp is None or isinstance(resp, bytes):  # bytes: the templated SEND_OK frame; None: answered later
+        if isinstance(resp, bytes):  # the templated SEND_OK frame
             observe(0, perf() - started_s)
+            return resp
+        if resp is None:  # answered later by a callback (SYNC_MASTER slave ack): timed until handed over
+            observe(ANSWERED_LATER_CODE, perf() - started_s)
             return resp
         return finish(started_s, resp)
 
@@ -168,7 +173,8 @@ def _timed(handler: Callable[..., Any], observe: Callable[[int, float], None]) -
 
 
 def instrument(dispatcher: Any, stats: BrokerStats) -> None:
-    """Wrap the SEND and PULL handlers of ``dispatcher`` to time them (response code 0 = SUCCESS)."""
+    """Wrap the SEND and PULL handlers of ``dispatcher`` to time them by response code (0 = SUCCESS,
+    ``ANSWERED_LATER_CODE`` = handed to a callback)."""
 
     def on_send(code: int, seconds: float) -> None:
         h = stats.send_latency.get(code)
