@@ -153,3 +153,29 @@ async def test_oversized_request_head_is_400(broker: BrokerController) -> None:
     finally:
         writer.close()
     assert raw.startswith(b"HTTP/1.0 400")  # 10 KB > METRICS_MAX_HEAD_BYTES, all of it read by the server
+
+
+async def test_sync_master_without_slave_counts_slave_not_available(tmp_path: Any, namesrv: Any) -> None:
+    from broker_helpers import make_config
+
+    from ferrymq.broker.config import BrokerRole
+
+    cfg = make_config(str(tmp_path / "store"), namesrv.addr, listen_host="127.0.0.1", metrics_port=0,
+                      broker_role=BrokerRole.SYNC_MASTER)
+    ctl = BrokerController(cfg)
+    await ctl.start()
+    try:
+        assert ctl.metrics_server is not None
+        client = await Client().open(ctl.broker_addr)
+        try:
+            for _ in range(3):
+                resp = await client.call(10, send_v1("Sync", queue_id=0), b"x")
+                assert resp.code == R.SLAVE_NOT_AVAILABLE
+        finally:
+            client.close()
+        m = await scrape(ctl.metrics_server.port)
+        assert m[("ferrymq_replica_failures_total", (("status", "SLAVE_NOT_AVAILABLE"),))] == 3
+        assert m[("ferrymq_replica_failures_total", (("status", "FLUSH_SLAVE_TIMEOUT"),))] == 0
+        assert m[("ferrymq_put_messages_total", (("topic", "Sync"),))] == 3  # stored, only not replicated
+    finally:
+        await ctl.stop()
