@@ -32,6 +32,7 @@ from ha_support import (
     commit_log_max,
     consumer_offsets,
     ha_slave_count,
+    pull_queue,
     queue_max_offsets,
     raw_send,
     route_broker_ids,
@@ -41,7 +42,7 @@ from ha_support import (
     start_failover_pair,
     wait_caught_up,
 )
-from procs import ProcessGroup, wait_for
+from procs import ProcessGroup, route, wait_for
 
 from ferrymq.client import SendStatus
 from ferrymq.remoting.codes import ResponseCode
@@ -356,3 +357,50 @@ def test_d2_ferrymq_consumer_fails_over_without_waiting_for_the_route_poll(procs
     finally:
         py.stop()
     assert py.error is None, py.error
+
+
+# ---- (h) a topic the slave has not synced yet ---------------------------------------------------------
+TOTAL_H = 300
+#: the slave's next SlaveSynchronize is this far away at the kill (slaveSyncInterval 10 s, synced before)
+SLAVE_SYNC_INTERVAL_MS = 30_000
+
+
+def test_h_topic_created_just_before_the_master_dies_is_readable_from_the_slave(
+    procs: ProcessGroup, tmp_path: Path
+) -> None:
+    """A topic auto-created a moment before the master's SIGKILL (its config never synced to the slave) is
+    served by the slave from the consume queues it built from the replicated log: the Apache C++ consumer
+    and raw pulls read every acknowledged message (the slave used to answer TOPIC_NOT_EXIST)."""
+    pair = start_failover_pair(procs, "FailoverWarmUpH", queues=1, slaveSyncInterval=SLAVE_SYNC_INTERVAL_MS)
+    topic = f"FailoverFreshH{int(time.time() * 1000) % 100_000}"
+    t_create = time.monotonic()
+    results = send_backlog(pair.ns_addr, topic, TOTAL_H, prefix="h")
+    assert all(r.status is SendStatus.SEND_OK for r in results), {r.status for r in results}
+    pair.master.kill()
+    assert time.monotonic() - t_create < SLAVE_SYNC_INTERVAL_MS / 1000, "the slave may have synced the topic"
+    wait_for(
+        lambda: route_broker_ids(pair.ns_addr, topic) == {1: pair.slave.addr},
+        timeout_s=NAMESRV_DROP_DEADLINE_S,
+        what="route with only the slave",
+        alive=[pair.namesrv.proc],
+    )
+    routed = route(pair.ns_addr, topic)
+    assert routed is not None
+    queues = int(routed["queueDatas"][0]["readQueueNums"])
+    seqs: set[int] = set()
+    for queue_id, end in enumerate(queue_max_offsets(pair.slave.addr, topic, queues)):
+        for msg in pull_queue(pair.slave.addr, topic, queue_id, 0, end):
+            seqs.add(int(msg.body.decode().rsplit("-", 1)[1]))
+    assert seqs == set(range(TOTAL_H))
+
+    cpp_out = tmp_path / "cpp-h.jsonl"
+    cpp = spawn_cpp_consumer(
+        procs, tmp_path, name="cpp-consumer-h",
+        args={"namesrv": pair.ns_addr, "group": "fresh_topic_cpp_group", "topic": topic, "out": str(cpp_out),
+              "expect_seqs": list(range(TOTAL_H)), "timeout_s": CPP_FAILOVER_DEADLINE_S, "thread_count": 2},
+    )
+    wait_for(lambda: cpp.exited, timeout_s=CPP_FAILOVER_DEADLINE_S + 30, what="the C++ consumer to finish")
+    summary = _cpp_summary(cpp.log_text())
+    assert summary is not None and summary["met"] and summary["missing_count"] == 0, summary
+    assert {int(r["seq"]) for r in read_jsonl(cpp_out)} == set(range(TOTAL_H))
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from store_helpers import CL_SEGMENT, inner, make_config
@@ -189,9 +190,10 @@ def test_unknown_preallocation_mode_is_refused(tmp_path: Path) -> None:
         make_config(tmp_path, commit_log_preallocation="eager")
 
 
-def test_full_disk_on_roll_answers_create_mapedfile_failed_then_recovers(tmp_path: Path, monkeypatch) -> None:
-    """The next commit log segment cannot be reserved: the put is refused cleanly, no half-made file is
-    left for recovery to mistake for a torn segment, and puts go on once space is back."""
+def test_full_disk_on_roll_answers_disk_full_then_recovers(tmp_path: Path, monkeypatch) -> None:
+    """The next commit log segment cannot be reserved: the put is refused cleanly (DISK_FULL, and so are the
+    puts after it), no half-made file is left for recovery to mistake for a torn segment, and puts go on
+    once the store's disk check sees space again."""
     from ferrymq.store import MessageStore
 
     store = MessageStore(make_config(tmp_path, commit_log_preallocation="fallocate"))
@@ -205,9 +207,13 @@ def test_full_disk_on_roll_answers_create_mapedfile_failed_then_recovers(tmp_pat
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(mf_mod.os, "posix_fallocate", no_space)
-        assert store.put_message(inner(body=b"y" * 4000)).status is PutMessageStatus.CREATE_MAPEDFILE_FAILED
+        assert store.put_message(inner(body=b"y" * 4000)).status is PutMessageStatus.DISK_FULL
+        assert store.put_message(inner(body=b"z")).status is PutMessageStatus.DISK_FULL
         assert len(os.listdir(tmp_path / "commitlog")) == 1
         monkeypatch.setattr(mf_mod.os, "posix_fallocate", real)
+        monkeypatch.setattr("ferrymq.store.message_store.os.statvfs",
+                            lambda path: SimpleNamespace(f_blocks=1000, f_bavail=500))
+        store.check_disk_space()
         result = store.put_message(inner(body=b"y" * 4000))
         assert result.status is PutMessageStatus.PUT_OK
         assert result.append_result is not None and result.append_result.wrote_offset == CL_SEGMENT

@@ -5,6 +5,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_helpers import CL_SEGMENT, assert_cqs_match_commit_log, inner
@@ -193,3 +194,47 @@ def test_append_at_rejects_mismatch_and_read_from_bounds(open_store: Opener) -> 
     assert b.reput() == 0  # partial record: waits for the rest
     assert b.append_at(len(data), a.read_from(len(data), 10_000))
     assert b.reput() > 0
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("damage_at", [88 + 3, 8, 30])  # a body byte, BODYCRC, PHYSICALOFFSET
+def test_slave_refuses_a_damaged_replicated_record(tmp_path: Path, native: bool, damage_at: int) -> None:
+    """The slave checks every replicated record before anything reads or dispatches it: a damaged one is cut
+    off (with what follows it in the transfer), append_at answers False (the slave reconnects), and the
+    intact bytes sent again are taken."""
+    from store_helpers import FakeClock, inner, make_config
+
+    from ferrymq.store import MessageStore
+    from ferrymq.store import speedups as sp
+    from ferrymq.store.config import BrokerRole
+
+    if native and sp.NATIVE is None:
+        pytest.skip("the C extension is not built")
+    master = MessageStore(make_config(tmp_path / "m"), FakeClock())
+    master.load()
+    slave = MessageStore(make_config(tmp_path / "s", broker_role=BrokerRole.SLAVE), FakeClock())
+    slave.load()
+    if not native:
+        slave.commit_log.native = None
+        slave.dispatcher.native = None
+    try:
+        offsets = []
+        for i in range(20):
+            r = master.put_message(inner(queue_id=0, body=bytes([i]) * 200))
+            assert r.append_result is not None
+            offsets.append(r.append_result.wrote_offset)
+        stream = bytes(master.commit_log.read_from(0, 1 << 20))
+        damaged = bytearray(stream)
+        damaged[offsets[12] + damage_at] ^= 0x01
+        assert not slave.append_at(0, bytes(damaged))
+        assert slave.max_phy_offset == offsets[12], "kept exactly the intact records before the damaged one"
+        slave.reput()
+        assert slave.get_max_offset_in_queue("TopicA", 0) == 12
+        assert slave.append_at(offsets[12], stream[offsets[12]:])
+        slave.reput()
+        assert slave.max_phy_offset == master.max_phy_offset
+        assert slave.get_max_offset_in_queue("TopicA", 0) == 20
+        assert bytes(slave.commit_log.read_from(0, 1 << 20)) == stream
+    finally:
+        master.shutdown()
+        slave.shutdown()

@@ -10,6 +10,7 @@ Timers (all on the event loop):
 | delay offsets persist                  | flushDelayOffsetInterval      |
 | client channel expiry scan             | 10 s (expiry 120 s)           |
 | expired commit log files               | 10 s                          |
+| disk space check (full disk, cleanup)  | 1 s                           |
 | parked pulls re-check                  | 5 s (long_polling)            |
 """
 
@@ -62,6 +63,8 @@ log = logging.getLogger(__name__)
 BROKER_VERSION = "V4_9_7"
 CLIENT_SCAN_INTERVAL_MS = 10_000
 DELETE_EXPIRED_INTERVAL_MS = 10_000
+#: period of the store's disk space check (refuses sends on a full disk, forced cleanup)
+DISK_CHECK_INTERVAL_MS = 1_000
 #: a slave dispatches replicated bytes within this delay (transfers arriving meanwhile go in one reput)
 SLAVE_REPUT_DELAY_S = 0.001
 
@@ -77,6 +80,10 @@ def store_config_of(cfg: BrokerConfig) -> StoreConfig:
         mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
         mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
         commit_log_preallocation=cfg.commit_log_preallocation,
+        disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
+        disk_space_clean_forcibly_ratio=cfg.disk_space_clean_forcibly_ratio,
+        clean_file_forcibly_enable=cfg.clean_file_forcibly_enable,
+        disk_space_warning_level_ratio=cfg.disk_space_warning_level_ratio,
         flush_disk_type=StoreFlushDiskType(cfg.flush_disk_type.value),
         broker_role=StoreBrokerRole(cfg.broker_role.value),
         flush_interval_commit_log_ms=cfg.flush_interval_commit_log_ms,
@@ -104,6 +111,8 @@ class BrokerController:
         self.topics = TopicManager(cdir, cluster_name=config.broker_cluster_name, broker_name=config.broker_name,
                                    auto_create_topic_enable=config.auto_create_topic_enable,
                                    default_topic_queue_nums=config.default_topic_queue_nums, clock_ms=clock_ms)
+        if config.is_slave:
+            self.topics.replica_queue_count = self.store.queue_count
         self.offsets = ConsumerOffsetManager(cdir)
         self.groups = SubscriptionGroupManager(cdir, auto_create=config.auto_create_subscription_group,
                                                clock_ms=clock_ms)
@@ -219,6 +228,7 @@ class BrokerController:
             asyncio.ensure_future(self._every(cfg.flush_delay_offset_interval_ms, self.schedule.persist_if_dirty)),
             asyncio.ensure_future(self._every(CLIENT_SCAN_INTERVAL_MS, self._scan_channels)),
             asyncio.ensure_future(self._every(DELETE_EXPIRED_INTERVAL_MS, self._delete_expired)),
+            asyncio.ensure_future(self._every(DISK_CHECK_INTERVAL_MS, self.store.check_disk_space)),
             asyncio.ensure_future(self._every(SAMPLE_INTERVAL_MS, self.stats.sample)),
         ]
         self._started = True

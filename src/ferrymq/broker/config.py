@@ -158,6 +158,17 @@ class BrokerConfig:
         "channelExpiredTimeout", "Client channels without heartbeat are dropped after this"))
     delete_when: str = field(default="04", metadata=_meta("deleteWhen", "Accepted for compatibility; ignored"))
     broker_permission: int = field(default=6, metadata=_meta("brokerPermission", "Broker perm bits (6 = RW)"))
+    disk_max_used_space_ratio: int = field(default=75, metadata=_meta(
+        "diskMaxUsedSpaceRatio", "Percent of the store's disk in use above which expired commit log files are "
+        "deleted at once"))
+    disk_space_clean_forcibly_ratio: int = field(default=85, metadata=_meta(
+        "diskSpaceCleanForciblyRatio", "Percent in use above which the oldest commit log file is deleted even "
+        "before it expires (with cleanFileForciblyEnable)"))
+    clean_file_forcibly_enable: bool = field(default=True, metadata=_meta(
+        "cleanFileForciblyEnable", "Allow the forced deletion above diskSpaceCleanForciblyRatio"))
+    disk_space_warning_level_ratio: int = field(default=90, metadata=_meta(
+        "diskSpaceWarningLevelRatio", "Percent in use above which sends are refused (SERVICE_NOT_AVAILABLE, "
+        "remark 'disk is full') until space returns; reads go on"))
     max_connections: int = field(default=DEFAULT_MAX_CONNECTIONS, metadata=_meta(
         "maxConnections", "Most client connections open at once, per port; more are closed at once"))
     max_connections_per_address: int = field(default=DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, metadata=_meta(
@@ -241,6 +252,11 @@ class BrokerConfig:
                            ("maxTransferBytesOnMessageInDisk", self.max_transfer_bytes_on_message_in_disk)):
             if value <= 0:
                 raise ConfigError(key, f"must be positive, got {value}")
+        for key, value in (("diskMaxUsedSpaceRatio", self.disk_max_used_space_ratio),
+                           ("diskSpaceCleanForciblyRatio", self.disk_space_clean_forcibly_ratio),
+                           ("diskSpaceWarningLevelRatio", self.disk_space_warning_level_ratio)):
+            if not 1 <= value <= 99:
+                raise ConfigError(key, f"must be a percentage from 1 to 99, got {value}")
         for key, value in (("maxReconsumeTimes", self.max_reconsume_times),
                            ("fileReservedTime", self.file_reserved_time_hours),
                            ("shortPollingTimeMills", self.short_polling_time_ms)):

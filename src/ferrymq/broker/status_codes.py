@@ -12,6 +12,7 @@ PutMessageStatus → SEND response:
 | MESSAGE_ILLEGAL               | 13   | the message is illegal ...      | no            |
 | PROPERTIES_SIZE_EXCEEDED      | 13   | the message is illegal ...      | no            |
 | SERVICE_NOT_AVAILABLE         | 14   | service not available now ...   | no            |
+| DISK_FULL                     | 14   | ... the broker's disk is full   | no            |
 | OS_PAGECACHE_BUSY             | 1    | [PC_SYNCHRONIZED]broker busy... | no            |
 | UNKNOWN_ERROR (and any other) | 1    | UNKNOWN_ERROR                   | no            |
 
@@ -39,6 +40,8 @@ from typing import NamedTuple
 from ferrymq.remoting.codes import ResponseCode as R
 
 SERVICE_NOT_AVAILABLE_REMARK = "service not available now, maybe disk full or the broker is a slave"
+DISK_FULL_REMARK = ("service not available now: the broker's disk is full (used above diskSpaceWarningLevelRatio); "
+                    "sends are accepted again when space returns")
 
 
 class SendOutcome(NamedTuple):
@@ -60,6 +63,7 @@ PUT_STATUS_TABLE: dict[str, SendOutcome] = {
     "PROPERTIES_SIZE_EXCEEDED": SendOutcome(R.MESSAGE_ILLEGAL, "the message is illegal, maybe msg properties "
                                                               "length limit 32k.", False),
     "SERVICE_NOT_AVAILABLE": SendOutcome(R.SERVICE_NOT_AVAILABLE, SERVICE_NOT_AVAILABLE_REMARK, False),
+    "DISK_FULL": SendOutcome(R.SERVICE_NOT_AVAILABLE, DISK_FULL_REMARK, False),
     "OS_PAGECACHE_BUSY": SendOutcome(R.SYSTEM_ERROR, "[PC_SYNCHRONIZED]broker busy, start flow control for a while",
                                      False),
     "UNKNOWN_ERROR": SendOutcome(R.SYSTEM_ERROR, "UNKNOWN_ERROR", False),

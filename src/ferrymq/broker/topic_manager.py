@@ -53,6 +53,10 @@ class TopicManager(JsonPersisted):
         self.data_version = DataVersion()
         #: called after a topic is created or updated (the broker re-registers at once)
         self.on_change: Callable[[], None] | None = None
+        #: on a slave: topic -> how many queues its store holds (``get`` answers read-only configs from it for
+        #: topics the master's config has not brought yet)
+        self.replica_queue_count: Callable[[str], int] | None = None
+        self._derived: dict[str, TopicConfig] = {}
         builtins = [
             TopicConfig(SELF_TEST_TOPIC, 1, 1),
             TopicConfig(BENCHMARK_TOPIC, BENCHMARK_QUEUE_NUMS, BENCHMARK_QUEUE_NUMS),
@@ -95,7 +99,23 @@ class TopicManager(JsonPersisted):
 
     # ---- lookups -------------------------------------------------------------------------
     def get(self, topic: str) -> TopicConfig | None:
-        return self.table.get(topic)
+        tc = self.table.get(topic)
+        if tc is None and self.replica_queue_count is not None:
+            return self._replicated(topic)
+        return tc
+
+    def _replicated(self, topic: str) -> TopicConfig | None:
+        """A slave's read-only config for a topic whose consume queues it built from the replicated log before
+        the master's topic config reached it (queue count from its own queues): acknowledged messages stay
+        readable from the slave even when the master died before the config sync."""
+        assert self.replica_queue_count is not None
+        count = self.replica_queue_count(topic)
+        if count <= 0:
+            return None
+        tc = self._derived.get(topic)
+        if tc is None or tc.read_queue_nums != count:
+            tc = self._derived[topic] = TopicConfig(topic, count, count, PERM_READ)
+        return tc
 
     # ---- creation ------------------------------------------------------------------------
     def create_in_send(self, topic: str, default_topic: str, queue_nums: int, topic_sys_flag: int = 0

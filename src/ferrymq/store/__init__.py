@@ -4,7 +4,13 @@ Synchronous and single-writer; no networking, no asyncio. Entry point: ``Message
 """
 
 from ferrymq.store.config import BrokerRole, FlushDiskType, StoreConfig
-from ferrymq.store.errors import StoreCorruptError, StoreDirError, StoreError, StoreLockedError
+from ferrymq.store.errors import (
+    StoreCorruptError,
+    StoreDirError,
+    StoreDiskFullError,
+    StoreError,
+    StoreLockedError,
+)
 from ferrymq.store.filter import MessageFilter, TagFilter
 from ferrymq.store.message_store import MessageStore
 from ferrymq.store.results import (
@@ -34,5 +40,6 @@ __all__ = [
     "StoreDirError",
     "StoreError",
     "StoreLockedError",
+    "StoreDiskFullError",
     "TagFilter",
 ]

@@ -30,13 +30,15 @@ from ferrymq.common.message_codec import (
     HEAD_V4,
     MESSAGE_MAGIC_CODE,
     RECORD_FIXED_SIZE,
+    RecordCheck,
     RecordMeta,
     blank_filler,
+    check_record,
     encode_record_parts,
 )
 from ferrymq.store import speedups
 from ferrymq.store.config import BrokerRole, FlushDiskType, StoreConfig
-from ferrymq.store.errors import StoreError
+from ferrymq.store.errors import StoreDiskFullError, StoreError
 from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.mapped_file_queue import MappedFileQueue
 from ferrymq.store.results import (
@@ -70,6 +72,27 @@ def _illegal(status: PutMessageStatus = PutMessageStatus.MESSAGE_ILLEGAL) -> Put
     return PutMessageResult(status, None)
 
 
+_VERIFY_END, _VERIFY_BAD, _VERIFY_BLANK, _VERIFY_OTHER = 0, 1, 2, 3
+
+
+def _verify_records_py(buf: Any, start: int, end: int, base_phy: int) -> tuple[int, int]:
+    """The pure-Python ``_speedups.verify_records``: (pos, status) of the first record in buf[start:end] that
+    is incomplete (END), fails its check (BAD) or is a BLANK filler."""
+    pos = start
+    while pos + 8 <= end:
+        status, size = check_record(buf, pos, True, end=end, expected_phy_offset=base_phy + pos,
+                                    crc32=speedups.crc32)
+        if status is RecordCheck.OK:
+            pos += size
+        elif status is RecordCheck.BLANK:
+            return pos, _VERIFY_BLANK
+        elif status is RecordCheck.INCOMPLETE:
+            return pos, _VERIFY_END
+        else:
+            return pos, _VERIFY_BAD
+    return pos, _VERIFY_END
+
+
 class CommitLog:
     def __init__(self, config: StoreConfig, clock_ms: Callable[[], int]) -> None:
         self.config = config
@@ -93,6 +116,10 @@ class CommitLog:
         self.native = speedups.NATIVE
         #: False while the owning store is not running (``MessageStore`` keeps it): ``put_one_raw`` declines
         self.accepting_puts = True
+        #: the last segment creation found the disk full (MessageStore.check_disk_space clears it)
+        self.out_of_space = False
+        #: replicated bytes (slave) below this physical offset are whole records that passed their check
+        self.replica_verified_phy = 0
         # first valid byte when the first segment was started mid-file by append_at (slave)
         self.data_start_phy_offset = 0
         self.last_store_timestamp = 0  # of the newest appended record
@@ -163,10 +190,19 @@ class CommitLog:
                 mf.append(blank_filler(remaining))
                 mf.wrote_position = mf.file_size
                 mf = self.mfq.create_file(mf.end_offset)
+        except StoreDiskFullError as exc:
+            # no room for the next segment: refuse puts (DISK_FULL) until the store's disk check sees room
+            log.error("cannot create commit log segment: %s", exc)
+            self.out_of_space = True
+            self.accepting_puts = False
+            return None
         except (StoreError, OSError) as exc:
             log.error("cannot create commit log segment: %s", exc)
             return None
         return mf
+
+    def _no_segment_status(self) -> PutMessageStatus:
+        return PutMessageStatus.DISK_FULL if self.out_of_space else PutMessageStatus.CREATE_MAPEDFILE_FAILED
 
     def put_message(self, inner: MessageExtBrokerInner) -> PutMessageResult:
         status, topic_bytes, props = self._check(inner)
@@ -186,7 +222,7 @@ class CommitLog:
         if mf is None or total + END_FILE_MIN_BLANK_LENGTH > mf.file_size - mf.wrote_position:
             mf = self._segment_with_room(total)
             if mf is None:
-                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+                return _illegal(self._no_segment_status())
         pos = mf.wrote_position
         phy_offset = mf.file_from_offset + pos
         store_ts = self.clock_ms()
@@ -251,7 +287,7 @@ class CommitLog:
         queue_offset = self.topic_queue_table.get(key, 0)
         mf = self._segment_with_room(total)
         if mf is None:
-            return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+            return _illegal(self._no_segment_status())
         start_pos = mf.wrote_position
         base = mf.file_from_offset + start_pos
         store_ts = self.clock_ms()
@@ -478,7 +514,7 @@ class CommitLog:
                 return None  # too large for any segment: MESSAGE_ILLEGAL from the Python path
             mf = self._segment_with_room(total)
             if mf is None:
-                return _illegal(PutMessageStatus.CREATE_MAPEDFILE_FAILED), res, 0
+                return _illegal(self._no_segment_status()), res, 0
         return None  # pragma: no cover - the second call always has room
 
     def _queue_dispatch(self, meta: RecordMeta) -> None:
@@ -538,11 +574,52 @@ class CommitLog:
                 view = view[n:]
         finally:
             view.release()
+        return self._verify_replicated()
+
+    def _verify_replicated(self) -> bool:
+        """Check every record replication completed (magic, size, physical offset, BODYCRC) before anything
+        reads or dispatches it. A record that fails is cut off with everything after it (the slave reconnects
+        and asks for it again) and False is returned: a slave never keeps a damaged record."""
+        native = self.native
+        r = self.replica_verified_phy
+        max_phy = self.max_offset
+        if r < self.min_offset:
+            r = self.min_offset
+        while r < max_phy:
+            mf = self.mfq.find(r)
+            if mf is None:
+                break
+            base = mf.file_from_offset
+            end = mf.wrote_position
+            if native is not None:
+                pos, status = native.verify_records(mf.mm, r - base, end, base)
+            else:
+                pos, status = _verify_records_py(mf.mm, r - base, end, base)
+            r = base + pos
+            if status == _VERIFY_END:
+                break
+            if status == _VERIFY_BLANK:
+                r = mf.end_offset
+                continue
+            if status == _VERIFY_OTHER:
+                check, size = check_record(mf.mm, pos, True, end=end, expected_phy_offset=r, crc32=speedups.crc32)
+                if check is RecordCheck.OK:
+                    r += size
+                    continue
+                if check is RecordCheck.INCOMPLETE:
+                    break
+            log.error("replication: the record at phy offset %d fails its check; cut from there, asking the "
+                      "master again", r)
+            self.replica_verified_phy = r
+            self.mfq.truncate(r)
+            return False
+        self.replica_verified_phy = r
         return True
 
     # --- recovery ----------------------------------------------------------------------------
 
     def truncate(self, phy_offset: int) -> None:
+        self.replica_verified_phy = phy_offset
         self.mfq.truncate(phy_offset)
         self.pending.clear()
         if self.data_start_phy_offset and self.mfq.last() is None:

@@ -78,6 +78,13 @@ class StoreConfig:
     max_topic_length: int = 127
     recover_segments_normal: int = 3  # segments CRC-walked on a normal (clean) start
     dispatch_pending_max: int = 100_000  # master's in-memory dispatch queue bound
+    #: percent of the store's file system in use above which expired segments are deleted at once
+    disk_max_used_space_ratio: int = 75
+    #: percent above which the oldest segments are deleted even before they expire (cleanFileForciblyEnable)
+    disk_space_clean_forcibly_ratio: int = 85
+    clean_file_forcibly_enable: bool = True
+    #: percent above which the store refuses puts (DISK_FULL) until usage falls below it again
+    disk_space_warning_level_ratio: int = 90
 
     def __post_init__(self) -> None:
         if not self.store_path_commit_log:
@@ -94,6 +101,10 @@ class StoreConfig:
         if self.index_hash_slot_num <= 0 or self.index_max_num <= 1:
             raise ValueError("index_hash_slot_num must be > 0 and index_max_num > 1")
         parse_delay_levels(self.message_delay_level)
+        for name in ("disk_max_used_space_ratio", "disk_space_clean_forcibly_ratio",
+                     "disk_space_warning_level_ratio"):
+            if not 1 <= getattr(self, name) <= 99:
+                raise ValueError(f"{name} must be a percentage from 1 to 99")
 
     @property
     def store_path_consume_queue(self) -> str:

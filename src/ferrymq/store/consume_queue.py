@@ -54,7 +54,9 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size
-        self.mfq = MappedFileQueue(os.path.join(root_dir, topic, str(queue_id)), file_size)
+        # blocks reserved when a file is created: a full disk fails the creation (StoreDiskFullError, the
+        # dispatch retries), never a SIGBUS on a later write into a hole of the map
+        self.mfq = MappedFileQueue(os.path.join(root_dir, topic, str(queue_id)), file_size, preallocate=True)
         self.min_logic_offset = 0  # bytes (queue offset × 20)
         self.max_phy_end = 0  # phy offset + size of the newest unit (how far dispatch got)
 

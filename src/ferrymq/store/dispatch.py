@@ -29,6 +29,7 @@ from ferrymq.common.message_codec import RecordCheck, RecordMeta, check_record_m
 from ferrymq.store import speedups
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE, StoreConfig
+from ferrymq.store.errors import StoreDiskFullError
 from ferrymq.store.index import IndexService, java_hash_fast
 from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.queue_table import ConsumeQueueTable, topic_dir_name_ok
@@ -215,7 +216,16 @@ class Dispatcher:
         self.dispatched_total += len(metas)
 
     def reput(self, max_records: int | None = None) -> int:
-        """Dispatch complete records from ``reput_phy_offset`` on; returns how many."""
+        """Dispatch complete records from ``reput_phy_offset`` on; returns how many. When a consume queue
+        file cannot be created (the disk is full) the dispatch stops at that record and the next reput tries
+        again (units already written are skipped then: queue offsets only grow)."""
+        try:
+            return self._reput(max_records)
+        except StoreDiskFullError as exc:
+            log.error("reput paused at phy offset %d: %s", self.reput_phy_offset, exc)
+            return 0
+
+    def _reput(self, max_records: int | None) -> int:
         limit = _UNLIMITED if max_records is None else max_records
         if self.native is not None:
             return self._reput_native(limit)

@@ -4,7 +4,8 @@
 
     StoreError
     ├── StoreDirError        a store directory cannot be created, opened or locked
-    │   └── StoreLockedError another process holds the store lock
+    │   ├── StoreLockedError another process holds the store lock
+    │   └── StoreDiskFullError no room on disk to reserve a file's blocks (ENOSPC)
     └── StoreCorruptError    files on disk are inconsistent beyond automatic repair
 """
 
@@ -25,3 +26,8 @@ class StoreLockedError(StoreDirError):
 
 class StoreCorruptError(StoreError):
     """Segment files are inconsistent (e.g. wrong size or a gap between segments)."""
+
+
+class StoreDiskFullError(StoreDirError):
+    """The file system has no room for the blocks a store file needs (reserved before they are written, so a
+    full disk is this error instead of a SIGBUS on a write into a hole of a memory map)."""

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from ferrymq.common.message import java_string_hash
-from ferrymq.store.errors import StoreCorruptError
+from ferrymq.store.errors import StoreCorruptError, StoreError
 from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.speedups import SCAN_INDEX_ENTRY
 
@@ -38,6 +38,8 @@ HEADER_SIZE = 40
 SLOT_SIZE = 4
 ENTRY_SIZE = 20
 _INT_MAX = 0x7FFFFFFF
+#: index entries whose blocks are reserved at a time, ahead of the writes (about 1.3 MB)
+RESERVE_ENTRIES_CHUNK = 65_536
 
 
 def index_file_size(slot_num: int, index_num: int) -> int:
@@ -87,15 +89,37 @@ class IndexFile:
     def __init__(self, path: str, slot_num: int, index_num: int) -> None:
         self.slot_num = slot_num
         self.index_num = index_num
+        created = not os.path.exists(path)
         self.mf = MappedFile(path, 0, index_file_size(slot_num, index_num))
         self.mf.wrote_position = self.mf.file_size
+        self._entries_base = HEADER_SIZE + slot_num * SLOT_SIZE
+        if created:
+            # the header and the slot table are written anywhere at once: their blocks are reserved now; the
+            # entries (appended in order) are reserved ahead of the writes, RESERVE_ENTRIES_CHUNK at a time
+            try:
+                self.mf.reserve(0, self._entries_base)
+            except StoreError:
+                self.mf.destroy()
+                raise
         (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
          self.hash_slot_count, self.index_count) = HEADER.unpack_from(self.mf.mm, 0)  # fmt: skip
         if self.index_count <= 0:
             self.index_count = 1
         if self.index_count > index_num:
             raise StoreCorruptError(f"index file {path}: indexCount {self.index_count} > {index_num}")
+        #: entry slots whose blocks are reserved (a reopened file reserves again before its next write)
+        self.reserved_entries = 0 if created else self.index_count
         self.dirty = False
+
+    def _reserve_entries(self, more: int) -> None:
+        """Reserve the blocks of the next ``more`` entries (StoreDiskFullError when the disk is full)."""
+        need = min(self.index_num, self.index_count + more)
+        if need <= self.reserved_entries:
+            return
+        target = min(self.index_num, max(need, self.reserved_entries + RESERVE_ENTRIES_CHUNK))
+        self.mf.reserve(self._entries_base + self.reserved_entries * ENTRY_SIZE,
+                        (target - self.reserved_entries) * ENTRY_SIZE)
+        self.reserved_entries = target
 
     @property
     def path(self) -> str:
@@ -111,6 +135,8 @@ class IndexFile:
         """``put_key`` for a precomputed ``key_hash``."""
         if self.index_count >= self.index_num:
             return False
+        if self.index_count >= self.reserved_entries:
+            self._reserve_entries(1)
         mm = self.mf.mm
         slot_pos = HEADER_SIZE + (h % self.slot_num) * SLOT_SIZE
         (prev,) = SLOT.unpack_from(mm, slot_pos)
@@ -137,6 +163,8 @@ class IndexFile:
     def put_hashed_many(self, entries: list[tuple[int, int, int]], start: int = 0) -> int:
         """``put_hashed`` for ``entries[start:]`` ((hash, phy_offset, store_timestamp)) in order, with the
         file's counters kept in locals; returns the index of the first entry not put (the file is full)."""
+        if self.index_count + len(entries) - start > self.reserved_entries:
+            self._reserve_entries(len(entries) - start)
         mm = self.mf.mm
         slot_num = self.slot_num
         index_num = self.index_num
@@ -177,6 +205,9 @@ class IndexFile:
     def put_packed(self, native: ModuleType, entries: bytes, start: int = 0) -> int:
         """``put_hashed_many`` for packed scan index entries (``speedups.SCAN_INDEX_ENTRY``) by the native
         ``index_put_many``; returns the index of the first entry not put (the file is full)."""
+        more = len(entries) // SCAN_INDEX_ENTRY.size - start
+        if self.index_count + more > self.reserved_entries:
+            self._reserve_entries(more)
         (done, self.index_count, self.hash_slot_count, self.begin_timestamp, self.begin_phy_offset, end_phy,
          end_ts) = native.index_put_many(
             self.mf.mm, entries, start, self.slot_num, self.index_num, self.index_count, self.hash_slot_count,
@@ -243,6 +274,8 @@ class IndexService:
         self.files: list[IndexFile] = []
         #: topic -> signed-free hash of ``topic#`` (uint32), or -1 when the topic is not ASCII
         self._prefix_hashes: dict[str, int] = {}
+        #: key entries not indexed because the disk was full
+        self.dropped_entries_total = 0
 
     def load(self) -> None:
         if not os.path.isdir(self.store_path):
@@ -273,7 +306,19 @@ class IndexService:
     def build_index(self, topic: str, keys: list[str], phy_offset: int, store_timestamp: int) -> None:
         self.build_index_many([(topic, key, phy_offset, store_timestamp) for key in keys])
 
+    def _dropped(self, exc: StoreError, count: int) -> None:
+        self.dropped_entries_total += count
+        log.error("index: %d key entries not indexed (messages stay readable, not queryable by key): %s",
+                  count, exc)
+
     def build_index_one(self, topic: str, key: str, phy_offset: int, store_timestamp: int) -> None:
+        """``build_index(topic, [key], ...)``: see ``_build_index_one``; a full disk drops the entry (logged)."""
+        try:
+            self._build_index_one(topic, key, phy_offset, store_timestamp)
+        except StoreError as exc:
+            self._dropped(exc, 1)
+
+    def _build_index_one(self, topic: str, key: str, phy_offset: int, store_timestamp: int) -> None:
         """``build_index(topic, [key], ...)`` without the lists (one dispatched record, one key)."""
         prefix = self._prefix_hashes.get(topic)
         if prefix is None:
@@ -296,7 +341,13 @@ class IndexService:
             f.put_hashed(h, phy_offset, store_timestamp)
 
     def build_index_many(self, items: list[tuple[str, str, int, int]]) -> None:
-        """Index (topic, key, phy_offset, store_timestamp) entries in order."""
+        """Index (topic, key, phy_offset, store_timestamp) entries in order; a full disk drops them (logged)."""
+        try:
+            self._build_index_many(items)
+        except StoreError as exc:
+            self._dropped(exc, len(items))
+
+    def _build_index_many(self, items: list[tuple[str, str, int, int]]) -> None:
         prefixes = self._prefix_hashes
         mul = operator.mul
         powers_by_len = _POWERS_BY_LEN
@@ -331,6 +382,12 @@ class IndexService:
 
     def build_index_packed(self, native: ModuleType, entries: bytes) -> None:
         """``build_index_many`` for entries hashed by the native scan (packed ``SCAN_INDEX_ENTRY``s)."""
+        try:
+            self._build_index_packed(native, entries)
+        except StoreError as exc:
+            self._dropped(exc, len(entries) // SCAN_INDEX_ENTRY.size)
+
+    def _build_index_packed(self, native: ModuleType, entries: bytes) -> None:
         total = len(entries) // SCAN_INDEX_ENTRY.size
         if not total:
             return

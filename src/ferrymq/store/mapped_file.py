@@ -22,7 +22,7 @@ import mmap
 import os
 import threading
 
-from ferrymq.store.errors import StoreCorruptError, StoreDirError
+from ferrymq.store.errors import StoreCorruptError, StoreDirError, StoreDiskFullError
 
 OS_PAGE_SIZE = mmap.PAGESIZE
 _ZERO_CHUNK = 1 << 20
@@ -53,8 +53,10 @@ def _size_new_segment(fd: int, file_size: int, preallocate: bool) -> None:
             os.posix_fallocate(fd, 0, file_size)
             return
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreDiskFullError(f"no room for a segment of {file_size} bytes: {exc}") from exc
             if exc.errno not in _FALLOCATE_UNSUPPORTED:
-                raise  # ENOSPC and the like: the segment cannot be had
+                raise  # the segment cannot be had
     os.ftruncate(fd, file_size)
 
 
@@ -96,6 +98,9 @@ class MappedFile:
             elif actual != file_size:
                 raise StoreCorruptError(f"segment {path} has size {actual}, expected {file_size}")
             self.mm = mmap.mmap(fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except StoreDiskFullError as exc:
+            _abandon(fd, path if created else None)
+            raise StoreDiskFullError(f"cannot create segment {path}: {exc}") from exc
         except OSError as exc:
             _abandon(fd, path if created else None)
             raise StoreDirError(f"cannot map segment {path}: {exc}") from exc
@@ -103,6 +108,22 @@ class MappedFile:
             _abandon(fd, path if created else None)
             raise
         self._fd = fd
+
+    def reserve(self, pos: int, length: int) -> None:
+        """Reserve the blocks of [pos, pos+length) (``posix_fallocate``) so writes there through the map
+        cannot fault on a full disk. StoreDiskFullError when there is no room; a no-op on file systems
+        without fallocate."""
+        end = min(self.file_size, pos + length)
+        if end <= pos:
+            return
+        try:
+            os.posix_fallocate(self._fd, pos, end - pos)
+        except OSError as exc:
+            if exc.errno in _FALLOCATE_UNSUPPORTED:
+                return
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreDiskFullError(f"no room to reserve {end - pos} bytes of {self.path}: {exc}") from exc
+            raise StoreDirError(f"cannot reserve blocks of {self.path}: {exc}") from exc
 
     @property
     def file_name(self) -> str:

@@ -50,7 +50,9 @@ class MessageStore:
         self.config = config
         self.clock_ms = clock_ms
         self.commit_log = CommitLog(config, clock_ms)
-        self.commit_log.accepting_puts = False  # until load(); kept equal to _running
+        self.commit_log.accepting_puts = False  # until load(); kept equal to _running and not disk_full
+        #: the file system is past disk_space_warning_level_ratio (check_disk_space): puts are refused
+        self._disk_full = False
         self.queues = ConsumeQueueTable(
             config.store_path_consume_queue, config.mapped_file_size_consume_queue
         )
@@ -93,6 +95,7 @@ class MessageStore:
             raise
         self.boot_timestamp = self.clock_ms()
         self._running = self.commit_log.accepting_puts = True
+        self._disk_full = False
 
     def _load_files(self) -> None:
         c = self.config
@@ -104,6 +107,7 @@ class MessageStore:
         if self.index is not None:
             self.index.load()
         reput_from = recover(c, self.commit_log, self.queues, self.checkpoint, abnormal)
+        self.commit_log.replica_verified_phy = self.commit_log.max_offset  # recovered: checked by the walk
         self.dispatcher.reput_phy_offset = reput_from
         create_abort_file(c.abort_path)
         self.dispatcher.reput()  # catch up before serving
@@ -147,21 +151,33 @@ class MessageStore:
 
     # --- write path --------------------------------------------------------------------------
 
+    @property
+    def disk_full(self) -> bool:
+        return self._disk_full or self.commit_log.out_of_space
+
+    @disk_full.setter
+    def disk_full(self, value: bool) -> None:
+        self._disk_full = value
+
     def put_message(self, inner: MessageExtBrokerInner) -> PutMessageResult:
         if not self._running or self.config.is_slave:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        if self.disk_full:
+            return PutMessageResult(PutMessageStatus.DISK_FULL)
         return self.commit_log.put_message(inner)
 
     def put_messages(self, inners: list[MessageExtBrokerInner]) -> PutMessageResult:
         if not self._running or self.config.is_slave:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE)
+        if self.disk_full:
+            return PutMessageResult(PutMessageStatus.DISK_FULL)
         return self.commit_log.put_messages(inners)
 
     def put_batch_raw(self, topic: str, queue_id: int, batch_body: bytes, merge_props: bytes, cluster: bytes,
                       sys_flag: int, born_timestamp: int, born_host: bytes, store_host: bytes,
                       reconsume_times: int) -> PutMessageResult | None:
         """``CommitLog.put_batch_raw`` (the native SEND_BATCH put); None = use ``put_messages``."""
-        if not self._running or self.config.is_slave:
+        if not self._running or self.config.is_slave or self.disk_full:
             return None  # put_messages answers SERVICE_NOT_AVAILABLE
         return self.commit_log.put_batch_raw(topic, queue_id, batch_body, merge_props, cluster, sys_flag,
                                              born_timestamp, born_host, store_host, reconsume_times)
@@ -289,6 +305,10 @@ class MessageStore:
     def topic_queue_ids(self) -> dict[str, list[int]]:
         return self.queues.topic_queue_ids()
 
+    def queue_count(self, topic: str) -> int:
+        """1 + the highest queue id of ``topic`` with a consume queue here (0: the store holds none)."""
+        return self.queues.queue_count(topic)
+
     def delete_topic(self, topic: str) -> None:
         for key in self.queues.delete_topic(topic):
             self.commit_log.topic_queue_table.pop(key, None)
@@ -313,14 +333,51 @@ class MessageStore:
 
     # --- retention & stats -------------------------------------------------------------------
 
-    def delete_expired_files(self, now_ms: int | None = None) -> int:
+    def check_disk_space(self) -> float:
+        """Measure the store's file system (a ``statvfs``; the broker calls this every second) and act on it,
+        as RocketMQ does: above ``disk_space_warning_level_ratio`` puts are refused (DISK_FULL) until usage
+        falls below it; above ``disk_max_used_space_ratio`` expired segments are deleted now; above
+        ``disk_space_clean_forcibly_ratio`` the oldest segment is deleted even before it expires (one per
+        call, never the newest, never undispatched data). Reads are served throughout. Returns the percent
+        in use."""
+        c = self.config
+        try:
+            st = os.statvfs(c.store_path_root_dir)
+        except OSError as exc:
+            log.error("cannot measure the store's disk: %s", exc)
+            return -1.0
+        used_pct = 100.0 * (1 - st.f_bavail / st.f_blocks) if st.f_blocks else 0.0
+        # a segment that found no room keeps puts refused until usage falls below the warning level
+        full = used_pct >= c.disk_space_warning_level_ratio
+        self.commit_log.out_of_space = False
+        if full != self._disk_full:
+            if full:
+                log.error("disk %.1f%% full (diskSpaceWarningLevelRatio %d%%): sends are refused until space "
+                          "returns", used_pct, c.disk_space_warning_level_ratio)
+            else:
+                log.warning("disk %.1f%% full: sends are accepted again", used_pct)
+        self._disk_full = full
+        self.commit_log.accepting_puts = self._running and not full
+        if used_pct >= c.disk_max_used_space_ratio:
+            self.delete_expired_files()
+        if c.clean_file_forcibly_enable and used_pct >= c.disk_space_clean_forcibly_ratio:
+            if self.delete_expired_files(force_oldest=True):
+                log.warning("disk %.1f%% full (diskSpaceCleanForciblyRatio %d%%): deleted the oldest commit log "
+                            "segment before it expired", used_pct, c.disk_space_clean_forcibly_ratio)
+        return used_pct
+
+    def delete_expired_files(self, now_ms: int | None = None, *, force_oldest: bool = False) -> int:
         """Delete commit log segments (never the newest, never undispatched ones) last modified
-        more than ``file_reserved_time_hours`` before ``now_ms``; then trim the derived files."""
+        more than ``file_reserved_time_hours`` before ``now_ms`` (with ``force_oldest``: the oldest one
+        whatever its age); then trim the derived files."""
         now = self.clock_ms() if now_ms is None else now_ms
         reserved_ms = self.config.file_reserved_time_hours * _HOUR_MS
         count = 0
         for mf in self.commit_log.mfq.files[:-1]:
             if mf.end_offset > self.dispatcher.reput_phy_offset:
+                break
+            if force_oldest:
+                count = 1
                 break
             if mf.last_modified_ms() + reserved_ms > now:
                 break

@@ -78,6 +78,14 @@ class ConsumeQueueTable:
     def delete_expired(self, min_phy_offset: int) -> int:
         return sum(cq.delete_expired(min_phy_offset) for cq in list(self.queues.values()))
 
+    def queue_count(self, topic: str) -> int:
+        """1 + the highest queue id this store holds a consume queue for in ``topic`` (0: none)."""
+        top = -1
+        for name, queue_id in self.queues:
+            if name == topic and queue_id > top:
+                top = queue_id
+        return top + 1
+
     def topic_queue_ids(self) -> dict[str, list[int]]:
         result: dict[str, list[int]] = {}
         for topic, queue_id in self.queues:
