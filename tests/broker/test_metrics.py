@@ -179,3 +179,24 @@ async def test_sync_master_without_slave_counts_slave_not_available(tmp_path: An
         assert m[("ferrymq_put_messages_total", (("topic", "Sync"),))] == 3  # stored, only not replicated
     finally:
         await ctl.stop()
+
+
+async def test_parked_pull_is_a_long_poll_waiter_until_a_send_wakes_it(broker: BrokerController) -> None:
+    from broker_helpers import wait_for
+
+    assert broker.metrics_server is not None
+    client = await Client().open(broker.broker_addr)
+    try:
+        assert (await client.call(10, send_v1("Park", queue_id=0), b"a")).code == R.SUCCESS
+        parked = asyncio.ensure_future(client.call(11, pull("Park", queue_id=0, offset=1, suspend_ms=20_000)))
+        await wait_for(lambda: broker.long_polling.parked_count == 1, what="pull parked")
+        m = await scrape(broker.metrics_server.port)
+        assert m[("ferrymq_long_poll_waiters", ())] == 1
+        assert (await client.call(10, send_v1("Park", queue_id=0), b"b")).code == R.SUCCESS
+        assert (await asyncio.wait_for(parked, 20)).code == R.SUCCESS
+        m = await scrape(broker.metrics_server.port)
+        assert m[("ferrymq_long_poll_waiters", ())] == 0
+        assert m[("ferrymq_get_messages_total", (("topic", "Park"),))] == 1
+        assert m[("ferrymq_pull_latency_seconds_count", ())] == 1
+    finally:
+        client.close()
