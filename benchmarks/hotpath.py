@@ -8,7 +8,7 @@
     python benchmarks/hotpath.py catchup   [--gib 1.0]              (empty slave catching up)
     python benchmarks/hotpath.py restart   [--gib 1.0]              (SIGKILL, restart, time to serve)
     python benchmarks/hotpath.py client    [--conns 16]             (ferrymq.client Producer.send)
-    python benchmarks/hotpath.py inproc    [--kind send|batch] [--requests N] [--batch 64]
+    python benchmarks/hotpath.py inproc    [--kind send|batch] [--requests N] [--batch 64] [--metrics-port 0]
                                            (in-process: pre-encoded frames fed to a broker Connection
                                             with a fake transport; process CPU per request/message)
 
@@ -726,7 +726,7 @@ async def _inproc(a: argparse.Namespace, tmp: str) -> None:
     ns = NameServer("127.0.0.1", 0)
     await ns.start()
     cfg = BrokerConfig(listen_port=0, listen_host="127.0.0.1", broker_ip1="127.0.0.1", store_path_root_dir=tmp,
-                       namesrv_addr=[ns.addr], fast_listen_enable=False)
+                       namesrv_addr=[ns.addr], fast_listen_enable=False, metrics_port=a.metrics_port)
     cfg.default_topic_queue_nums = QUEUES
     ctl = BrokerController(cfg)
     await ctl.start()
@@ -803,6 +803,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--kind", choices=["send", "batch"], default="send", help="inproc: request kind")
     ap.add_argument("--requests", type=int, default=20_000, help="inproc: requests fed")
+    ap.add_argument("--metrics-port", type=int, default=-1, help="inproc: the broker's metricsPort (-1 = off)")
     ap.add_argument("--keep", action="store_true", help="restart: keep the store dir (for profiling)")
     ap.add_argument("--pin", default=None, help="taskset CPU list for the broker(s), e.g. 0")
     ap.add_argument("--pin-client", dest="pin_client", default=None, help="CPU for the load process, e.g. 0")

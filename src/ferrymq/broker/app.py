@@ -29,6 +29,7 @@ from ferrymq.broker.config import FAST_PORT_OFFSET, BrokerConfig, FlushDiskType,
 from ferrymq.broker.consumer_manager import ClientChannel, ConsumerManager
 from ferrymq.broker.flush import FlushService
 from ferrymq.broker.long_polling import PullRequestHoldService
+from ferrymq.broker.metrics import broker_metrics_server
 from ferrymq.broker.offset_manager import ConsumerOffsetManager
 from ferrymq.broker.processors.admin import AdminProcessor
 from ferrymq.broker.processors.client_manage import ClientManageProcessor
@@ -41,6 +42,7 @@ from ferrymq.broker.processors.send_back import SendBackProcessor
 from ferrymq.broker.producer_manager import ProducerManager
 from ferrymq.broker.registration import NameServerRegistrar
 from ferrymq.broker.schedule import ScheduleMessageService
+from ferrymq.broker.stats import SAMPLE_INTERVAL_MS, BrokerStats
 from ferrymq.broker.subscription_manager import SubscriptionGroupManager
 from ferrymq.broker.topic_manager import TopicManager
 from ferrymq.broker.writer import MessageWriter
@@ -122,6 +124,7 @@ class BrokerController:
         self.flush_service = FlushService(self.store, sync_flush=config.flush_disk_type is FlushDiskType.SYNC_FLUSH,
                                           interval_ms=config.flush_interval_commit_log_ms)
         self.writer = MessageWriter(self.store, config, self.flush_service, self._on_dispatched)
+        self.stats = self.writer.stats = BrokerStats(clock_ms)
         self.delay_levels_ms = parse_delay_levels(config.message_delay_level)
         self.schedule = ScheduleMessageService(self.store, self.writer.put, cdir, self.delay_levels_ms, clock_ms)
         self.hot_data_bytes = self.store_config.memory_for_hot_data_bytes
@@ -133,6 +136,7 @@ class BrokerController:
                      SendBackProcessor(self)):
             proc.register(self.dispatcher)
         self.long_polling = PullRequestHoldService(self.pull_processor.rerun, self.store.get_max_offset_in_queue)
+        self.metrics_server = broker_metrics_server(self)  # None when metricsPort = -1
 
         self.pool = ConnectionPool(Dispatcher())
         self.server: RemotingServer | None = None
@@ -207,6 +211,8 @@ class BrokerController:
 
         self.flush_service.start(loop)
         self.long_polling.start()
+        if self.metrics_server is not None:
+            await self.metrics_server.start()
         await self._start_ha()
 
         self.registrar = NameServerRegistrar(
@@ -225,6 +231,7 @@ class BrokerController:
             asyncio.ensure_future(self._every(CLIENT_SCAN_INTERVAL_MS, self._scan_channels)),
             asyncio.ensure_future(self._every(DELETE_EXPIRED_INTERVAL_MS, self._delete_expired)),
             asyncio.ensure_future(self._every(DISK_CHECK_INTERVAL_MS, self.store.check_disk_space)),
+            asyncio.ensure_future(self._every(SAMPLE_INTERVAL_MS, self.stats.sample)),
         ]
         self._started = True
         log.info("broker %s (id %d, %s) serving on %s (registered as %s)", cfg.broker_name, cfg.broker_id,
@@ -280,7 +287,7 @@ class BrokerController:
                     await part.stop()
                 except Exception:
                     log.exception("stopping %s failed", type(part).__name__)
-        for srv in (self.fast_server, self.server):
+        for srv in (self.fast_server, self.server, self.metrics_server):
             if srv is not None:
                 await srv.stop()
         await self.pool.close()
@@ -376,7 +383,6 @@ class BrokerController:
         if self.config.is_slave:
             info["masterAddr"] = self.master_addr or ""
             info["masterHaAddr"] = self.master_ha_addr or ""
-        info.setdefault("msgPutTotalTodayNow", "0")
-        info.setdefault("putTps", "0")
+        info.update(self.stats.runtime_info())
         info.setdefault("earliestMessageTimeStamp", "0")
         return info

@@ -112,6 +112,8 @@ class BrokerConfig:
         "registerNameServerPeriod", "Registration period in ms (clamped to 10000..60000)"))
     broker_role: BrokerRole = field(default=BrokerRole.ASYNC_MASTER, metadata=_meta(
         "brokerRole", "ASYNC_MASTER, SYNC_MASTER or SLAVE"))
+    metrics_port: int = field(default=-1, metadata=_meta(
+        "metricsPort", "Prometheus endpoint port on listenHost (GET /metrics); -1 = off, 0 = any free port"))
     ha_listen_port: int = field(default=-1, metadata=_meta(
         "haListenPort", "HA port (default listenPort+1)"))
     ha_master_address: str = field(default="", metadata=_meta(
@@ -284,6 +286,8 @@ class BrokerConfig:
     def _validate_addresses(self) -> None:
         if not 0 <= self.listen_port <= 65535:
             raise ConfigError("listenPort", f"port out of range: {self.listen_port}")
+        if self.metrics_port != -1 and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("metricsPort", f"port out of range (-1 = off): {self.metrics_port}")
         if self.ha_listen_port != -1 and not 0 <= self.ha_listen_port <= 65535:
             raise ConfigError("haListenPort", f"must be -1 (listenPort+1) or a port 0..65535, "
                                               f"got {self.ha_listen_port}")

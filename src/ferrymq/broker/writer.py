@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,8 @@ class MessageWriter:
         self._pending_keys: set[QueueKey] = set()
         self._wake_all = False
         self._reput_scheduled = False
+        #: ``BrokerStats`` (set by the broker): stored messages/bytes per topic, SYNC_MASTER wait times
+        self.stats: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         #: set by the controller on a master: ferrymq.ha.service.HAService
         self.ha_service: Any = None
@@ -68,13 +71,13 @@ class MessageWriter:
     def put(self, inner: MessageExtBrokerInner) -> Any:
         result = self._store.put_message(inner)
         if result.append_result is not None:
-            self._appended((inner.topic, inner.queue_id))
+            self._appended((inner.topic, inner.queue_id), result.append_result)
         return result
 
     def put_batch(self, inners: list[MessageExtBrokerInner]) -> Any:
         result = self._store.put_messages(inners)
         if result.append_result is not None and inners:
-            self._appended((inners[0].topic, inners[0].queue_id))
+            self._appended((inners[0].topic, inners[0].queue_id), result.append_result)
         return result
 
     def put_batch_raw(self, topic: str, queue_id: int, batch_body: bytes, merge_props: bytes, cluster: bytes,
@@ -87,7 +90,7 @@ class MessageWriter:
         result = put_raw(topic, queue_id, batch_body, merge_props, cluster, sys_flag, born_timestamp, born_host,
                          store_host, reconsume_times)
         if result is not None and result.append_result is not None:
-            self._appended((topic, queue_id))
+            self._appended((topic, queue_id), result.append_result)
         return result
 
     def put_one_raw(self, topic: str, queue_id: int, body: bytes, props: bytes, cluster: bytes, flag: int,
@@ -100,11 +103,14 @@ class MessageWriter:
         res = put_raw(topic, queue_id, body, props, cluster, flag, sys_flag, born_timestamp, born_host, store_host,
                       reconsume_times)
         if res is not None and res[0].append_result is not None:
-            self._appended((topic, queue_id))
+            self._appended((topic, queue_id), res[0].append_result)
         return res
 
-    def _appended(self, key: QueueKey) -> None:
+    def _appended(self, key: QueueKey, ar: Any) -> None:
         self._pending_keys.add(key)
+        stats = self.stats
+        if stats is not None:
+            stats.on_put(key[0], ar.msg_num, ar.wrote_bytes)
         ha = self.ha_service
         if ha is not None:
             ha.notify_data_appended()
@@ -187,6 +193,11 @@ class MessageWriter:
         if self.sync_master and ha is not None:
             if not ha.is_slave_ok(end):
                 replica_status = "SLAVE_NOT_AVAILABLE"
-            elif not await ha.wait_for_slave_ack(end, self._config.replica_wait_ms):
-                replica_status = "FLUSH_SLAVE_TIMEOUT"
+            else:
+                started_s = time.perf_counter()
+                acked = await ha.wait_for_slave_ack(end, self._config.replica_wait_ms)
+                if self.stats is not None:
+                    self.stats.sync_wait.observe(time.perf_counter() - started_s)
+                if not acked:
+                    replica_status = "FLUSH_SLAVE_TIMEOUT"
         return replica_status if replica_status != "PUT_OK" else flush_status

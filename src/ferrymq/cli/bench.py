@@ -50,12 +50,14 @@ def _size_option(value: str | None) -> int | None:
 @click.option("--json", "json_path", default=None, help="Also write results as JSON to this file ('-' = stdout).")
 @click.option("--dir", "base_dir", default=None, help="Work directory (default: a new temp dir).")
 @click.option("--keep-dir", is_flag=True, help="Keep the work directory (stores, logs) afterwards.")
+@click.option("--broker-conf", "broker_conf", multiple=True, metavar="KEY=VALUE",
+              help="A broker.conf key for every broker started (repeatable), e.g. metricsPort=0.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every step to stderr.")
 def command(repeats: int | None, duration_s: float | None, warmup_s: float | None, sizes: str, producers: int,
             client_procs: int, batch_bytes: str, e2e_rate: int | None, backlog_bytes: str | None,
             catchup_bytes: str | None, restart_bytes: str | None, disk_bytes: str | None, only: str | None,
             skip: str | None, quick: bool, json_path: str | None, base_dir: str | None, keep_dir: bool,
-            verbose: bool) -> None:
+            verbose: bool, broker_conf: tuple[str, ...]) -> None:
     """Benchmark ferrymq against Redis and the machine's limits; prints one table (medians, ratios, targets)."""
     from rich.console import Console
     from rich.progress import (
@@ -88,6 +90,11 @@ def command(repeats: int | None, duration_s: float | None, warmup_s: float | Non
     opts.client_procs = max(1, client_procs)
     opts.batch_bytes = parse_size(batch_bytes)
     opts.keep_dir = keep_dir
+    for item in broker_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--broker-conf")
+        opts.broker_conf[key.strip()] = value.strip()
     opts.base_dir = base_dir
     chosen = [w.strip() for w in only.split(",")] if only else list(ALL_WORKLOADS)
     unknown = [w for w in chosen if w not in ALL_WORKLOADS]

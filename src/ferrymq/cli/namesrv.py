@@ -36,10 +36,10 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, port
 
 
-async def _serve(host: str, port: int, kv_config_path: str | None) -> None:
+async def _serve(host: str, port: int, kv_config_path: str | None, metrics_port: int) -> None:
     from ferrymq.namesrv.app import NameServer
 
-    server = NameServer(host, port, kv_config_path=kv_config_path)
+    server = NameServer(host, port, kv_config_path=kv_config_path, metrics_port=metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # handlers first: the "listening" line may be acted on (a signal sent) at once
@@ -55,23 +55,25 @@ async def _serve(host: str, port: int, kv_config_path: str | None) -> None:
         await server.stop()
 
 
-def _run(host: str, port: int, kv_config_path: str | None) -> None:
+def _run(host: str, port: int, kv_config_path: str | None, metrics_port: int) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(host, port, kv_config_path))
+        asyncio.run(_serve(host, port, kv_config_path, metrics_port))
         return
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve(host, port, kv_config_path))
+        runner.run(_serve(host, port, kv_config_path, metrics_port))
 
 
 @click.command("namesrv")
 @click.option("--listen", default=DEFAULT_LISTEN, show_default=True, help="host:port to serve on (port 0 = any).")
 @click.option("--kv-config", "kv_config_path", default=None, type=click.Path(dir_okay=False),
               help="File persisting the KV config table (default: memory only).")
+@click.option("--metrics-port", type=click.IntRange(-1, 65535), default=-1, show_default=True,
+              help="Prometheus endpoint (GET /metrics) on the --listen host; -1 = off, 0 = any free port.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def command(listen: str, kv_config_path: str | None, log_level: str) -> None:
+def command(listen: str, kv_config_path: str | None, metrics_port: int, log_level: str) -> None:
     """Run a name server in the foreground (logs to stderr; SIGINT/SIGTERM stop it)."""
     try:
         host, port = parse_listen(listen)
@@ -81,7 +83,7 @@ def command(listen: str, kv_config_path: str | None, log_level: str) -> None:
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(), format=LOG_FORMAT)
     logthrottle.install()
     try:
-        _run(host, port, kv_config_path)
+        _run(host, port, kv_config_path, metrics_port)
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(EXIT_USAGE)

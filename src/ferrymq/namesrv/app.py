@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from ferrymq.namesrv.kv_config import KVConfigManager
+from ferrymq.namesrv.metrics import namesrv_metrics_server
 from ferrymq.namesrv.processors import NamesrvProcessors
 from ferrymq.namesrv.route_table import (
     BROKER_CHANNEL_EXPIRED_MS,
@@ -37,6 +38,7 @@ class NameServer:
         scan_interval_ms: int = SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS,
         scan_first_delay_ms: int = SCAN_NOT_ACTIVE_BROKER_FIRST_DELAY_MS,
         kv_config_path: str | Path | None = None,
+        metrics_port: int = -1,
     ) -> None:
         self.host = host
         self._port = port
@@ -49,6 +51,8 @@ class NameServer:
         self._scan_first_delay_ms = scan_first_delay_ms
         self._server: RemotingServer | None = None
         self._scan_task: asyncio.Task[None] | None = None
+        #: Prometheus endpoint on host:metrics_port (-1 = off)
+        self.metrics_server = namesrv_metrics_server(self.routes, host, metrics_port)
 
     @property
     def port(self) -> int:
@@ -66,6 +70,8 @@ class NameServer:
         self._server = server
         self._port = server.port
         self._scan_task = asyncio.ensure_future(self._scan_loop())
+        if self.metrics_server is not None:
+            await self.metrics_server.start()
         log.info("name server listening on %s", self.addr)
 
     async def stop(self) -> None:
@@ -74,6 +80,8 @@ class NameServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._scan_task
             self._scan_task = None
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         if self._server is not None:
             await self._server.stop()
             self._server = None  # .port stays readable after stop

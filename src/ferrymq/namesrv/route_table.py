@@ -90,6 +90,11 @@ class RouteTable:
     _channel_addrs: dict[Hashable, set[str]] = field(init=False, repr=False, default_factory=dict)
     _filter_servers: dict[str, list[str]] = field(init=False, repr=False, default_factory=dict)
 
+    def counts(self) -> dict[str, int]:
+        """Sizes of the tables (the name server's metrics)."""
+        return {"clusters": len(self._clusters), "broker_groups": len(self._brokers),
+                "live_brokers": len(self._live), "topics": len(self._topic_queues)}
+
     # ---- registration ------------------------------------------------------------------
     def register_broker(
         self,

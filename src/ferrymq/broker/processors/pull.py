@@ -106,6 +106,10 @@ class PullProcessor:
                 self._commit(h, allow_suspend)
                 return hold.park(conn, cmd, h.topic, h.queue_id, h.queue_offset, timeout_ms)
         self._commit(h, allow_suspend)
+        stats = ctx.stats
+        stats.pull_requests_total += 1
+        if code == R.SUCCESS:
+            stats.on_get(h.topic, result.message_count, result.buffer_total_size)
         body = result.body() if code == R.SUCCESS else b""
         return cmd.response(code, header, body, remark=result.status.name)
 

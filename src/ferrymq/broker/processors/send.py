@@ -20,10 +20,12 @@ declines takes the Python path, which answers as before.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.headers import SendHeader
+from ferrymq.broker.stats import REPLICA_FAILURE_STATUSES
 from ferrymq.broker.status_codes import SERVICE_NOT_AVAILABLE_REMARK, send_outcome
 from ferrymq.common.message import (
     NAME_VALUE_SEPARATOR,
@@ -439,6 +441,8 @@ class SendProcessor:
         return self._response(cmd, result, queue_id, status)
 
     def _response(self, cmd: RemotingCommand, result: Any, queue_id: int, status: str) -> RemotingCommand:
+        if status in REPLICA_FAILURE_STATUSES:
+            self.ctx.stats.on_replica_failure(status)
         outcome = send_outcome(status)
         ar = result.append_result
         if not outcome.stored or ar is None:
@@ -458,7 +462,7 @@ class _SlaveAckReply:
     callback ran inside ``on_slave_ack``) the answer is kept in ``response`` for the handler to return.
     Writes follow ``Connection._reply``: nothing for oneway requests or closed connections."""
 
-    __slots__ = ("proc", "conn", "cmd", "result", "queue_id", "inline", "response")
+    __slots__ = ("proc", "conn", "cmd", "result", "queue_id", "inline", "response", "started_s")
 
     def __init__(self, proc: SendProcessor, conn: Any, cmd: RemotingCommand, result: Any, queue_id: int) -> None:
         self.proc = proc
@@ -468,9 +472,12 @@ class _SlaveAckReply:
         self.queue_id = queue_id
         self.inline = True
         self.response: RemotingCommand | bytes | None = None
+        self.started_s = time.perf_counter()
 
     def __call__(self, ok: bool) -> None:
         cmd = self.cmd
+        if self.proc is not None:  # (None in unit tests of the reply alone)
+            self.proc.ctx.stats.sync_wait.observe(time.perf_counter() - self.started_s)
         resp: RemotingCommand | bytes
         try:
             if ok:

@@ -95,6 +95,8 @@ class Options:
     only: list[str] = field(default_factory=lambda: list(ALL_WORKLOADS))
     keep_dir: bool = False
     base_dir: str | None = None
+    #: broker.conf keys written for every broker of every stack (``--broker-conf KEY=VALUE``)
+    broker_conf: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -381,7 +383,7 @@ class Bench:
 
     # ---- async master stack: 1, 2, 5, 6, 9 --------------------------------------------------------------
     def async_stack(self, sup: Supervisor) -> None:
-        stack = Stack(sup, "async")
+        stack = Stack(sup, "async", common_conf=self.o.broker_conf)
         rows: dict[str, list[Row]] = {}
         n = self.o.producers
         if self.wants("1"):
@@ -522,7 +524,7 @@ class Bench:
     # ---- 3: SYNC_MASTER + slave, 4: SYNC_FLUSH ----------------------------------------------------------------
     def _one_and_many(self, sup: Supervisor, label: str, wid: str, title: str, *, role: str, flush: str,
                       slave: bool) -> None:
-        stack = Stack(sup, label)
+        stack = Stack(sup, label, common_conf=self.o.broker_conf)
         n = self.o.producers
         one = [self.row(f"{wid}a", f"{title}, 1 client sync sends", s, "msgs/s", "msgs/s") for s in self.o.sizes]
         many = [self.row(f"{wid}b", f"{title}, {n} producers", s, "msgs/s", "msgs/s") for s in self.o.sizes]
@@ -571,7 +573,7 @@ class Bench:
 
     # ---- 7: slave catch-up, 8: restart after SIGKILL ------------------------------------------------------
     def catchup_and_restart(self, sup: Supervisor) -> None:
-        stack = Stack(sup, "catchup")
+        stack = Stack(sup, "catchup", common_conf=self.o.broker_conf)
         size = 1024
         r7 = self.row("7", f"slave catch-up from {fmt_size(self.o.catchup_bytes)} backlog", None,
                       "MB/s", "MB/s") if self.wants("7") else None
@@ -611,7 +613,7 @@ class Bench:
             stack.close()
 
     def _restart_own_master(self, sup: Supervisor, row: Row) -> None:
-        stack = Stack(sup, "restart")
+        stack = Stack(sup, "restart", common_conf=self.o.broker_conf)
         topic = "BenchRestart"
         try:
             self.step("starting restart master")

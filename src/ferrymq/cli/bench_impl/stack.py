@@ -43,6 +43,8 @@ class Stack:
     namesrv_port: int = 0
     brokers: list[BrokerProc] = field(default_factory=list)
     namesrv: Child | None = None
+    #: broker.conf keys for every broker of this stack (before ``broker(extra=...)``)
+    common_conf: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name_server(self) -> str:
@@ -81,6 +83,7 @@ class Stack:
         }
         if master is not None:
             conf["haMasterAddress"] = f"{HOST}:{master.ha_port}"
+        conf.update(self.common_conf)
         conf.update(extra or {})
         conf_path = self.sup.path(self.label, name, "broker.conf")
         with open(conf_path, "w") as fh:

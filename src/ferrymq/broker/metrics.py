@@ -1,0 +1,206 @@
+"""The broker's Prometheus metrics (``metricsPort``), served by ``ferrymq.remoting.metrics_http``.
+
+Nothing is counted per message by prometheus_client: ``BrokerStats`` holds plain ints bumped on the event
+loop and ``BrokerCollector`` turns them into metric families at scrape time; the consume-queue lag is computed
+at scrape time from the offset table and the store's max queue offsets. See docs/metrics.md for the names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from ferrymq.broker.stats import BrokerStats, LatencyHistogram
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.metrics_http import MetricsServer
+
+#: the ``code`` label of a request the handler hands to a callback (answered later, e.g. on a slave's ack)
+ANSWERED_LATER_CODE = -1
+SEND_CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
+
+
+def histogram_family(name: str, doc: str, labels: list[str],
+                     rows: Iterable[tuple[list[str], LatencyHistogram]]) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=labels)
+    for values, h in rows:
+        fam.add_metric(values, h.cumulative(), h.sum_s)
+    return fam
+
+
+class BrokerCollector(Collector):
+    """Reads ``ctx`` (a ``BrokerController``) at scrape time."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def collect(self) -> Iterator[Metric]:
+        ctx = self.ctx
+        st: BrokerStats = ctx.stats
+        cluster, broker = ctx.config.broker_cluster_name, ctx.config.broker_name
+        base = ["cluster", "broker"]
+        ids = [cluster, broker]
+
+        for name, doc, table in (
+            ("ferrymq_put_messages", "Messages stored, per topic", st.put_msgs_by_topic),
+            ("ferrymq_put_bytes", "Bytes stored (records), per topic", st.put_bytes_by_topic),
+            ("ferrymq_get_messages", "Messages returned by PULL, per topic", st.get_msgs_by_topic),
+            ("ferrymq_get_bytes", "Bytes returned by PULL (records), per topic", st.get_bytes_by_topic),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=[*base, "topic"])
+            for topic, n in list(table.items()):
+                fam.add_metric([*ids, topic], n)
+            yield fam
+
+        put_tps, get_tps = st.put_tps(), st.get_tps()
+        for name, doc, rates in (("rocketmq_brokeruntime_put_tps", "putTps of the runtime info", put_tps),
+                                 ("rocketmq_brokeruntime_get_tps", "getTransferedTps of the runtime info",
+                                  get_tps)):
+            g = GaugeMetricFamily(name, doc + " (messages/s over the window)", labels=[*base, "window"])
+            for label, r in zip(("10s", "1m", "10m"), rates, strict=True):
+                g.add_metric([*ids, label], r)
+            yield g
+        yield self._gauge("rocketmq_brokeruntime_msg_put_total_today_now", "Messages stored since local midnight",
+                          base, ids, st.put_msgs_total - st._put_at_today_morning)
+        yield self._gauge("rocketmq_brokeruntime_msg_gettotal_today_now",
+                          "Messages returned by PULL since local midnight", base, ids,
+                          st.get_msgs_total - st._get_at_today_morning)
+
+        yield histogram_family("ferrymq_send_latency_seconds", "SEND request handling time by response code",
+                               [*base, "code"], [([*ids, str(code)], h) for code, h in
+                                                 sorted(st.send_latency.items())])
+        yield histogram_family("ferrymq_pull_latency_seconds",
+                               "PULL request handling time (a parked pull is timed until it is answered)",
+                               base, [(ids, st.pull_latency)])
+        yield self._gauge("ferrymq_long_poll_waiters", "Pull requests parked by long polling", base, ids,
+                          ctx.long_polling.parked_count)
+
+        yield from self._offsets(base, ids)
+        yield from self._replication(base, ids, st)
+
+    @staticmethod
+    def _gauge(name: str, doc: str, labels: list[str], values: list[str], v: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=labels)
+        g.add_metric(values, v)
+        return g
+
+    def _offsets(self, base: list[str], ids: list[str]) -> Iterator[Metric]:
+        ctx = self.ctx
+        store = ctx.store
+        lag = GaugeMetricFamily("ferrymq_consume_queue_lag", "Messages of a queue not yet consumed by a group "
+                                "(queue max offset - committed offset)", labels=[*base, "group", "topic", "queue_id"])
+        acc = GaugeMetricFamily("rocketmq_message_accumulation", "Messages not yet consumed by a group, per topic",
+                                labels=[*base, "group", "topic"])
+        consumer_offset = CounterMetricFamily("rocketmq_consumer_offset", "Committed offsets of a group, summed "
+                                              "over the topic's queues", labels=[*base, "group", "topic"])
+        for key, queues in list(ctx.offsets.table.items()):
+            topic, _, group = key.partition("@")
+            total_lag = 0
+            total_offset = 0
+            for queue_id, committed in list(queues.items()):
+                max_offset = store.get_max_offset_in_queue(topic, queue_id)
+                q_lag = max(max_offset - max(committed, 0), 0)
+                total_lag += q_lag
+                total_offset += max(committed, 0)
+                lag.add_metric([*ids, group, topic, str(queue_id)], q_lag)
+            acc.add_metric([*ids, group, topic], total_lag)
+            consumer_offset.add_metric([*ids, group, topic], total_offset)
+        yield lag
+        yield acc
+        yield consumer_offset
+        producer_offset = CounterMetricFamily("rocketmq_producer_offset", "Max queue offset of a topic, summed over "
+                                              "its queues", labels=[*base, "topic"])
+        for topic, tc in list(ctx.topics.table.items()):
+            producer_offset.add_metric([*ids, topic], sum(store.get_max_offset_in_queue(topic, q)
+                                                          for q in range(tc.write_queue_nums)))
+        yield producer_offset
+
+    def _replication(self, base: list[str], ids: list[str], st: BrokerStats) -> Iterator[Metric]:
+        ack = GaugeMetricFamily("ferrymq_ha_slave_ack_offset", "Commit log offset acked by a slave",
+                                labels=[*base, "slave"])
+        lag = GaugeMetricFamily("ferrymq_ha_slave_lag_bytes", "Commit log bytes a slave has not acked",
+                                labels=[*base, "slave"])
+        ha = self.ctx.ha_service
+        if ha is not None:
+            for s in ha.slave_status():
+                ack.add_metric([*ids, str(s["addr"])], s["ackOffset"])
+                lag.add_metric([*ids, str(s["addr"])], s["lagBytes"])
+        yield ack
+        yield lag
+        yield histogram_family("ferrymq_sync_replica_wait_seconds", "SYNC_MASTER wait for a slave's ack", base,
+                               [(ids, st.sync_wait)])
+        fails = CounterMetricFamily("ferrymq_replica_failures", "Sends answered FLUSH_SLAVE_TIMEOUT or "
+                                    "SLAVE_NOT_AVAILABLE", labels=[*base, "status"])
+        for status, n in sorted(st.replica_failures.items()):
+            fails.add_metric([*ids, status], n)
+        yield fails
+
+
+# ---- request timing (installed only when the endpoint is on) ---------------------------------------
+def _timed(handler: Callable[..., Any], observe: Callable[[int, float], None]) -> Callable[..., Any]:
+    perf = time.perf_counter
+
+    async def finish(started_s: float, pending: Awaitable[Any]) -> Any:
+        resp = await pending
+        observe(resp.code if isinstance(resp, RemotingCommand) else 0, perf() - started_s)
+        return resp
+
+    def wrapped(conn: Any, cmd: RemotingCommand) -> Any:
+        started_s = perf()
+        resp = handler(conn, cmd)
+        if isinstance(resp, RemotingCommand):
+            observe(resp.code, perf() - started_s)
+            return resp
+        if isinstance(resp, bytes):  # the templated SEND_OK frame
+            observe(0, perf() - started_s)
+            return resp
+        if resp is None:  # answered later by a callback (SYNC_MASTER slave ack): timed until handed over
+            observe(ANSWERED_LATER_CODE, perf() - started_s)
+            return resp
+        return finish(started_s, resp)
+
+    return wrapped
+
+
+def instrument(dispatcher: Any, stats: BrokerStats) -> None:
+    """Wrap the SEND and PULL handlers of ``dispatcher`` to time them by response code (0 = SUCCESS,
+    ``ANSWERED_LATER_CODE`` = handed to a callback)."""
+
+    def on_send(code: int, seconds: float) -> None:
+        h = stats.send_latency.get(code)
+        if h is None:
+            h = stats.send_latency[code] = LatencyHistogram()
+        h.observe(seconds)
+
+    def on_pull(_code: int, seconds: float) -> None:
+        stats.pull_latency.observe(seconds)
+
+    for code in SEND_CODES:
+        handler = dispatcher.get(code)
+        if handler is not None:
+            dispatcher.register(code, _timed(handler, on_send))
+    handler = dispatcher.get(RequestCode.PULL_MESSAGE)
+    if handler is not None:
+        dispatcher.register(RequestCode.PULL_MESSAGE, _timed(handler, on_pull))
+
+
+def broker_metrics_server(ctx: Any) -> MetricsServer | None:
+    """The broker's endpoint, None when ``metricsPort`` is -1 (off; 0 = any free port)."""
+    port = ctx.config.metrics_port
+    if port < 0:
+        return None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(ctx))
+    ProcessCollector(registry=registry)
+    instrument(ctx.dispatcher, ctx.stats)
+    return MetricsServer(registry, ctx.config.listen_host, port)

@@ -1,0 +1,181 @@
+"""Broker statistics: plain counters bumped on the event loop, read by GET_BROKER_RUNTIME_INFO and by the
+Prometheus collector (``broker/metrics.py``) at read time.
+
+Hot-path cost: ``on_put`` / ``on_get`` are two dict updates and two int additions; nothing is locked (all
+writers run on the event loop thread, readers copy). Rates come from samples of the running totals taken by
+``sample`` (once a second, a broker timer); ``tps(window_ms)`` is (total now - total at the oldest sample
+inside the window) / elapsed.
+
+Runtime info keys filled here (RocketMQ 4.x ``BrokerController``/``BrokerStats`` meaning):
+
+| key                    | value                                                              |
+|------------------------|--------------------------------------------------------------------|
+| putTps                 | "tps10s tps1m tps10m" of stored messages, space separated          |
+| getTransferedTps       | same for messages returned by PULL (found)                         |
+| getFoundTps / getTotalTps | same: found messages / all pull requests                        |
+| msgPutTotalTodayNow    | messages stored since local midnight                               |
+| msgGetTotalTodayNow    | messages returned by PULL since local midnight                     |
+| msgPutTotalYesterdayMorning / msgPutTotalTodayMorning (and Get) | totals at those midnights |
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from collections.abc import Callable
+
+#: rate windows of putTps / getTps (RocketMQ prints 10 s, 1 min, 10 min)
+TPS_WINDOWS_MS = (10_000, 60_000, 600_000)
+#: samples older than the longest window plus this slack are dropped
+SAMPLE_SLACK_MS = 5_000
+#: how often the broker calls ``sample``
+SAMPLE_INTERVAL_MS = 1_000
+#: latency histogram bucket upper bounds, seconds (the last bucket is +Inf)
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+MS_PER_DAY = 86_400_000
+#: send outcomes counted by ``on_replica_failure`` (PutMessageStatus names)
+REPLICA_FAILURE_STATUSES = frozenset({"FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})
+
+
+def local_midnight_ms(now_ms: int) -> int:
+    t = time.localtime(now_ms / 1000)
+    return int(time.mktime((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0, 0, 0, -1)) * 1000)
+
+
+class LatencyHistogram:
+    """Counts per bucket (non-cumulative) plus sum and count; cumulated when read."""
+
+    __slots__ = ("counts", "sum_s", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.sum_s = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.sum_s += seconds
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        acc = 0
+        for bound, n in zip((*(str(b) for b in LATENCY_BUCKETS_S), "+Inf"), self.counts, strict=True):
+            acc += n
+            out.append((bound, acc))
+        return out
+
+
+class BrokerStats:
+    def __init__(self, clock_ms: Callable[[], int]) -> None:
+        self.clock_ms = clock_ms
+        self.put_msgs_total = 0
+        self.put_bytes_total = 0
+        self.get_msgs_total = 0
+        self.get_bytes_total = 0
+        self.pull_requests_total = 0
+        self.put_msgs_by_topic: dict[str, int] = {}
+        self.put_bytes_by_topic: dict[str, int] = {}
+        self.get_msgs_by_topic: dict[str, int] = {}
+        self.get_bytes_by_topic: dict[str, int] = {}
+        #: request latency by response code (filled only when metrics are on: the dispatcher wrappers)
+        self.send_latency: dict[int, LatencyHistogram] = {}
+        self.pull_latency = LatencyHistogram()
+        #: SYNC_MASTER replica waits
+        self.sync_wait = LatencyHistogram()
+        #: PutMessageStatus name -> sends answered with it (FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE)
+        self.replica_failures: dict[str, int] = dict.fromkeys(sorted(REPLICA_FAILURE_STATUSES), 0)
+        #: (time_ms, put total, get total, pull requests)
+        self._samples: deque[tuple[int, int, int, int]] = deque()
+        now = clock_ms()
+        self._day_start_ms = local_midnight_ms(now)
+        self._put_at_today_morning = 0
+        self._get_at_today_morning = 0
+        self._put_at_yesterday_morning = 0
+        self._get_at_yesterday_morning = 0
+        self.sample(now)
+
+    # ---- hot path --------------------------------------------------------------------------------
+    def on_put(self, topic: str, msgs: int, nbytes: int) -> None:
+        self.put_msgs_total += msgs
+        self.put_bytes_total += nbytes
+        d = self.put_msgs_by_topic
+        d[topic] = d.get(topic, 0) + msgs
+        b = self.put_bytes_by_topic
+        b[topic] = b.get(topic, 0) + nbytes
+
+    def on_get(self, topic: str, msgs: int, nbytes: int) -> None:
+        self.get_msgs_total += msgs
+        self.get_bytes_total += nbytes
+        d = self.get_msgs_by_topic
+        d[topic] = d.get(topic, 0) + msgs
+        b = self.get_bytes_by_topic
+        b[topic] = b.get(topic, 0) + nbytes
+
+    def on_replica_failure(self, status: str) -> None:
+        self.replica_failures[status] = self.replica_failures.get(status, 0) + 1
+
+    # ---- sampling / rates ------------------------------------------------------------------------
+    def sample(self, now_ms: int | None = None) -> None:
+        now = self.clock_ms() if now_ms is None else now_ms
+        self._roll_day(now)
+        s = self._samples
+        s.append((now, self.put_msgs_total, self.get_msgs_total, self.pull_requests_total))
+        horizon = now - TPS_WINDOWS_MS[-1] - SAMPLE_SLACK_MS
+        while len(s) > 1 and s[1][0] <= horizon:
+            s.popleft()
+
+    def _roll_day(self, now_ms: int) -> None:
+        if now_ms - self._day_start_ms < MS_PER_DAY:
+            return
+        self._day_start_ms = local_midnight_ms(now_ms)
+        self._put_at_yesterday_morning = self._put_at_today_morning
+        self._get_at_yesterday_morning = self._get_at_today_morning
+        self._put_at_today_morning = self.put_msgs_total
+        self._get_at_today_morning = self.get_msgs_total
+
+    def _rate(self, index: int, window_ms: int, now_ms: int) -> float:
+        s = self._samples
+        start = now_ms - window_ms
+        base = s[0]
+        for sample in s:  # oldest sample still inside the window (at most ~600 entries)
+            if sample[0] >= start:
+                base = sample
+                break
+        elapsed_ms = now_ms - base[0]
+        if elapsed_ms <= 0:
+            return 0.0
+        current = (now_ms, self.put_msgs_total, self.get_msgs_total, self.pull_requests_total)[index]
+        return (current - base[index]) * 1000.0 / elapsed_ms
+
+    def tps(self, index: int, now_ms: int | None = None) -> tuple[float, ...]:
+        now = self.clock_ms() if now_ms is None else now_ms
+        return tuple(self._rate(index, w, now) for w in TPS_WINDOWS_MS)
+
+    def put_tps(self, now_ms: int | None = None) -> tuple[float, ...]:
+        return self.tps(1, now_ms)
+
+    def get_tps(self, now_ms: int | None = None) -> tuple[float, ...]:
+        return self.tps(2, now_ms)
+
+    def runtime_info(self, now_ms: int | None = None) -> dict[str, str]:
+        now = self.clock_ms() if now_ms is None else now_ms
+        self._roll_day(now)
+
+        def fmt(rates: tuple[float, ...]) -> str:
+            return " ".join(f"{r:.2f}" for r in rates)
+
+        get_tps = fmt(self.tps(2, now))
+        return {
+            "putTps": fmt(self.tps(1, now)),
+            "getTransferedTps": get_tps,
+            "getFoundTps": get_tps,
+            "getTotalTps": fmt(self.tps(3, now)),
+            "msgPutTotalTodayNow": str(self.put_msgs_total - self._put_at_today_morning),
+            "msgGetTotalTodayNow": str(self.get_msgs_total - self._get_at_today_morning),
+            "msgPutTotalTodayMorning": str(self._put_at_today_morning),
+            "msgGetTotalTodayMorning": str(self._get_at_today_morning),
+            "msgPutTotalYesterdayMorning": str(self._put_at_yesterday_morning),
+            "msgGetTotalYesterdayMorning": str(self._get_at_yesterday_morning),
+        }

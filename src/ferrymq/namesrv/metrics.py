@@ -1,0 +1,41 @@
+"""The name server's Prometheus metrics (``ferry namesrv --metrics-port``): route table sizes read at
+scrape time, plus the process collector. Served by ``ferrymq.remoting.metrics_http``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ferrymq.remoting.metrics_http import MetricsServer
+
+#: RouteTable.counts() key -> (metric name, help)
+NAMESRV_GAUGES = {
+    "clusters": ("ferrymq_namesrv_clusters", "Clusters known to the name server"),
+    "broker_groups": ("ferrymq_namesrv_broker_groups", "Broker names (master/slave groups) registered"),
+    "live_brokers": ("ferrymq_namesrv_live_brokers", "Broker addresses with a live registration"),
+    "topics": ("ferrymq_namesrv_topics", "Topics with a route"),
+}
+
+
+class NamesrvCollector(Collector):
+    def __init__(self, routes: Any) -> None:
+        self.routes = routes
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.routes.counts()
+        for key, (name, doc) in NAMESRV_GAUGES.items():
+            yield GaugeMetricFamily(name, doc, value=counts[key])
+
+
+def namesrv_metrics_server(routes: Any, host: str, port: int) -> MetricsServer | None:
+    """None when ``port`` is -1 (off; 0 = any free port)."""
+    if port < 0:
+        return None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NamesrvCollector(routes))
+    ProcessCollector(registry=registry)
+    return MetricsServer(registry, host, port)
