@@ -318,3 +318,63 @@ def test_h_metadata_within_a_second_and_slave_offsets_survive_the_masters_return
              what="the slave's offset on the returned master", alive=pair.alive)
     wait_for(lambda: query_consumer_offset(pair.slave.addr, group, topic, 1) == 500, timeout_s=5,
              what="the slave keeps its offset", alive=pair.alive)
+
+
+def test_i_impostor_on_the_ha_port_never_turns_slave_not_available_into_send_ok(procs: Any) -> None:
+    """A SYNC_MASTER with haSecret and no real slave: a peer that connects to its HA port and acknowledges
+    every transfer it gets (as a plain RocketMQ slave would) leaves every send SLAVE_NOT_AVAILABLE; a slave
+    with the secret then joins and sends are SEND_OK. Ten impostor connections for the whole send loop."""
+    import socket
+    import struct
+
+    from ha_support import raw_send
+    from procs import LOOPBACK, start_broker, start_namesrv
+
+    secret = "group-secret-i"
+    ns = start_namesrv(procs)
+    master = start_broker(procs, [ns.addr], name="master", brokerRole="SYNC_MASTER", haSecret=secret,
+                          syncFlushTimeout=1000)
+    stop = threading.Event()
+
+    def recv_exactly(s: socket.socket, n: int) -> bytes:
+        out = b""
+        while len(out) < n and not stop.is_set():
+            try:
+                chunk = s.recv(n - len(out))
+            except TimeoutError:
+                continue
+            if not chunk:
+                raise OSError("closed")
+            out += chunk
+        return out
+
+    def impostor() -> None:
+        while not stop.is_set():
+            try:
+                with socket.create_connection((LOOPBACK, master.port + 1), timeout=2) as s:
+                    s.settimeout(0.2)
+                    s.sendall(struct.pack(">q", 0))  # a fresh slave's first report
+                    while not stop.is_set():
+                        head = recv_exactly(s, 12)
+                        if len(head) < 12:
+                            break
+                        phy, size = struct.unpack(">qi", head)
+                        recv_exactly(s, size)
+                        s.sendall(struct.pack(">q", phy + size))  # "acknowledged"
+            except OSError:
+                stop.wait(0.05)
+
+    threads = [threading.Thread(target=impostor) for _ in range(10)]
+    for t in threads:
+        t.start()
+    try:
+        codes = [raw_send(master.addr, "HaAuthI", 0, b"x")[0] for _ in range(20)]
+        assert set(codes) == {ResponseCode.SLAVE_NOT_AVAILABLE}, codes
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    start_broker(procs, [ns.addr], name="slave", brokerId=1, brokerRole="SLAVE", haSecret=secret,
+                 haMasterAddress=f"{LOOPBACK}:{master.port + 1}")
+    wait_for(lambda: raw_send(master.addr, "HaAuthI", 0, b"y")[0] == ResponseCode.SUCCESS, timeout_s=30,
+             what="SEND_OK once the slave with the secret is connected")

@@ -248,7 +248,8 @@ class BrokerController:
                 self.store, listen_host=cfg.listen_host, listen_port=cfg.effective_ha_listen_port,
                 housekeeping_interval_ms=cfg.ha_housekeeping_interval_ms,
                 heartbeat_interval_ms=cfg.ha_send_heartbeat_interval_ms,
-                transfer_batch_size=cfg.ha_transfer_batch_size, slave_fallbehind_max=cfg.ha_slave_fallbehind_max)
+                transfer_batch_size=cfg.ha_transfer_batch_size, slave_fallbehind_max=cfg.ha_slave_fallbehind_max,
+                ha_secret=cfg.ha_secret, broker_name=cfg.broker_name)
             await self.ha_service.start()
             self.writer.ha_service = self.ha_service
             return
@@ -256,7 +257,8 @@ class BrokerController:
         self.ha_client = client_mod.HAClient(
             self.store, master_ha_addr=self.master_ha_addr, heartbeat_interval_ms=cfg.ha_send_heartbeat_interval_ms,
             housekeeping_interval_ms=cfg.ha_housekeeping_interval_ms,
-            on_appended=lambda *_: self.writer.schedule_reput_within(SLAVE_REPUT_DELAY_S))
+            on_appended=lambda *_: self.writer.schedule_reput_within(SLAVE_REPUT_DELAY_S),
+            ha_secret=cfg.ha_secret, broker_name=cfg.broker_name)
         await self.ha_client.start()
         if importlib.util.find_spec("ferrymq.broker.slave_sync") is not None:
             sync_mod = importlib.import_module("ferrymq.broker.slave_sync")

@@ -169,6 +169,9 @@ class BrokerConfig:
     disk_space_warning_level_ratio: int = field(default=90, metadata=_meta(
         "diskSpaceWarningLevelRatio", "Percent in use above which sends are refused (SERVICE_NOT_AVAILABLE, "
         "remark 'disk is full') until space returns; reads go on"))
+    ha_secret: str = field(default="", metadata=_meta(
+        "haSecret", "Shared secret of a broker group's HA links: a slave must prove it (HMAC over a nonce, "
+        "ha/auth.py) before the master sends it data or counts its acks; empty = the plain RocketMQ protocol"))
     max_connections: int = field(default=DEFAULT_MAX_CONNECTIONS, metadata=_meta(
         "maxConnections", "Most client connections open at once, per port; more are closed at once"))
     max_connections_per_address: int = field(default=DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, metadata=_meta(

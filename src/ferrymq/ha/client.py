@@ -28,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.ha import auth
 from ferrymq.ha.config import (
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_HOUSEKEEPING_INTERVAL_MS,
@@ -75,8 +77,13 @@ class HAClient:
         connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS,
         report_on_connect: bool = True,
         clock_ms: Callable[[], int] = _monotonic_ms,
+        ha_secret: str = "",
+        broker_name: str = "",
     ) -> None:
         self._view = StoreView(store, segment_size=0)  # the slave never needs the segment size
+        #: haSecret: prove group membership to the master before replicating (ha/auth.py)
+        self.ha_secret = ha_secret
+        self.broker_name = broker_name
         self._config = HAConfig(
             heartbeat_interval_ms=heartbeat_interval_ms,
             housekeeping_interval_ms=housekeeping_interval_ms,
@@ -166,14 +173,13 @@ class HAClient:
                 await self._sleep_or_change(self.reconnect_interval_ms)
                 continue
             host, port = parse_addr(addr)
-            loop = asyncio.get_running_loop()
             try:
-                transport, link = await asyncio.wait_for(
-                    loop.create_connection(lambda: _MasterLink(self), host, port),
-                    self.connect_timeout_ms / 1000.0,
-                )
-            except (OSError, TimeoutError) as exc:
-                log.debug("HA connect to master %s failed: %r", addr, exc)
+                transport, link = await asyncio.wait_for(self._connect(host, port), self.connect_timeout_ms / 1000.0)
+            except (OSError, TimeoutError, auth.HAAuthError) as exc:
+                if isinstance(exc, auth.HAAuthError):
+                    log.error("HA authentication with master %s failed: %s", addr, exc)
+                else:
+                    log.debug("HA connect to master %s failed: %r", addr, exc)
                 await self._sleep_or_change(self.reconnect_interval_ms)
                 continue
             if self._stopping or addr != self._master_addr:
@@ -187,6 +193,30 @@ class HAClient:
                 log.exception("HA session with master %s failed", addr)
             if not self._stopping:
                 await self._sleep_or_change(self.session_retry_delay_ms)
+
+    async def _connect(self, host: str, port: int) -> tuple[asyncio.BaseTransport, _MasterLink]:
+        """Connect to the master; with ``ha_secret``, answer its challenge (ha/auth.py) on the raw socket
+        first, then hand the socket to the protocol."""
+        loop = asyncio.get_running_loop()
+        if not self.ha_secret:
+            return await loop.create_connection(lambda: _MasterLink(self), host, port)
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, stype, proto, _, sockaddr = infos[0]
+        sock = socket.socket(family, stype, proto)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, sockaddr)
+            challenge = b""
+            while len(challenge) < auth.CHALLENGE.size:
+                chunk = await loop.sock_recv(sock, auth.CHALLENGE.size - len(challenge))
+                if not chunk:
+                    raise auth.HAAuthError("the master closed the connection before its challenge")
+                challenge += chunk
+            await loop.sock_sendall(sock, auth.response_to(challenge, self.ha_secret, self.broker_name))
+            return await loop.create_connection(lambda: _MasterLink(self), sock=sock)
+        except BaseException:
+            sock.close()
+            raise
 
     async def _session(self, addr: str, transport: asyncio.BaseTransport, link: _MasterLink) -> None:
         self.sessions += 1

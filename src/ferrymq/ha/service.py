@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.ha import auth
 from ferrymq.ha.config import (
     DEFAULT_DIFF_LOG_INTERVAL_MS,
     DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -131,6 +132,10 @@ class _SlaveLink(asyncio.Protocol):
         self._drained: asyncio.Future[None] | None = None
         self.closed = False
         self.tasks: list[asyncio.Task[None]] = []
+        #: with haSecret: the proof received so far (None once proven, or without a secret)
+        self._proof: bytearray | None = None
+        self._nonce = b""
+        self._auth_timer: asyncio.TimerHandle | None = None
 
     # ---- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -140,19 +145,63 @@ class _SlaveLink(asyncio.Protocol):
             self.closed = True
             transport.close()
             return
-        if len(self.service._links) >= self.service.max_slave_connections:
+        service = self.service
+        if len(service._links) + len(service._unproven) >= service.max_slave_connections:
             log.warning("refusing HA connection from %s: %d slave connections open (the limit)",
-                        self.addr, len(self.service._links))
+                        self.addr, len(service._links) + len(service._unproven))
             self.closed = True
             transport.close()
             return
         # pause_writing() only when a catch-up backlog piles up, not at the 64 KiB default
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)  # type: ignore[attr-defined]
+        if service.ha_secret:
+            # ha/auth.py: nothing is sent and no report counts until the peer proves it knows the secret
+            self._nonce, challenge = auth.new_challenge()
+            self._proof = bytearray()
+            service._unproven.add(self)
+            transport.write(challenge)  # type: ignore[attr-defined]
+            self._auth_timer = asyncio.get_running_loop().call_later(auth.AUTH_TIMEOUT_MS / 1000,
+                                                                     self._auth_timeout)
+            return
+        self._begin()
+
+    def _begin(self) -> None:
         self.proto.last_read_ms = self.service._clock_ms()
         self.service._add(self)
         self.tasks = [asyncio.get_running_loop().create_task(self._pump_loop(), name=f"ha-pump-{self.addr}")]
 
+    def _auth_timeout(self) -> None:
+        if self._proof is not None and not self.closed:
+            log.warning("closing HA connection from %s: no authentication within %d ms", self.addr,
+                        auth.AUTH_TIMEOUT_MS)
+            self.close()
+
+    def _check_proof(self, data: bytes) -> None:
+        proof = self._proof
+        assert proof is not None
+        proof += data
+        if len(proof) < auth.RESPONSE.size:
+            return
+        service = self.service
+        service._unproven.discard(self)
+        self._proof = None
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+        if not auth.verify(bytes(proof[:auth.RESPONSE.size]), service.ha_secret, service.broker_name, self._nonce):
+            log.warning("closing HA connection from %s: wrong HA authentication (haSecret or brokerName differ)",
+                        self.addr)
+            self.close()
+            return
+        log.info("HA connection from %s authenticated", self.addr)
+        self._begin()
+        rest = bytes(proof[auth.RESPONSE.size:])
+        if rest:
+            self._handle(self.proto.receive_data(rest, service._clock_ms()))
+
     def data_received(self, data: bytes) -> None:
+        if self._proof is not None:
+            self._check_proof(data)
+            return
         self._handle(self.proto.receive_data(data, self.service._clock_ms()))
 
     def eof_received(self) -> bool:
@@ -277,6 +326,9 @@ class _SlaveLink(asyncio.Protocol):
         for task in self.tasks:
             if task is not asyncio.current_task():
                 task.cancel()
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+        self.service._unproven.discard(self)
         self.service._remove(self)
 
 
@@ -297,9 +349,15 @@ class HAService:
         segment_size: int | None = None,
         clock_ms: Callable[[], int] = _monotonic_ms,
         max_slave_connections: int = MAX_SLAVE_CONNECTIONS,
+        ha_secret: str = "",
+        broker_name: str = "",
     ) -> None:
         self._view = StoreView(store, segment_size)
         self.max_slave_connections = max_slave_connections
+        #: haSecret: links must authenticate (ha/auth.py) before they get data or their reports count
+        self.ha_secret = ha_secret
+        self.broker_name = broker_name
+        self._unproven: set[_SlaveLink] = set()
         self._config = HAConfig(
             heartbeat_interval_ms=heartbeat_interval_ms,
             housekeeping_interval_ms=housekeeping_interval_ms,
