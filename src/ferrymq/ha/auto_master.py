@@ -48,6 +48,11 @@ WRITE_BUFFER_HIGH_BYTES = 4 * 1024 * 1024
 CHECK_INTERVAL_MS = 500
 
 
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
+
+
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
@@ -183,20 +188,24 @@ class AutoSwitchHAMaster:
             return False
         if end_phy_offset <= self._ack_level:
             return True
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
         heapq.heappush(self._waiters, (end_phy_offset, next(self._seq), fut))
+        timer = loop.call_later(timeout_ms / 1000, _expire, fut)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
-        except TimeoutError:
-            return False
+            return await fut
         finally:
-            if not fut.done():
-                fut.cancel()
+            timer.cancel()
 
     def notify_data_appended(self) -> None:
-        """New bytes in the commit log: wake every pump."""
-        for slave in self._slaves.values():
-            slave.wake.set()
+        """New bytes in the commit log: push them to every slave at once (the pump streams what a full write
+        buffer left behind)."""
+        for slave in list(self._slaves.values()):
+            try:
+                if not self._push_available(slave):
+                    slave.wake.set()
+            except (OSError, ConnectionError) as exc:
+                self._drop(slave, f"write failed: {exc}")
 
     def slave_status(self) -> list[dict[str, Any]]:
         now = _now_ms()
@@ -346,30 +355,37 @@ class AutoSwitchHAMaster:
             return data_epoch, start, b""
         return data_epoch, start, bytes(self.store.read_from(phy_offset, want))
 
-    async def _pump(self, slave: _Slave) -> None:
+    def _push_available(self, slave: _Slave) -> bool:
+        """Write every available chunk to ``slave`` (no await); False when its write buffer is full first."""
         writer = slave.writer
         transport = writer.transport
+        if transport.is_closing():
+            return True
+        master_epoch = self.epoch_file.last_epoch()
+        while True:
+            if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
+                return False
+            data_epoch, start, body = self._next_chunk(slave.next_phy_offset)
+            if not body:
+                return True
+            writer.write(codec.encode_transfer_header(master_epoch, data_epoch, start, slave.next_phy_offset,
+                                                      self.confirm_offset, len(body)) + body)
+            slave.next_phy_offset += len(body)
+
+    async def _pump(self, slave: _Slave) -> None:
+        writer = slave.writer
         heartbeat_s = self.heartbeat_interval_ms / 1000
         try:
             while True:
-                master_epoch = self.epoch_file.last_epoch()
-                data_epoch, start, body = self._next_chunk(slave.next_phy_offset)
-                if body:
-                    writer.write(codec.encode_transfer_header(master_epoch, data_epoch, start, slave.next_phy_offset,
-                                                              self.confirm_offset, len(body)))
-                    writer.write(body)
-                    slave.next_phy_offset += len(body)
-                    if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
-                        await writer.drain()
-                    continue
-                await writer.drain()
                 slave.wake.clear()
-                if self.store.max_phy_offset > slave.next_phy_offset and self._next_chunk(slave.next_phy_offset)[2]:
+                if not self._push_available(slave):
+                    await writer.drain()
                     continue
                 try:
                     await asyncio.wait_for(slave.wake.wait(), heartbeat_s)
                 except TimeoutError:
-                    writer.write(codec.encode_transfer_header(master_epoch, 0, 0, slave.next_phy_offset,
-                                                              self.confirm_offset, 0))
+                    writer.write(codec.encode_transfer_header(self.epoch_file.last_epoch(), 0, 0,
+                                                              slave.next_phy_offset, self.confirm_offset, 0))
+                    await writer.drain()
         except (OSError, ConnectionError) as exc:
             self._drop(slave, f"write failed: {exc}")
