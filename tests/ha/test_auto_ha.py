@@ -262,3 +262,20 @@ async def test_wrong_hmac_is_refused_and_never_acks(group: Group, slave_secret: 
     good_store, good_epochs = group.store("good")
     await group.client(good_store, good_epochs, master, 1, replica_id=2, ha_secret="right")
     assert await master.wait_for_ack(ends[-1], 10_000)
+
+
+async def test_empty_replica_starts_at_the_masters_oldest_byte(group: Group) -> None:
+    ms, me = group.store("m")
+    donor, _ = group.store("donor")
+    put_n(donor, 0, 6000)  # more than 2 segments
+    start = 2 * 1024 * 1024
+    assert ms.append_at(start, commit_log_bytes(donor, start, donor.max_phy_offset))  # retention took the rest
+    ms.reput()
+    me.append(1, 0)
+    master = await group.master(ms, me)
+    ss, se = group.store("s")
+    await group.client(ss, se, master, 1)
+    await wait_for(lambda: ss.max_phy_offset == ms.max_phy_offset, what="catch-up from the master's min offset")
+    assert ss.min_phy_offset == start
+    assert commit_log_bytes(ss, start, ss.max_phy_offset) == commit_log_bytes(ms, start, ms.max_phy_offset)
+    assert se.entries() == [(1, 0)]

@@ -311,6 +311,11 @@ class AutoSwitchHAMaster:
         first = codec.last_report(await reader.readexactly(codec.REPORT_SIZE))
         if first > cut or first > master_max:
             raise ProtocolError(f"replica {hs.replica_id} starts at {first}, beyond the common point {cut}")
+        master_min = int(self.store.min_phy_offset)
+        if first < master_min:
+            if first != 0:
+                raise ProtocolError(f"replica {hs.replica_id} needs {first}, below the master's min {master_min}")
+            first = master_min  # an empty replica starts with the oldest bytes the master still has
         log.info("HA replica %d connected: common point %d, starts at %d (master max %d)", hs.replica_id, cut,
                  first, master_max)
         return _Slave(hs.replica_id, writer, first)
