@@ -279,3 +279,26 @@ async def test_empty_replica_starts_at_the_masters_oldest_byte(group: Group) -> 
     assert ss.min_phy_offset == start
     assert commit_log_bytes(ss, start, ss.max_phy_offset) == commit_log_bytes(ms, start, ms.max_phy_offset)
     assert se.entries() == [(1, 0)]
+
+
+async def test_an_ack_beyond_what_was_sent_never_counts(group: Group) -> None:
+    """A peer that passes the handshake (no secret configured) but acknowledges bytes it never received."""
+    ms, me = group.store("m")
+    me.append(1, 0)
+    put_n(ms, 0, 20)
+    master = await group.master(ms, me)
+    master.set_sync_state_set({1, 2}, 1)
+    reader, writer = await asyncio.open_connection("127.0.0.1", master.port)
+    try:
+        nonce = codec.decode_hello(await reader.readexactly(codec.HELLO_SIZE))
+        writer.write(codec.encode_handshake(2, "b", 0, [], None, nonce))
+        fixed = await reader.readexactly(codec.ANSWER_FIXED)
+        await reader.readexactly(codec.answer_rest_size(fixed))
+        writer.write(codec.encode_report(0) + codec.encode_report(1 << 40))
+        await writer.drain()
+        ends = put_n(ms, 20, 1)
+        master.notify_data_appended()
+        assert not await master.wait_for_ack(ends[-1], 300)
+        assert master.confirm_offset == 0
+    finally:
+        writer.close()

@@ -219,8 +219,9 @@ class AutoSwitchHAMaster:
 
     def _on_ack(self, slave: _Slave, ack: int) -> None:
         slave.last_read_ms = _now_ms()
-        if ack < slave.ack_phy_offset:
-            raise ProtocolError(f"replica {slave.replica_id} acked {ack} after {slave.ack_phy_offset}")
+        if ack < slave.ack_phy_offset or ack > slave.next_phy_offset:
+            raise ProtocolError(f"replica {slave.replica_id} acked {ack} (last ack {slave.ack_phy_offset}, sent up "
+                                f"to {slave.next_phy_offset})")
         slave.ack_phy_offset = ack
         rid = slave.replica_id
         self._acks[rid] = ack
