@@ -427,6 +427,18 @@ class IndexService:
             f.destroy()
         return count
 
+    def truncate_to(self, phy_offset: int) -> int:
+        """Delete the files whose first entry points at or beyond ``phy_offset`` (a truncated commit log);
+        returns how many. Entries beyond it in the file that holds the cut stay: every lookup re-reads the
+        record an entry points at and checks its topic, key and time (``StoreReader.query_message``), so an
+        entry whose record was cut (or replaced) is never answered."""
+        keep = [f for f in self.files if f.index_count <= 1 or f.begin_phy_offset < phy_offset]
+        gone = [f for f in self.files if f not in keep]
+        self.files = keep
+        for f in gone:
+            f.destroy()
+        return len(gone)
+
     def flush(self) -> None:
         for f in list(self.files):
             f.flush()

@@ -9,11 +9,12 @@ import fcntl
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 
 from ferrymq.common.message import MessageExt, MessageExtBrokerInner
-from ferrymq.common.message_codec import RecordFormatError, decode_record
+from ferrymq.common.message_codec import RecordCheck, RecordFormatError, check_record, decode_record
 from ferrymq.store.checkpoint import (
     StoreCheckpoint,
     abort_file_exists,
@@ -23,7 +24,7 @@ from ferrymq.store.checkpoint import (
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
 from ferrymq.store.dispatch import Dispatcher
-from ferrymq.store.errors import StoreDirError, StoreLockedError
+from ferrymq.store.errors import StoreDirError, StoreError, StoreLockedError
 from ferrymq.store.filter import MessageFilter
 from ferrymq.store.index import IndexService
 from ferrymq.store.queue_table import ConsumeQueueTable
@@ -39,6 +40,20 @@ from ferrymq.store.results import (
 log = logging.getLogger(__name__)
 
 _HOUR_MS = 3_600_000
+
+
+def _fsync_dir(path: str) -> None:
+    """Persist deletions in ``path`` (best effort: some file systems refuse a directory fsync)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def wall_clock_ms() -> int:
@@ -68,6 +83,9 @@ class MessageStore:
         self.last_start_was_abnormal = False
         self._lock_fd = -1
         self._running = False
+        #: held while the checkpoint is written (flush_consume_queues) and for all of truncate_to, so a flush
+        #: thread never writes a dispatched offset beyond a cut being made
+        self._checkpoint_lock = threading.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -225,6 +243,10 @@ class MessageStore:
 
     def flush_consume_queues(self) -> None:
         """Persist consume queues and index, then the checkpoint (thread-safe against the writer)."""
+        with self._checkpoint_lock:
+            self._flush_consume_queues()
+
+    def _flush_consume_queues(self) -> None:
         reput = self.dispatcher.reput_phy_offset
         dispatch_ts = self.dispatcher.last_dispatch_timestamp
         self.queues.flush()
@@ -330,6 +352,103 @@ class MessageStore:
 
     def segment_start_of(self, phy_offset: int) -> int:
         return self.commit_log.segment_start_of(phy_offset)
+
+    def truncate_to(self, phy_offset: int) -> None:
+        """Drop every byte of the commit log at or after ``phy_offset`` and everything derived from it.
+
+        Used by controller-mode HA when this replica's log diverged from the master's (the records after
+        the last common epoch are cut). ``phy_offset`` must be a record boundary of this log (a record, a
+        BLANK filler or unwritten zeros start there) or at / beyond a segment start; at or beyond the max
+        phy offset nothing is cut. At or below the min phy offset the whole log goes (the next
+        ``append_at`` starts it anew). Call it from the writer's thread; a concurrent flush thread waits.
+
+        Steps, each leaving a store that recovery repairs to a consistent state if the process dies
+        right after it (a crash simply resumes or undoes nothing; the log is either cut or not):
+
+        1. the reput offset and the checkpoint's dispatched offset are lowered to ``phy_offset``
+           (fdatasync): recovery never resumes beyond the cut, whatever happens next;
+        2. the commit log: the segment holding the cut is zeroed from it (and synced), later segments are
+           deleted; recovery's walk stops at the zeros and deletes whatever later segment a crash left;
+        3. consume queue units pointing at or beyond the cut are removed (recovery does the same from
+           the valid end), the next queue offsets and min offsets follow;
+        4. index files that begin beyond the cut are deleted; entries of the file holding it stay, as
+           every key lookup re-reads and checks the record it points at (reader.query_message);
+        5. consume queues, index and checkpoint are flushed.
+        """
+        with self._checkpoint_lock:
+            self._truncate_to(phy_offset)
+
+    def _truncate_to(self, phy_offset: int) -> None:
+        cl = self.commit_log
+        if phy_offset < 0:
+            raise StoreError(f"truncate_to: negative phy offset {phy_offset}")
+        max_phy = cl.max_offset
+        if phy_offset >= max_phy:
+            return
+        min_phy = cl.min_offset
+        whole = phy_offset <= min_phy
+        if not whole:
+            self._check_boundary(phy_offset)
+        cp = self.checkpoint
+        dispatcher = self.dispatcher
+        # 1. nothing may resume or claim dispatch beyond the cut
+        dispatcher.reput_phy_offset = min(dispatcher.reput_phy_offset, phy_offset)
+        if cp is not None and cp.dispatched_phy_offset > phy_offset:
+            cp.dispatched_phy_offset = phy_offset
+            cp.flush()
+        # 2. the commit log
+        mfq = cl.mfq
+        with mfq._flush_lock:
+            if whole:
+                for mf in mfq.files:
+                    mf.destroy()
+                mfq.files = []
+                mfq.flushed_where = 0
+                cl.pending.clear()
+                cl.data_start_phy_offset = 0
+                cl.replica_verified_phy = 0
+            else:
+                cl.truncate(phy_offset)
+                holder = mfq.last()
+                if holder is not None:
+                    holder.sync()
+            _fsync_dir(self.config.store_path_commit_log)
+        dispatcher.reput_phy_offset = min(dispatcher.reput_phy_offset, cl.max_offset) if not whole else 0
+        # 3. consume queues and the next queue offsets
+        cut_queues = self.queues.truncate_dirty(phy_offset)
+        new_min = cl.min_offset
+        self.queues.correct_min_offsets(new_min)
+        cl.topic_queue_table = {
+            key: cq.max_offset_in_queue for key, cq in self.queues.queues.items() if cq.max_offset_in_queue > 0
+        }
+        # 4. the index
+        if self.index is not None:
+            self.index.truncate_to(phy_offset)
+        # 5. persist
+        for cq in cut_queues:
+            last = cq.mfq.last()
+            if last is not None:
+                last.sync()
+        self.queues.flush()
+        if self.index is not None:
+            self.index.flush()
+        if cp is not None:
+            cp.dispatched_phy_offset = min(cp.dispatched_phy_offset, phy_offset)
+            cp.data_start_phy_offset = cl.data_start_phy_offset
+            cp.flush()
+        log.warning("store truncated to phy offset %d (was [%d, %d))", phy_offset, min_phy, max_phy)
+
+    def _check_boundary(self, phy_offset: int) -> None:
+        """Raise StoreError unless a record, a BLANK filler or zeros start at ``phy_offset``."""
+        mf = self.commit_log.mfq.find(phy_offset)
+        if mf is None:
+            raise StoreError(f"truncate_to: phy offset {phy_offset} is outside the commit log")
+        pos = phy_offset - mf.file_from_offset
+        if pos == 0:
+            return
+        status, _size = check_record(mf.mm, pos, False, end=mf.file_size, expected_phy_offset=phy_offset)
+        if status not in (RecordCheck.OK, RecordCheck.BLANK, RecordCheck.END):
+            raise StoreError(f"truncate_to: phy offset {phy_offset} is not a record boundary ({status.value})")
 
     # --- retention & stats -------------------------------------------------------------------
 

@@ -66,10 +66,14 @@ class ConsumeQueueTable:
     def max_phy_end(self) -> int:
         return max((cq.max_phy_end for cq in self.queues.values()), default=0)
 
-    def truncate_dirty(self, phy_offset: int) -> None:
+    def truncate_dirty(self, phy_offset: int) -> list[ConsumeQueue]:
+        """Drop units pointing at or beyond ``phy_offset``; returns the queues that lost units."""
+        cut: list[ConsumeQueue] = []
         for cq in self.queues.values():
             if cq.max_phy_end > phy_offset:
                 cq.truncate_dirty(phy_offset)
+                cut.append(cq)
+        return cut
 
     def correct_min_offsets(self, min_phy_offset: int) -> None:
         for cq in self.queues.values():

@@ -1,0 +1,198 @@
+"""Slave side of controller-mode HA (wire: ``auto_codec``).
+
+A session: connect to the master's HA address, read its hello, send the handshake (identity, epoch entries,
+max phy offset, HMAC over the nonce when ``ha_secret`` is set), read the answer, cut the store at the
+answered common point (``store.truncate_to`` then ``epoch_file.truncate_after``), report the new max phy
+offset, then append every transfer at exactly its phy offset and report after each one.
+
+Refused (the session ends, the next one starts after ``reconnect_interval_ms``): an answer that is not OK,
+an answer or a transfer whose master epoch is older than the known master epoch (``set_master``), a transfer
+whose data epoch is older than the newest local entry, or one that does not start at the local max phy
+offset. A transfer of a newer data epoch adds (data_epoch, epoch_start) to the epoch file before its bytes
+are appended. ``on_appended()`` (the broker's reput) runs after each appended transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ferrymq.errors import ProtocolError
+from ferrymq.ha import auto_codec as codec
+from ferrymq.ha.epoch import EpochFile
+
+__all__ = ["AutoSwitchHAClient", "StaleEpochError"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RECONNECT_INTERVAL_MS = 1000
+CONNECT_TIMEOUT_MS = 3000
+#: the master sends a heartbeat every second when idle; nothing for this long ends the session
+DEFAULT_READ_TIMEOUT_MS = 20_000
+
+
+class StaleEpochError(ProtocolError):
+    """The master (or a transfer) speaks for an epoch older than the one this replica knows."""
+
+
+class AutoSwitchHAClient:
+    def __init__(self, store: Any, epoch_file: EpochFile, replica_id: int, broker_name: str, *,
+                 ha_secret: str | None = None, on_appended: Callable[[], Any] | None = None,
+                 reconnect_interval_ms: int = DEFAULT_RECONNECT_INTERVAL_MS,
+                 read_timeout_ms: int = DEFAULT_READ_TIMEOUT_MS) -> None:
+        self.store = store
+        self.epoch_file = epoch_file
+        self.replica_id = replica_id
+        self.broker_name = broker_name
+        self.secret = ha_secret.encode() if ha_secret else None
+        self.on_appended = on_appended
+        self.reconnect_interval_ms = reconnect_interval_ms
+        self.read_timeout_ms = read_timeout_ms
+        self.master_addr: str | None = None
+        self.master_epoch = 0
+        self.confirm_offset = 0
+        self.connected = False
+        self.last_error = ""
+        self.truncations = 0
+        self.refused_transfers = 0
+        self._task: asyncio.Task[None] | None = None
+        self._session: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+
+    # --- API -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def set_master(self, ha_addr: str | None, master_epoch: int) -> None:
+        """Follow this master (None: follow none). A change of address or epoch restarts the session."""
+        if ha_addr == self.master_addr and master_epoch == self.master_epoch:
+            return
+        if master_epoch < self.master_epoch:
+            log.warning("ignoring master %s of epoch %d: epoch %d is known", ha_addr, master_epoch, self.master_epoch)
+            return
+        self.master_addr = ha_addr
+        self.master_epoch = master_epoch
+        self._changed.set()
+        if self._session is not None:
+            self._session.cancel()
+
+    def status(self) -> dict[str, Any]:
+        return {"masterAddr": self.master_addr, "masterEpoch": self.master_epoch, "connected": self.connected,
+                "maxPhyOffset": int(self.store.max_phy_offset), "confirmOffset": self.confirm_offset,
+                "epoch": self.epoch_file.last_epoch(), "truncations": self.truncations,
+                "refusedTransfers": self.refused_transfers, "lastError": self.last_error}
+
+    # --- sessions --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            if self.master_addr is None:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            self._changed.clear()
+            self._session = asyncio.create_task(self._one_session(self.master_addr))
+            try:
+                await self._session
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if self._task is None or (current is not None and current.cancelling()):
+                    raise
+            except (TimeoutError, ProtocolError, OSError, asyncio.IncompleteReadError) as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("HA session with %s ended: %s", self.master_addr, self.last_error)
+            finally:
+                self.connected = False
+                self._session = None
+            if self._changed.is_set():
+                continue
+            try:
+                await asyncio.wait_for(self._changed.wait(), self.reconnect_interval_ms / 1000)
+            except TimeoutError:
+                pass
+
+    async def _one_session(self, addr: str) -> None:
+        host, _, port = addr.rpartition(":")
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_MS / 1000)
+        try:
+            await self._handshake(reader, writer)
+            self.connected = True
+            await self._copy(reader, writer)
+        finally:
+            writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader, n: int) -> bytes:
+        return await asyncio.wait_for(reader.readexactly(n), self.read_timeout_ms / 1000)
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonce = codec.decode_hello(await self._read(reader, codec.HELLO_SIZE))
+        store = self.store
+        local_max = int(store.max_phy_offset)
+        # entries beyond the log (a crash between a cut and the epoch file's) are not the log's
+        self.epoch_file.truncate_after(local_max + 1)
+        writer.write(codec.encode_handshake(self.replica_id, self.broker_name, local_max, self.epoch_file.entries(),
+                                            self.secret, nonce))
+        fixed = await self._read(reader, codec.ANSWER_FIXED)
+        answer = codec.decode_answer(fixed + await self._read(reader, codec.answer_rest_size(fixed)))
+        if answer.status is not codec.HandshakeStatus.OK:
+            raise ProtocolError(f"master refused the handshake: {answer.status.name}")
+        if answer.master_epoch < self.master_epoch:
+            raise StaleEpochError(f"master answers for epoch {answer.master_epoch}, epoch {self.master_epoch} is known")
+        self.master_epoch = answer.master_epoch
+        cut = answer.truncate_to
+        if cut < 0 or cut > local_max:
+            raise ProtocolError(f"master answered truncation point {cut} (local max {local_max})")
+        if cut < local_max:
+            log.warning("HA: cutting the diverged log tail [%d, %d) (common point with the master of epoch %d)",
+                        cut, local_max, answer.master_epoch)
+            store.truncate_to(cut)
+            self.truncations += 1
+        self.epoch_file.truncate_after(cut if cut > 0 else 0)
+        if cut > 0 and not self.epoch_file.entries():
+            raise ProtocolError("common point without a common epoch entry")
+        writer.write(codec.encode_report(int(store.max_phy_offset)))
+        await writer.drain()
+
+    async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        store = self.store
+        epoch_file = self.epoch_file
+        while True:
+            header = codec.decode_transfer_header(await self._read(reader, codec.TRANSFER_HEADER_SIZE))
+            if header.master_epoch < self.master_epoch:
+                self.refused_transfers += 1
+                raise StaleEpochError(f"transfer of master epoch {header.master_epoch}; epoch {self.master_epoch} "
+                                      "is known")
+            self.master_epoch = header.master_epoch
+            self.confirm_offset = header.confirm_offset
+            if not header.body_size:
+                continue
+            body = await self._read(reader, header.body_size)
+            last = epoch_file.last_entry()
+            if last is None or header.data_epoch > last.epoch:
+                if last is not None and header.epoch_start < last.start_phy_offset:
+                    raise ProtocolError(f"epoch {header.data_epoch} starts at {header.epoch_start}, before "
+                                        f"epoch {last.epoch}")
+                epoch_file.append(header.data_epoch, header.epoch_start)
+            elif header.data_epoch < last.epoch:
+                self.refused_transfers += 1
+                raise StaleEpochError(f"transfer of data epoch {header.data_epoch} after epoch {last.epoch}")
+            local_max = int(store.max_phy_offset)
+            if header.phy_offset != local_max and local_max != 0:
+                raise ProtocolError(f"transfer at {header.phy_offset}, local max {local_max}")
+            if not store.append_at(header.phy_offset, body):
+                raise ProtocolError(f"append at {header.phy_offset} refused by the store")
+            writer.write(codec.encode_report(int(store.max_phy_offset)))
+            if self.on_appended is not None:
+                result = self.on_appended()
+                if asyncio.iscoroutine(result):
+                    await result
