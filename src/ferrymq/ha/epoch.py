@@ -36,6 +36,7 @@ import zlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from ferrymq.store.checkpoint import fsync_dir
 from ferrymq.store.errors import StoreCorruptError, StoreDirError
 
 __all__ = [
@@ -203,17 +204,9 @@ class EpochFile:
             finally:
                 os.close(fd)
             os.replace(tmp, self.path)
-            _fsync_dir(os.path.dirname(self.path) or ".")
+            fsync_dir(os.path.dirname(self.path) or ".")
         except OSError as exc:
             raise StoreDirError(f"cannot write epoch file {self.path}: {exc}") from exc
         self._entries = entries
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

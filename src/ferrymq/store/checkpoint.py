@@ -72,7 +72,7 @@ def create_abort_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(os.path.dirname(path))
+    fsync_dir(os.path.dirname(path))
 
 
 def remove_abort_file(path: str) -> None:
@@ -80,10 +80,12 @@ def remove_abort_file(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         return
-    _fsync_dir(os.path.dirname(path))
+    fsync_dir(os.path.dirname(path))
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Persist entries created, renamed or deleted in directory ``path`` (best effort: some file systems
+    refuse a directory fsync)."""
     try:
         fd = os.open(path or ".", os.O_RDONLY)
     except OSError:

@@ -19,6 +19,7 @@ from ferrymq.store.checkpoint import (
     StoreCheckpoint,
     abort_file_exists,
     create_abort_file,
+    fsync_dir,
     remove_abort_file,
 )
 from ferrymq.store.commit_log import CommitLog
@@ -42,18 +43,6 @@ log = logging.getLogger(__name__)
 _HOUR_MS = 3_600_000
 
 
-def _fsync_dir(path: str) -> None:
-    """Persist deletions in ``path`` (best effort: some file systems refuse a directory fsync)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def wall_clock_ms() -> int:
@@ -412,7 +401,7 @@ class MessageStore:
                 holder = mfq.last()
                 if holder is not None:
                     holder.sync()
-            _fsync_dir(self.config.store_path_commit_log)
+            fsync_dir(self.config.store_path_commit_log)
         dispatcher.reput_phy_offset = min(dispatcher.reput_phy_offset, cl.max_offset) if not whole else 0
         # 3. consume queues and the next queue offsets
         cut_queues = self.queues.truncate_dirty(phy_offset)
