@@ -157,3 +157,28 @@ async def test_a_client_that_never_reads_is_paused_then_closed(make_server) -> N
         await round_trip(server)
     finally:
         sock.close()
+
+
+async def test_a_steady_pipelined_stream_is_not_mistaken_for_a_slow_frame(make_server) -> None:
+    """A client streaming frames back to back, every read ending inside the next frame, has an unfinished
+    frame after each read for longer than the frame deadline in total: each frame is quick, so the
+    connection stays open (the deadline runs per frame, not per stream of partial reads)."""
+    server = await make_server(frame_deadline_ms=300)
+    conn = await connect(server.addr)
+    try:
+        frame = encode(RemotingCommand.request(ECHO, {}, b"p" * 1000))
+        transport = conn._transport
+        assert transport is not None
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.5
+        half = len(frame) // 2
+        # write so that every chunk the server reads ends in the middle of a frame
+        transport.write(frame[:half])
+        while loop.time() < end:
+            transport.write(frame[half:] + frame[:half])
+            await asyncio.sleep(0.02)
+        transport.write(frame[half:])
+        resp = await conn.invoke(RemotingCommand.request(ECHO, {}, b"still open"), 3000)
+        assert resp.body == b"still open"
+    finally:
+        conn.close()

@@ -157,7 +157,7 @@ class Connection(asyncio.Protocol):
             return
         budget = self._budget
         if budget is not None and (self._partial_bytes or decoder.buffered):
-            if self._account_partial(budget, decoder.buffered, now):
+            if self._account_partial(budget, decoder.buffered, now, bool(commands)):
                 return
         for cmd in commands:
             if cmd.flag & FLAG_RESPONSE:
@@ -170,15 +170,16 @@ class Connection(asyncio.Protocol):
             else:
                 self._serve(cmd)
 
-    def _account_partial(self, budget: ServerBudget, buffered: int, now: float) -> bool:
+    def _account_partial(self, budget: ServerBudget, buffered: int, now: float, completed: bool) -> bool:
         """Count this connection's unfinished frame in the server's budget; close the connection (True)
-        when the frame is late or the server holds too many unfinished bytes."""
+        when the frame is late or the server holds too many unfinished bytes. ``completed``: this read
+        finished a frame, so what is buffered now begins the next one (its deadline starts now)."""
         budget.partial_bytes += buffered - self._partial_bytes
         self._partial_bytes = buffered
         if not buffered:
             self._partial_since = 0.0
             return False
-        if not self._partial_since:
+        if completed or not self._partial_since:
             self._partial_since = now
         limits = budget.limits
         if budget.partial_bytes > limits.max_partial_bytes_total:
