@@ -245,3 +245,25 @@ def test_slave_offset_merge_keeps_its_own_larger_commits_once(tmp_path) -> None:
     # the master later resets queue 0 to 3: the slave follows, nothing is pushed back
     assert slave.merge_from_master({"offsetTable": {"T@g": {"0": 3, "1": 30, "2": 7}}}) == {}
     assert slave.query("g", "T", 0) == 3
+
+
+def test_slave_serves_replicated_topics_until_the_master_deletes_them(tmp_path) -> None:
+    """A slave answers a read-only config for a topic it holds queues for before the master's config syncs;
+    once a synced master table drops the topic (deleted there), the slave stops serving it."""
+    from ferrymq.broker.topic_manager import TopicManager
+    from ferrymq.common.topic import PERM_READ
+
+    topics = TopicManager(str(tmp_path), cluster_name="c", broker_name="b", clock_ms=lambda: 1)
+    held = {"Fresh": 3, "Gone": 2}
+    topics.replica_queue_count = lambda name: held.get(name, 0)
+    fresh = topics.get("Fresh")
+    assert fresh is not None and fresh.perm == PERM_READ and fresh.read_queue_nums == 3
+    assert topics.get("Unknown") is None
+    master = {"topicConfigTable": {"Gone": {"topicName": "Gone", "readQueueNums": 2, "writeQueueNums": 2,
+                                            "perm": 6}},
+              "dataVersion": {"counter": 1, "timestamp": 1}}
+    topics.replace_all(master)
+    assert topics.get("Gone") is not None and topics.get("Gone").perm == 6
+    topics.replace_all({"topicConfigTable": {}, "dataVersion": {"counter": 2, "timestamp": 2}})
+    assert topics.get("Gone") is None, "deleted on the master: not served from the slave's queues"
+    assert topics.get("Fresh") is not None

@@ -57,6 +57,8 @@ class TopicManager(JsonPersisted):
         #: topics the master's config has not brought yet)
         self.replica_queue_count: Callable[[str], int] | None = None
         self._derived: dict[str, TopicConfig] = {}
+        #: topics the master's table dropped (deleted there): never served from the slave's own queues
+        self._deleted_on_master: set[str] = set()
         builtins = [
             TopicConfig(SELF_TEST_TOPIC, 1, 1),
             TopicConfig(BENCHMARK_TOPIC, BENCHMARK_QUEUE_NUMS, BENCHMARK_QUEUE_NUMS),
@@ -100,7 +102,7 @@ class TopicManager(JsonPersisted):
     # ---- lookups -------------------------------------------------------------------------
     def get(self, topic: str) -> TopicConfig | None:
         tc = self.table.get(topic)
-        if tc is None and self.replica_queue_count is not None:
+        if tc is None and self.replica_queue_count is not None and topic not in self._deleted_on_master:
             return self._replicated(topic)
         return tc
 
@@ -160,9 +162,15 @@ class TopicManager(JsonPersisted):
         return True
 
     def replace_all(self, obj: dict[str, Any]) -> None:
-        """Slave sync: take the master's table and data version wholesale."""
+        """Slave sync: take the master's table and data version wholesale. A topic the master no longer has
+        was deleted there: the slave stops serving it from its own queues too."""
+        before = set(self.table)
         self.table = {}
         self.decode(obj)
+        removed = before - set(self.table)
+        self._deleted_on_master = (self._deleted_on_master | removed) - set(self.table)
+        for name in removed:
+            self._derived.pop(name, None)
         self.persist()
 
     def random_queue_id(self, tc: TopicConfig) -> int:
