@@ -25,8 +25,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ferrymq.broker.config import FAST_PORT_OFFSET, BrokerConfig, FlushDiskType, parse_delay_levels
+from ferrymq.broker.config import (
+    FAST_PORT_OFFSET,
+    MASTER_ID,
+    BrokerConfig,
+    BrokerRole,
+    FlushDiskType,
+    parse_delay_levels,
+)
 from ferrymq.broker.consumer_manager import ClientChannel, ConsumerManager
+from ferrymq.broker.controller_mode import ControllerRole
 from ferrymq.broker.flush import FlushService
 from ferrymq.broker.long_polling import PullRequestHoldService
 from ferrymq.broker.metrics import broker_metrics_server
@@ -104,6 +112,11 @@ class BrokerController:
         config.validate()
         self.config = config
         self.clock_ms = clock_ms
+        #: controller mode: SYNC (or ASYNC_MASTER) replication while master; the role itself starts as a
+        #: read-only replica until the controller names this broker master
+        self.controller_sync_replication = config.broker_role is not BrokerRole.ASYNC_MASTER
+        if config.enable_controller_mode:
+            config.broker_role = BrokerRole.SLAVE
         os.makedirs(config.config_dir, exist_ok=True)
         self.store_config = store_config_of(config)
         self.store = MessageStore(self.store_config, clock_ms)
@@ -145,6 +158,8 @@ class BrokerController:
         self.ha_service: Any = None
         self.ha_client: Any = None
         self.slave_sync: Any = None
+        #: controller mode (broker/controller_mode.py); None in classic mode
+        self.controller_role: ControllerRole | None = None
         #: learnt from the name server (slaves): the master's main and HA addresses
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = config.ha_master_address or None
@@ -169,6 +184,8 @@ class BrokerController:
 
     @property
     def ha_port(self) -> int:
+        if self.controller_role is not None:
+            return self.controller_role.ha_port
         if self.ha_service is not None:
             return int(self.ha_service.port)
         return self.config.effective_ha_listen_port
@@ -213,7 +230,10 @@ class BrokerController:
         self.long_polling.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
-        await self._start_ha()
+        if cfg.enable_controller_mode:
+            self.controller_role = ControllerRole(self)
+        else:
+            await self._start_ha()
 
         self.registrar = NameServerRegistrar(
             self.pool, cfg.namesrv_addr, cluster_name=cfg.broker_cluster_name, broker_name=cfg.broker_name,
@@ -225,6 +245,8 @@ class BrokerController:
 
         if not cfg.is_slave:
             self.schedule.start()
+        if self.controller_role is not None:
+            await self.controller_role.start()
         self._timers = [
             asyncio.ensure_future(self._every(cfg.flush_consumer_offset_interval_ms, self.offsets.persist_if_dirty)),
             asyncio.ensure_future(self._every(cfg.flush_delay_offset_interval_ms, self.schedule.persist_if_dirty)),
@@ -283,7 +305,7 @@ class BrokerController:
             await self.registrar.unregister_all()
         await self.schedule.stop()
         self.long_polling.stop()
-        for part in (self.slave_sync, self.ha_client, self.ha_service):
+        for part in (self.controller_role, self.slave_sync, self.ha_client, self.ha_service):
             if part is not None:
                 try:
                     await part.stop()
@@ -335,8 +357,57 @@ class BrokerController:
             except Exception as exc:
                 log.debug("notify %s failed: %s", ch.client_id, exc)
 
+    # ---- controller mode --------------------------------------------------------------------------
+    def set_store_writable(self, writable: bool) -> None:
+        role = BrokerRole.SLAVE
+        if writable:
+            role = BrokerRole.SYNC_MASTER if self.controller_sync_replication else BrokerRole.ASYNC_MASTER
+        self.store_config.broker_role = StoreBrokerRole(role.value)
+
+    async def on_role_changed(self, *, master: bool, master_addr: str | None) -> None:
+        """Controller mode: this broker became master (``master``) or a slave of ``master_addr``."""
+        cfg = self.config
+        role = self.controller_role
+        assert role is not None and self.registrar is not None
+        if master:
+            cfg.broker_role = BrokerRole.SYNC_MASTER if self.controller_sync_replication else BrokerRole.ASYNC_MASTER
+            self.set_store_writable(True)
+            self.writer.sync_master = self.controller_sync_replication
+            self.writer.ha_service = role.ha_master
+            self.topics.adopt_replicated(self.store.queues.topic_queue_ids())
+            self.topics.replica_queue_count = None
+            self.offsets.local_commits = None
+            if self.slave_sync is not None:
+                await self.slave_sync.stop()
+                self.slave_sync = None
+            self.master_addr = None
+            self.master_ha_addr = None
+            self.schedule.start()
+            self.registrar.broker_id = MASTER_ID
+        else:
+            cfg.broker_role = BrokerRole.SLAVE
+            self.set_store_writable(False)
+            self.writer.ha_service = None
+            self.writer.sync_master = False
+            self.topics.replica_queue_count = self.store.queue_count
+            if self.offsets.local_commits is None:
+                self.offsets.local_commits = {}
+            await self.schedule.stop()
+            self.master_addr = master_addr
+            self.master_ha_addr = role.state.master_ha_addr if role.state is not None else None
+            if self.slave_sync is None:
+                from ferrymq.broker.slave_sync import SlaveSynchronize
+                self.slave_sync = SlaveSynchronize(self)
+                await self.slave_sync.start()
+            self.slave_sync.master_addr = master_addr
+            self.registrar.broker_id = cfg.broker_id
+        self.long_polling.notify_all()
+        self.registrar.trigger()
+
     def _on_master_info(self, ha_server_addr: str | None, master_addr: str | None) -> None:
         """A slave's registration answer: where the master is (§6.7)."""
+        if self.controller_role is not None:
+            return  # controller mode: the controller says where the master is
         self.master_addr = master_addr
         if self.slave_sync is not None:
             self.slave_sync.master_addr = master_addr
@@ -367,6 +438,7 @@ class BrokerController:
             "brokerVersion": "407",
             "brokerVersionDesc": BROKER_VERSION,
             "brokerRole": self.config.broker_role.value,
+            "controllerMode": str(self.controller_role is not None).lower(),
             "brokerName": self.config.broker_name,
             "brokerId": str(self.config.broker_id),
             "brokerAddr": self.broker_addr,
@@ -382,6 +454,9 @@ class BrokerController:
                 info["haSlaves"] = jsonx.dumps(slaves).decode()
             except Exception:
                 pass
+        if self.controller_role is not None:
+            info["controllerRole"] = jsonx.dumps(self.controller_role.status()).decode()
+            info["masterEpoch"] = str(self.controller_role.master_epoch)
         if self.config.is_slave:
             info["masterAddr"] = self.master_addr or ""
             info["masterHaAddr"] = self.master_ha_addr or ""

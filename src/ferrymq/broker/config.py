@@ -172,6 +172,29 @@ class BrokerConfig:
     ha_secret: str = field(default="", metadata=_meta(
         "haSecret", "Shared secret of a broker group's HA links: a slave must prove it (HMAC over a nonce, "
         "ha/auth.py) before the master sends it data or counts its acks; empty = the plain RocketMQ protocol"))
+    enable_controller_mode: bool = field(default=False, metadata=_meta(
+        "enableControllerMode", "Take the role (master or slave) from the controller (docs/failover.md); "
+        "brokerRole then only picks SYNC (default) or ASYNC (ASYNC_MASTER) replication while master"))
+    controller_addr: list[str] = field(default_factory=list, metadata=_meta(
+        "controllerAddr", "Controllers, ';'-separated host:port list (controller mode)"))
+    all_ack_in_sync_state_set: bool = field(default=True, metadata=_meta(
+        "allAckInSyncStateSet", "Controller mode, SYNC: a send waits for every SyncStateSet member's ack"))
+    in_sync_replicas: int = field(default=1, metadata=_meta(
+        "inSyncReplicas", "Controller mode, SYNC without allAckInSyncStateSet: replicas (master included) "
+        "that must hold a message before SEND_OK"))
+    min_in_sync_replicas: int = field(default=1, metadata=_meta(
+        "minInSyncReplicas", "Controller mode: a SyncStateSet smaller than this refuses SYNC sends "
+        "(SLAVE_NOT_AVAILABLE)"))
+    ha_max_time_slave_not_catchup_ms: int = field(default=15_000, metadata=_meta(
+        "haMaxTimeSlaveNotCatchup", "Controller mode: a SyncStateSet member behind the master this long is "
+        "removed from the set; a slave that catches up is added back"))
+    controller_heartbeat_period_ms: int = field(default=1000, metadata=_meta(
+        "controllerHeartbeatPeriodMs", "Controller mode: heartbeat period to the controller"))
+    controller_lease_ms: int = field(default=2000, metadata=_meta(
+        "controllerLeaseMs", "Controller mode: a master answers SEND_OK only this long after sending its last "
+        "heartbeat the controller answered (must stay below the controller's "
+        "controllerBrokerHeartbeatTimeoutMs, 3000 by default, so a deposed master is silent before a new one "
+        "is elected)"))
     max_connections: int = field(default=DEFAULT_MAX_CONNECTIONS, metadata=_meta(
         "maxConnections", "Most client connections open at once, per port; more are closed at once"))
     max_connections_per_address: int = field(default=DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, metadata=_meta(
@@ -227,9 +250,11 @@ class BrokerConfig:
             raise ConfigError("commitLogPreallocation",
                               f"must be one of {', '.join(COMMIT_LOG_PREALLOCATION_MODES)}, "
                               f"got {self.commit_log_preallocation!r}")
-        if self.is_slave and self.broker_id <= MASTER_ID:
+        if self.enable_controller_mode:
+            self._validate_controller_mode()
+        elif self.is_slave and self.broker_id <= MASTER_ID:
             raise ConfigError("brokerId", "a SLAVE needs brokerId > 0")
-        if not self.is_slave:
+        elif not self.is_slave:
             self.broker_id = MASTER_ID
         self._validate_addresses()
         if self.mapped_file_size_consume_queue <= 0 or self.mapped_file_size_consume_queue % 20:
@@ -269,6 +294,25 @@ class BrokerConfig:
             raise ConfigError("slaveTimeout", f"must be -1 (use syncFlushTimeout) or >= 0, got {self.slave_timeout_ms}")
         parse_delay_levels(self.message_delay_level)
         self.server_limits()
+
+    def _validate_controller_mode(self) -> None:
+        if not self.controller_addr:
+            raise ConfigError("controllerAddr", "enableControllerMode=true needs the controllers' host:port list")
+        if self.broker_id < 1:
+            raise ConfigError("brokerId", "in controller mode brokerId is the replica's identity in its group: "
+                                          f"give each broker a distinct id >= 1 (got {self.broker_id}); the "
+                                          "master registers as 0 with the name servers by itself")
+        for key, value in (("inSyncReplicas", self.in_sync_replicas),
+                           ("minInSyncReplicas", self.min_in_sync_replicas),
+                           ("haMaxTimeSlaveNotCatchup", self.ha_max_time_slave_not_catchup_ms),
+                           ("controllerHeartbeatPeriodMs", self.controller_heartbeat_period_ms),
+                           ("controllerLeaseMs", self.controller_lease_ms)):
+            if value <= 0:
+                raise ConfigError(key, f"must be positive, got {value}")
+        if self.controller_heartbeat_period_ms >= self.controller_lease_ms:
+            raise ConfigError("controllerHeartbeatPeriodMs", f"must be shorter than controllerLeaseMs "
+                                                             f"({self.controller_lease_ms}) or the lease lapses "
+                                                             "between heartbeats")
 
     def server_limits(self) -> ServerLimits:
         """The per-port connection limits (remoting/limits.py) these keys set."""

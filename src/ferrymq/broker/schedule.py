@@ -144,6 +144,8 @@ class ScheduleMessageService(JsonPersisted):
                 pass
 
     def start(self) -> None:
+        if self._task is not None and not self._task.done():
+            return  # already delivering (a controller-mode master re-elected in a newer epoch)
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 

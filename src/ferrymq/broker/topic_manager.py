@@ -119,6 +119,24 @@ class TopicManager(JsonPersisted):
             tc = self._derived[topic] = TopicConfig(topic, count, count, PERM_READ)
         return tc
 
+    def adopt_replicated(self, queue_ids: dict[str, list[int]]) -> list[str]:
+        """A slave becoming master (controller mode): every topic it holds consume queues for but has no
+        config of (the master died before the config sync) becomes a read-write topic with as many queues
+        as it holds, so its messages stay readable and producers can go on sending. The adopted names."""
+        adopted = []
+        for topic, ids in sorted(queue_ids.items()):
+            if topic in self.table or topic in self._deleted_on_master or not ids:
+                continue
+            count = max(ids) + 1
+            self.table[topic] = TopicConfig(topic, count, count, RW)
+            adopted.append(topic)
+        self._derived.clear()
+        if adopted:
+            log.warning("took over %d topic(s) known only from the replicated log: %s", len(adopted),
+                        ", ".join(adopted[:10]))
+            self._changed()
+        return adopted
+
     # ---- creation ------------------------------------------------------------------------
     def create_in_send(self, topic: str, default_topic: str, queue_nums: int, topic_sys_flag: int = 0
                        ) -> TopicConfig | None:

@@ -108,6 +108,8 @@ class AutoSwitchHAMaster:
         self._check_task: asyncio.Task[None] | None = None
         self._conn_tasks: set[asyncio.Task[None]] = set()
         self.rejected_handshakes = 0
+        #: False while this broker is not the master (controller mode): connections are closed at once
+        self.active = True
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -133,10 +135,33 @@ class AutoSwitchHAMaster:
             await asyncio.gather(self._check_task, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
-        for _end, _seq, fut in self._waiters:
+        self._fail_waiters()
+
+    async def deactivate(self) -> None:
+        """No longer the master: drop every replica, forget their acks (a later term starts afresh) and
+        answer every waiting send False."""
+        self.active = False
+        for slave in list(self._slaves.values()):
+            self._drop(slave, "no longer the master")
+        self._acks.clear()
+        self._caught_up_ms.clear()
+        self._signalled.clear()
+        self._fail_waiters()
+
+    def _fail_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for _end, _seq, fut in waiters:
             if not fut.done():
                 fut.set_result(False)
-        self._waiters = []
+
+    # --- the broker's replica interface (as the classic HAService's) -----------------------------
+
+    def is_slave_ok(self, end_phy_offset: int) -> bool:
+        """Can a SYNC send wait for replicas at all? (False: SLAVE_NOT_AVAILABLE at once)"""
+        return self.active and self._needed() >= 0
+
+    async def wait_for_slave_ack(self, end_phy_offset: int, timeout_ms: int) -> bool:
+        return await self.wait_for_ack(end_phy_offset, timeout_ms)
 
     # --- SyncStateSet and acks -------------------------------------------------------------------
 
@@ -184,7 +209,7 @@ class AutoSwitchHAMaster:
         return confirm
 
     async def wait_for_ack(self, end_phy_offset: int, timeout_ms: int) -> bool:
-        if self._needed() < 0:
+        if not self.active or self._needed() < 0:
             return False
         if end_phy_offset <= self._ack_level:
             return True
@@ -251,6 +276,13 @@ class AutoSwitchHAMaster:
                     if self.on_slave_lagging is not None:
                         self.on_slave_lagging(rid)
             for slave in list(self._slaves.values()):
+                rid = slave.replica_id
+                if (rid not in self.sync_state_set and rid not in self._signalled
+                        and self._acks.get(rid, 0) >= max_phy):  # caught up without a transfer (idle log)
+                    self._caught_up_ms[rid] = now
+                    self._signalled.add(rid)
+                    if self.on_slave_caught_up is not None:
+                        self.on_slave_caught_up(rid)
                 if now - slave.last_read_ms > self.housekeeping_interval_ms:
                     self._drop(slave, "silent slave")
 
@@ -258,7 +290,7 @@ class AutoSwitchHAMaster:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        if len(self._conn_tasks) + len(self._slaves) >= MAX_SLAVE_CONNECTIONS:
+        if not self.active or len(self._conn_tasks) + len(self._slaves) >= MAX_SLAVE_CONNECTIONS:
             writer.close()
             return
         assert task is not None

@@ -182,6 +182,9 @@ class SendProcessor:
         ctx = self.ctx
         if ctx.config.is_slave:
             return cmd.response(R.SERVICE_NOT_AVAILABLE, remark=SERVICE_NOT_AVAILABLE_REMARK)
+        role = ctx.controller_role
+        if role is not None and not role.can_ack():  # controller mode: a master within its lease only
+            return cmd.response(R.SERVICE_NOT_AVAILABLE, remark=role.refusal_remark())
         try:
             h = SendHeader.parse(cmd)
         except ProtocolError as exc:
@@ -438,6 +441,11 @@ class SendProcessor:
 
     async def _finish_after_wait(self, cmd: RemotingCommand, result: Any, queue_id: int) -> RemotingCommand:
         status = await self.ctx.writer.wait_stored(result)
+        role = self.ctx.controller_role
+        if role is not None and not role.can_ack():
+            # deposed or cut off from the controller while waiting: never SEND_OK (the record may be cut when
+            # this broker rejoins as a slave); the producer retries
+            return cmd.response(R.SERVICE_NOT_AVAILABLE, remark=role.refusal_remark())
         return self._response(cmd, result, queue_id, status)
 
     def _response(self, cmd: RemotingCommand, result: Any, queue_id: int, status: str) -> RemotingCommand:
