@@ -694,7 +694,9 @@ async def run(data_dir: Path) -> int:
 @click.option(
     "--data-dir", default=None, type=click.Path(file_okay=False), help="data directory (default: temp)"
 )
-def command(data_dir: str | None) -> None:
+@click.option("--failover", is_flag=True, help="controller mode instead: a controller and three replicas; the "
+              "master is SIGKILLed under load and sends go on at the new master, then everything stops")
+def command(data_dir: str | None, failover: bool) -> None:
     """Run a name server, a SYNC_MASTER and its SLAVE locally, send and consume a few messages, keep serving."""
     tmp = None
     if data_dir is None:
@@ -704,7 +706,12 @@ def command(data_dir: str | None) -> None:
     path.mkdir(parents=True, exist_ok=True)
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            code = runner.run(run(path))
+            if failover:
+                from ferrymq.cli import quickstart_failover
+
+                code = runner.run(quickstart_failover.run(path))
+            else:
+                code = runner.run(run(path))
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -1,0 +1,82 @@
+"""Controller-mode failover nemesis: ``python benchmarks/failover_nemesis.py [--rounds N] [--seed S]``.
+
+Starts one name server, one controller and a broker group of three replicas in controller mode (SYNC,
+allAckInSyncStateSet; real ``ferry`` processes under a tmp dir), runs ferrymq's Producer sending unique
+bodies, and injects ``--rounds`` faults chosen at random (seeded): SIGKILL of the master, SIGSTOP of the
+master through an election then SIGCONT, SIGKILL of a slave, SIGKILL of the controller; every killed process
+is restarted and each round waits until the group is whole again. At the end it checks every SEND_OK
+(tests/acceptance/controller_support.py: in the log at its offset, one acknowledging broker per epoch, the
+replicas' logs byte-identical) and prints one line per round and a summary table: rounds, failovers, SEND_OK,
+lost, duplicates, write unavailability per failover (median, max). Exit code 1 on any violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests" / "acceptance"), str(ROOT / "tests")]
+
+from controller_support import ACTIONS, FAILOVER_ACTIONS, NemesisGroup, ProducerLoop  # noqa: E402
+from procs import ProcessGroup  # noqa: E402
+
+#: how often each action is drawn: failovers dominate
+WEIGHTS = {"kill-master": 5, "pause-master": 3, "kill-slave": 1, "kill-controller": 1}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", action="store_true", help="keep the tmp dir (logs) after the run")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="failover-nemesis-"))
+    group = ProcessGroup(tmp)
+    t_start = time.monotonic()
+    ok = True
+    try:
+        nemesis = NemesisGroup.start(group)
+        producer = ProducerLoop(nemesis.ns.addr, f"n{args.seed}").start()
+        try:
+            for i in range(args.rounds):
+                action = rng.choices(ACTIONS, weights=[WEIGHTS[a] for a in ACTIONS])[0]
+                r = nemesis.round(action, producer, rng)
+                print(f"round {i + 1:3d} {r.action:15s} victim={r.victim:10s} master {r.master_before}->"
+                      f"{r.master_after} write-unavailable={r.unavailable_s:6.2f}s acks={len(producer.acks)}",
+                      flush=True)
+        finally:
+            producer.stop()
+        try:
+            summary = nemesis.verify(producer)
+        except AssertionError as exc:
+            print(f"VIOLATION: {exc}")
+            ok = False
+            summary = {"send_ok": len(producer.acks), "lost": "?", "duplicates": "?"}
+        failovers = [r.unavailable_s for r in nemesis.rounds if r.action in FAILOVER_ACTIONS]
+        print()
+        print("| rounds | failovers | SEND_OK | lost | duplicates | unavailability median (s) | max (s) | run (s) |")
+        print("|-------:|----------:|--------:|-----:|-----------:|--------------------------:|--------:|--------:|")
+        med = statistics.median(failovers) if failovers else float("nan")
+        worst = max(failovers) if failovers else float("nan")
+        print(f"| {len(nemesis.rounds)} | {len(failovers)} | {summary['send_ok']} | {summary['lost']} | "
+              f"{summary['duplicates']} | {med:.2f} | {worst:.2f} | {time.monotonic() - t_start:.0f} |")
+    finally:
+        group.stop_all()
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"logs kept under {tmp}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""Controller-mode processes and the failover nemesis, shared by tests/acceptance/test_failover_controller.py and
+benchmarks/failover_nemesis.py.
+
+A ``NemesisGroup`` is one name server, one controller (``ferry controller -c``) and three brokers of one
+broker group in controller mode (SYNC, ``allAckInSyncStateSet=true``), real processes. A ``ProducerLoop``
+thread sends unique bodies continuously through ferrymq's Producer and records every SEND_OK (its offset
+msgId says which broker stored it at which phy offset). ``NemesisGroup.round(action)`` injects one fault
+(SIGKILL or SIGSTOP/SIGCONT of the master, SIGKILL of a slave or of the controller), restarts what it killed
+and waits until the group is whole again. ``NemesisGroup.verify`` then checks the history:
+
+* every SEND_OK body is in the master's log, and the record at the acknowledged phy offset is that body;
+* per epoch (from the master's epoch file) one broker only acknowledged sends;
+* every replica's commit log is byte-identical to the master's (all caught up once the producer stopped);
+* duplicates (a body stored twice: a producer retry after an answer that was not SEND_OK) are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ha_support import commit_log_bytes
+from procs import (
+    LOOPBACK,
+    Broker,
+    ManagedProcess,
+    Namesrv,
+    ProcessGroup,
+    broker_props,
+    ferry_argv,
+    json_body,
+    port_answers,
+    port_free,
+    request,
+    start_namesrv,
+    wait_for,
+    write_properties,
+)
+
+from ferrymq.common.message import decode_offset_msg_id
+from ferrymq.common.message_codec import BLANK_MAGIC_CODE, decode_record
+from ferrymq.ha.epoch import EPOCH_FILE_NAME, EpochFile
+from ferrymq.remoting.codes import RequestCode, ResponseCode
+from support.ports import free_port
+
+TOPIC = "NemesisTopic"
+BROKER_NAME = "broker-n"
+REPLICA_IDS = (1, 2, 3)
+#: the controller's default; elections happen this long after the master's last heartbeat
+HEARTBEAT_TIMEOUT_MS = 3000
+#: a group is whole again (a master, every replica alive and in the SyncStateSet) within this
+HEAL_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 60.0
+#: SIGSTOP lasts this long: well past an election
+PAUSE_S = 6.0
+ACTIONS = ("kill-master", "pause-master", "kill-slave", "kill-controller")
+FAILOVER_ACTIONS = ("kill-master", "pause-master")
+
+BROKER_PROPS: dict[str, Any] = {
+    "brokerName": BROKER_NAME,
+    "enableControllerMode": True,
+    "brokerRole": "SYNC_MASTER",
+    "allAckInSyncStateSet": True,
+    "haMaxTimeSlaveNotCatchup": 3000,
+    "controllerHeartbeatPeriodMs": 500,
+    "controllerLeaseMs": 2000,
+    "haSendHeartbeatInterval": 500,
+    "haHousekeepingInterval": 5000,
+    "mappedFileSizeCommitLog": 4 * 1024 * 1024,
+    "syncFlushTimeout": 2000,
+    "registerNameServerPeriod": 10_000,
+    "defaultTopicQueueNums": 4,
+}
+
+
+@dataclass
+class Controller:
+    group: ProcessGroup
+    conf_path: Path
+    port: int
+    proc: ManagedProcess | None = None
+    starts: int = 0
+
+    @property
+    def addr(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def start(self) -> Controller:
+        self.starts += 1
+        name = "controller" if self.starts == 1 else f"controller-run{self.starts}"
+        self.proc = self.group.spawn(name, ferry_argv("controller", "-c", str(self.conf_path)))
+        wait_for(lambda: port_answers(self.port), timeout_s=START_TIMEOUT_S, what="the controller's port",
+                 alive=[self.proc])
+        return self
+
+
+def start_controller(group: ProcessGroup, **props: Any) -> Controller:
+    port, raft_port = free_port(), free_port()
+    store = group.base_dir / "controller-store"
+    store.mkdir(parents=True, exist_ok=True)
+    conf = write_properties(group.base_dir / "controller.conf", {
+        "controllerPeers": f"n0-{LOOPBACK}:{raft_port}", "controllerSelfId": "n0",
+        "controllerStorePath": str(store), "controllerListenPort": port, "listenHost": LOOPBACK, **props})
+    return Controller(group, conf, port).start()
+
+
+def start_replica(group: ProcessGroup, ns: Namesrv, controller: Controller, replica_id: int,
+                  **props: Any) -> Broker:
+    """A controller-mode broker; ready once its port answers (its name-server slot depends on its role)."""
+    name = f"replica{replica_id}"
+    store_dir = group.base_dir / f"{name}-store"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port(broker=True)
+    all_props = broker_props(namesrv_addrs=[ns.addr], store_dir=store_dir, port=port,
+                             **{**BROKER_PROPS, "brokerId": replica_id, "controllerAddr": controller.addr,
+                                "haListenPort": free_port(), "fastListenEnable": False, **props})
+    conf = write_properties(group.base_dir / f"{name}.conf", all_props)
+    broker = Broker(group=group, name=name, conf_path=conf, props=all_props, namesrv_addrs=[ns.addr])
+    start_replica_process(broker)
+    return broker
+
+
+def start_replica_process(broker: Broker) -> None:
+    broker.starts += 1
+    proc_name = broker.name if broker.starts == 1 else f"{broker.name}-run{broker.starts}"
+    broker.proc = broker.group.spawn(proc_name, ferry_argv("broker", "-c", str(broker.conf_path)))
+    wait_for(lambda: port_answers(broker.port), timeout_s=START_TIMEOUT_S,
+             what=f"{broker.name} to accept connections", alive=[broker.proc])
+
+
+def group_state(controller: Controller) -> dict[str, Any] | None:
+    """The controller's GroupState of the nemesis group (CONTROLLER_GET_REPLICA_INFO), None if unanswered."""
+    try:
+        resp = request(controller.addr, RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": BROKER_NAME},
+                       timeout_ms=1000)
+    except Exception:
+        return None
+    if resp.code != ResponseCode.SUCCESS:
+        return None
+    body = json_body(resp)
+    return body if isinstance(body, dict) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the producer
+
+
+@dataclass
+class Ack:
+    body: str
+    host: str  # ip:port of the broker that stored it
+    phy_offset: int
+    at: float  # time.monotonic() when SEND_OK arrived
+
+
+class ProducerLoop:
+    """ferrymq's Producer in a thread with its own event loop: ``concurrency`` senders, unique bodies."""
+
+    def __init__(self, ns_addr: str, run_id: str, *, concurrency: int = 4) -> None:
+        self.ns_addr = ns_addr
+        self.run_id = run_id
+        self.concurrency = concurrency
+        self.acks: list[Ack] = []
+        self.failures = 0
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="nemesis-producer", daemon=True)
+        self._seq = 0
+
+    def start(self) -> ProducerLoop:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def acks_after(self, t: float) -> list[Ack]:
+        return [a for a in list(self.acks) if a.at > t]
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        from ferrymq.client import Producer, new_message
+        from ferrymq.client.values import SendStatus
+
+        async with Producer(self.ns_addr, f"nemesis-{self.run_id}", send_timeout_ms=2000,
+                            retry_times_when_send_failed=1) as producer:
+
+            async def sender() -> None:
+                while not self._stop.is_set():
+                    self._seq += 1
+                    body = f"{self.run_id}-{self._seq:08d}"
+                    self.sent += 1
+                    try:
+                        res = await producer.send(new_message(TOPIC, body))
+                    except Exception:
+                        self.failures += 1
+                        await asyncio.sleep(0.05)
+                        continue
+                    if res.status is SendStatus.SEND_OK:
+                        ip, port, phy = decode_offset_msg_id(res.offset_msg_id)
+                        self.acks.append(Ack(body, f"{ip}:{port}", phy, time.monotonic()))
+                    else:
+                        self.failures += 1
+
+            await asyncio.gather(*(sender() for _ in range(self.concurrency)))
+
+
+# ---------------------------------------------------------------------------------------------
+# the group and the nemesis
+
+
+@dataclass
+class RoundResult:
+    action: str
+    victim: str
+    master_before: int
+    master_after: int
+    #: seconds from the fault to the first SEND_OK stored by another master (failover actions), or to the
+    #: first SEND_OK after the fault (other actions); -1: none
+    unavailable_s: float
+
+
+@dataclass
+class NemesisGroup:
+    group: ProcessGroup
+    ns: Namesrv
+    controller: Controller
+    replicas: dict[int, Broker]
+    rounds: list[RoundResult] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, group: ProcessGroup, **broker_props: Any) -> NemesisGroup:
+        ns = start_namesrv(group)
+        controller = start_controller(group)
+        replicas = {rid: start_replica(group, ns, controller, rid, **broker_props) for rid in REPLICA_IDS}
+        ng = cls(group, ns, controller, replicas)
+        ng.wait_whole()
+        return ng
+
+    @property
+    def alive(self) -> list[ManagedProcess]:
+        return [p for p in (self.ns.proc, self.controller.proc) if p is not None]
+
+    def state(self) -> dict[str, Any] | None:
+        return group_state(self.controller)
+
+    def master_id(self) -> int:
+        st = self.state()
+        return int(st["masterId"]) if st else -1
+
+    def wait_whole(self, timeout_s: float = HEAL_TIMEOUT_S) -> dict[str, Any]:
+        """A master, every replica in the SyncStateSet, the name server routing the master as brokerId 0."""
+
+        def whole() -> dict[str, Any] | None:
+            st = self.state()
+            if not st or int(st.get("masterId", -1)) < 0:
+                return None
+            if sorted(int(i) for i in st.get("syncStateSet") or ()) != list(REPLICA_IDS):
+                return None
+            master = self.replicas[int(st["masterId"])]
+            resp = request(self.ns.addr, RequestCode.GET_BROKER_CLUSTER_INFO)
+            entry = ((json_body(resp) or {}).get("brokerAddrTable") or {}).get(BROKER_NAME) or {}
+            addrs = {str(k): v for k, v in (entry.get("brokerAddrs") or {}).items()}
+            return st if addrs.get("0") == master.addr else None
+
+        return wait_for(whole, timeout_s=timeout_s, what="the broker group to be whole (master + full "
+                        "SyncStateSet + route)", alive=self.alive)
+
+    def _restart(self, rid: int) -> None:
+        broker = self.replicas[rid]
+        wait_for(lambda: port_free(broker.port), timeout_s=START_TIMEOUT_S, what=f"port of {broker.name}")
+        start_replica_process(broker)
+
+    def round(self, action: str, producer: ProducerLoop | None, rng: random.Random) -> RoundResult:
+        before = self.wait_whole()
+        master = int(before["masterId"])
+        slaves = [rid for rid in REPLICA_IDS if rid != master]
+        t0 = time.monotonic()
+        victim: str
+        if action == "kill-master":
+            victim = self.replicas[master].name
+            self.replicas[master].kill()
+            self._wait_new_master(master)
+            self._restart(master)
+        elif action == "pause-master":
+            victim = self.replicas[master].name
+            proc = self.replicas[master].proc
+            assert proc is not None
+            proc.signal(signal.SIGSTOP)
+            try:
+                self._wait_new_master(master)
+                pause_left = PAUSE_S - (time.monotonic() - t0)
+                if pause_left > 0:
+                    time.sleep(pause_left)  # the fault itself: the paused master sleeps through the election
+            finally:
+                proc.signal(signal.SIGCONT)
+        elif action == "kill-slave":
+            rid = rng.choice(slaves)
+            victim = self.replicas[rid].name
+            self.replicas[rid].kill()
+            self._restart(rid)
+        elif action == "kill-controller":
+            victim = "controller"
+            assert self.controller.proc is not None
+            self.controller.proc.kill()
+            wait_for(lambda: port_free(self.controller.port), timeout_s=START_TIMEOUT_S, what="controller port")
+            self.controller.start()
+        else:
+            raise ValueError(f"unknown nemesis action {action!r}")
+        after = self.wait_whole()
+        unavailable = -1.0
+        if producer is not None:
+            new_master = self.replicas[int(after["masterId"])].addr
+            wait_for(lambda: bool(producer.acks_after(t0)), timeout_s=HEAL_TIMEOUT_S,
+                     what="a SEND_OK after the fault", alive=self.alive)
+            later = producer.acks_after(t0)
+            if action in FAILOVER_ACTIONS:
+                with contextlib.suppress(Exception):
+                    wait_for(lambda: any(a.host == new_master for a in producer.acks_after(t0)),
+                             timeout_s=HEAL_TIMEOUT_S, what="a SEND_OK from the new master")
+                later = [a for a in producer.acks_after(t0) if a.host == new_master]
+            if later:
+                unavailable = min(a.at for a in later) - t0
+        result = RoundResult(action, victim, master, int(after["masterId"]), unavailable)
+        self.rounds.append(result)
+        return result
+
+    def _wait_new_master(self, old: int) -> None:
+        def elected() -> bool:
+            st = self.state()
+            return bool(st) and int(st["masterId"]) not in (-1, old)  # type: ignore[index]
+
+        wait_for(elected, timeout_s=HEAL_TIMEOUT_S, what=f"a master other than replica {old}", alive=self.alive)
+
+    # ---- verification -----------------------------------------------------------------------
+    def verify(self, producer: ProducerLoop) -> dict[str, Any]:
+        """Stop-the-world checks once ``producer`` stopped; raises AssertionError naming the violation."""
+        st = self.wait_whole()
+        master = self.replicas[int(st["masterId"])]
+
+        def caught_up() -> int | None:
+            ends = {rid: _max_phy(b) for rid, b in self.replicas.items()}
+            values = set(ends.values())
+            return values.pop() if len(values) == 1 and -1 not in ends.values() else None
+
+        end = wait_for(caught_up, timeout_s=HEAL_TIMEOUT_S, what="every replica at the master's max phy offset",
+                       alive=self.alive)
+        master_log = commit_log_bytes(master.store_dir, end)
+        for rid, broker in self.replicas.items():
+            if broker is master:
+                continue
+            other = commit_log_bytes(broker.store_dir, end)
+            assert other == master_log, f"replica {rid}'s commit log differs from the master's below {end}"
+        records = read_records(master_log)
+        by_offset = {phy: body for phy, body in records}
+        counts: dict[str, int] = {}
+        for _phy, body in records:
+            counts[body] = counts.get(body, 0) + 1
+        lost = [a for a in producer.acks if counts.get(a.body, 0) == 0]
+        misplaced = [a for a in producer.acks if counts.get(a.body) and by_offset.get(a.phy_offset) != a.body]
+        entries = EpochFile(str(master.store_dir / EPOCH_FILE_NAME)).entries()
+        ackers: dict[int, set[str]] = {}
+        for a in producer.acks:
+            ackers.setdefault(_epoch_at(entries, a.phy_offset), set()).add(a.host)
+        split = {e: hosts for e, hosts in ackers.items() if len(hosts) > 1}
+        duplicates = sum(c - 1 for body, c in counts.items() if c > 1 and body.startswith(producer.run_id))
+        summary = {"send_ok": len(producer.acks), "lost": len(lost), "misplaced": len(misplaced),
+                   "duplicates": duplicates, "epochs": len(entries), "split_epochs": split, "log_end": end}
+        assert not lost, f"{len(lost)} SEND_OK messages are not in the master's log, e.g. {lost[:3]}: {summary}"
+        assert not misplaced, f"{len(misplaced)} SEND_OK offsets hold another record, e.g. {misplaced[:3]}"
+        assert not split, f"two brokers acknowledged sends in one epoch: {split}"
+        return summary
+
+
+def _max_phy(broker: Broker) -> int:
+    try:
+        resp = request(broker.addr, RequestCode.GET_BROKER_RUNTIME_INFO, timeout_ms=1000)
+        table = (json_body(resp) or {}).get("table") or {}
+        return int(table.get("commitLogMaxOffset", -1))
+    except Exception:
+        return -1
+
+
+def _epoch_at(entries: list[Any], phy_offset: int) -> int:
+    epoch = 0
+    for e, start in entries:
+        if start <= phy_offset:
+            epoch = e
+    return epoch
+
+
+_HEAD = struct.Struct(">ii")
+
+
+def read_records(log: bytes) -> list[tuple[int, str]]:
+    """(phy offset, body) of every record of a commit log image starting at offset 0."""
+    out = []
+    pos = 0
+    while pos + 8 <= len(log):
+        size, magic = _HEAD.unpack_from(log, pos)
+        if size <= 0:
+            break
+        if magic == BLANK_MAGIC_CODE:
+            pos += size
+            continue
+        msg = decode_record(log, pos)
+        out.append((pos, bytes(msg.body).decode(errors="replace")))
+        pos += size
+    return out
