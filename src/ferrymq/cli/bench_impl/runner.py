@@ -9,6 +9,8 @@ Workload ids (rows of the table):
 | 2   | batched sends (MB/s), same stack                                         | async            |
 | 3a  | SYNC_MASTER + 1 slave, one client doing sync sends                       | sync_master      |
 | 3b  | SYNC_MASTER + 1 slave, 16 concurrent producers                           | sync_master      |
+| 12a | controller mode, SYNC + 1 slave (allAckInSyncStateSet), one client      | controller       |
+| 12b | controller mode, SYNC + 1 slave, 16 concurrent producers                 | controller       |
 | 4a  | SYNC_FLUSH, one client                                                   | sync_flush       |
 | 4b  | SYNC_FLUSH, 16 concurrent producers                                      | sync_flush       |
 | 5   | end-to-end latency send -> consumed at a fixed rate                      | async            |
@@ -44,6 +46,7 @@ from ferrymq.cli.bench_impl.procs import Supervisor, free_port, python_argv
 from ferrymq.cli.bench_impl.stack import (
     QUEUES,
     Stack,
+    controller_master,
     create_topic,
     max_offsets,
     pull_once,
@@ -53,10 +56,12 @@ from ferrymq.cli.bench_impl.stack import (
 from ferrymq.cli.bench_impl.stats import latency_summary_us, median
 from ferrymq.cli.bench_impl.units import fmt_size
 
-ALL_WORKLOADS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11")
+ALL_WORKLOADS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12")
 TARGET_ASYNC_VS_ECHO = 0.5
 TARGET_BATCH_MB_S = 300.0
 TARGET_SYNC_MASTER_VS_ASYNC = 0.7
+#: controller-mode SYNC sends against classic SYNC_MASTER (3a/3b) in the same run
+TARGET_CONTROLLER_VS_SYNC_MASTER = 0.9
 TARGET_CATCHUP_MB_S = 500.0
 TARGET_RESTART_S = 5.0
 #: Overall bound of one workload's worker run beyond its planned duration.
@@ -181,7 +186,8 @@ class Bench:
             n += 2 * per + 2 * self.o.repeats + 2
         if self.wants("10"):
             n += 2 * per
-        for w, k in (("1", per), ("2", per), ("5", per), ("6", per), ("9", per), ("3", 2 * per), ("4", 2 * per)):
+        for w, k in (("1", per), ("2", per), ("5", per), ("6", per), ("9", per), ("3", 2 * per), ("4", 2 * per),
+                     ("12", 2 * per)):
             if self.wants(w):
                 n += k
         if self.wants("7"):
@@ -204,6 +210,8 @@ class Bench:
                 self.sync_master(sup)
             if self.wants("4"):
                 self.sync_flush(sup)
+            if self.wants("12"):
+                self.controller_sync(sup)
             if self.wants("7") or self.wants("8"):
                 self.catchup_and_restart(sup)
         self.evaluate()
@@ -523,7 +531,7 @@ class Bench:
 
     # ---- 3: SYNC_MASTER + slave, 4: SYNC_FLUSH ----------------------------------------------------------------
     def _one_and_many(self, sup: Supervisor, label: str, wid: str, title: str, *, role: str, flush: str,
-                      slave: bool) -> None:
+                      slave: bool, controller: bool = False) -> None:
         stack = Stack(sup, label, common_conf=self.o.broker_conf)
         n = self.o.producers
         one = [self.row(f"{wid}a", f"{title}, 1 client sync sends", s, "msgs/s", "msgs/s") for s in self.o.sizes]
@@ -532,11 +540,20 @@ class Bench:
         def run() -> None:
             self.step(f"starting {label} stack")
             stack.start_namesrv()
-            master = stack.broker("bench-a", role=role, flush=flush)
-            stack.start(master)
-            if slave:
-                sl = stack.broker("bench-a", broker_id=1, flush=flush, master=master)
-                stack.start(sl)
+            if controller:
+                ctl = stack.start_controller()
+                extra = {"enableControllerMode": "true", "controllerAddr": ctl, "allAckInSyncStateSet": "true"}
+                replicas = [stack.broker("bench-a", role=role, flush=flush, broker_id=i, extra=extra)
+                            for i in (1, 2)]
+                for bp in replicas:
+                    stack.start(bp)
+                master = asyncio.run(controller_master(stack.name_server, ctl, replicas))
+            else:
+                master = stack.broker("bench-a", role=role, flush=flush)
+                stack.start(master)
+                if slave:
+                    sl = stack.broker("bench-a", broker_id=1, flush=flush, master=master)
+                    stack.start(sl)
             topic = "BenchSync"
             asyncio.run(create_topic(stack.name_server, master, topic))
             asyncio.run(wait_send_ok(stack.name_server, topic))
@@ -566,6 +583,10 @@ class Bench:
     def sync_master(self, sup: Supervisor) -> None:
         self._one_and_many(sup, "sync_master", "3", "SYNC_MASTER + 1 slave", role="SYNC_MASTER",
                            flush="ASYNC_FLUSH", slave=True)
+
+    def controller_sync(self, sup: Supervisor) -> None:
+        self._one_and_many(sup, "controller", "12", "controller mode SYNC + 1 slave", role="SYNC_MASTER",
+                           flush="ASYNC_FLUSH", slave=True, controller=True)
 
     def sync_flush(self, sup: Supervisor) -> None:
         self._one_and_many(sup, "sync_flush", "4", "SYNC_FLUSH", role="ASYNC_MASTER", flush="SYNC_FLUSH",
@@ -710,6 +731,10 @@ class Bench:
             elif r.wid == "3b":
                 self._judge(r, v, self.find("1", r.size), TARGET_SYNC_MASTER_VS_ASYNC,
                             f">= {TARGET_SYNC_MASTER_VS_ASYNC:.0%} of (1)")
+            elif r.wid in ("12a", "12b"):
+                ref_id = "3a" if r.wid == "12a" else "3b"
+                self._judge(r, v, self.find(ref_id, r.size), TARGET_CONTROLLER_VS_SYNC_MASTER,
+                            f">= {TARGET_CONTROLLER_VS_SYNC_MASTER:.0%} of classic SYNC_MASTER ({ref_id})")
             elif r.wid == "6":
                 self._judge(r, v, self.find("1", r.size), 1.0, ">= (1)")
             elif r.wid == "7":

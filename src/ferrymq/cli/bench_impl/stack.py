@@ -43,6 +43,7 @@ class Stack:
     namesrv_port: int = 0
     brokers: list[BrokerProc] = field(default_factory=list)
     namesrv: Child | None = None
+    controller: Child | None = None
     #: broker.conf keys for every broker of this stack (before ``broker(extra=...)``)
     common_conf: dict[str, Any] = field(default_factory=dict)
 
@@ -93,6 +94,21 @@ class Stack:
         self.brokers.append(bp)
         return bp
 
+    def start_controller(self) -> str:
+        """One controller (``ferry controller -c``) for controller-mode brokers; returns its address."""
+        port, raft_port = free_port(), free_port()
+        store = self.sup.path(self.label, "controller", "store")
+        os.makedirs(store, exist_ok=True)
+        conf_path = self.sup.path(self.label, "controller", "controller.conf")
+        with open(conf_path, "w") as fh:
+            for k, v in {"controllerPeers": f"n0-{HOST}:{raft_port}", "controllerSelfId": "n0",
+                         "controllerStorePath": store, "controllerListenPort": port, "listenHost": HOST}.items():
+                fh.write(f"{k}={v}\n")
+        self.controller = self.sup.spawn(f"{self.label}-controller", ferry_argv("controller", "-c", conf_path),
+                                         port=port)
+        self.sup.wait_port(self.controller)
+        return f"{HOST}:{port}"
+
     def start(self, bp: BrokerProc, *, wait: bool = True) -> float:
         """Spawn the broker; returns seconds until its port answered (0 if not waited)."""
         bp.child = self.sup.spawn(bp.name, ferry_argv("broker", "-c", bp.conf_path), port=bp.port)
@@ -115,9 +131,10 @@ class Stack:
     def close(self) -> None:
         for bp in reversed(self.brokers):
             self.stop_broker(bp)
-        if self.namesrv is not None:
-            self.sup.stop(self.namesrv)
-            self.namesrv = None
+        for child in (self.controller, self.namesrv):
+            if child is not None:
+                self.sup.stop(child)
+        self.namesrv = self.controller = None
         if not self.sup.keep_dir:  # free the disk for the next stack
             shutil.rmtree(self.sup.path(self.label), ignore_errors=True)
 
@@ -234,3 +251,39 @@ async def pull_once(addr: str, topic: str, queue_id: int = 0, pool: Any = None) 
     finally:
         if own:
             await pool.close()
+
+
+async def controller_master(name_server: str, controller: str, brokers: list[BrokerProc],
+                            timeout_s: float = READY_TIMEOUT_S) -> BrokerProc:
+    """The master of a controller-mode group once every replica is in its SyncStateSet and the name server
+    routes it as brokerId 0 (until then SYNC sends are acknowledged by fewer replicas)."""
+    from ferrymq.remoting import jsonx
+    from ferrymq.remoting.codec import RemotingCommand
+    from ferrymq.remoting.codes import RequestCode, ResponseCode
+    from ferrymq.remoting.connection import connect
+
+    async def call(addr: str, code: int, fields: dict[str, Any]) -> Any:
+        conn = await connect(addr, timeout_ms=2000)
+        try:
+            resp = await conn.invoke(RemotingCommand.request(code, fields), 2000)
+        finally:
+            conn.close()
+        return jsonx.loads(resp.body) if resp.code == ResponseCode.SUCCESS and resp.body else None
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            state = await call(controller, RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                               {"brokerName": brokers[0].broker_name})
+            info = await call(name_server, RequestCode.GET_BROKER_CLUSTER_INFO, {})
+            entry = ((info or {}).get("brokerAddrTable") or {}).get(brokers[0].broker_name) or {}
+            routed = {str(k): v for k, v in (entry.get("brokerAddrs") or {}).items()}.get("0")
+            if state and len(state.get("syncStateSet") or ()) == len(brokers):
+                for bp in brokers:
+                    if bp.broker_id == int(state["masterId"]) and routed == bp.addr:
+                        return bp
+        except Exception:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no controller-mode master with a full SyncStateSet after {timeout_s} s")
+        await asyncio.sleep(0.2)
