@@ -344,8 +344,9 @@ class NemesisGroup:
         wait_for(elected, timeout_s=HEAL_TIMEOUT_S, what=f"a master other than replica {old}", alive=self.alive)
 
     # ---- verification -----------------------------------------------------------------------
-    def verify(self, producer: ProducerLoop) -> dict[str, Any]:
-        """Stop-the-world checks once ``producer`` stopped; raises AssertionError naming the violation."""
+    def verify(self, producer: ProducerLoop, extra_bodies: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+        """Stop-the-world checks once ``producer`` stopped (and any other producer whose acknowledged bodies are
+        ``extra_bodies``); raises AssertionError naming the violation."""
         st = self.wait_whole()
         master = self.replicas[int(st["masterId"])]
 
@@ -368,6 +369,7 @@ class NemesisGroup:
         for _phy, body in records:
             counts[body] = counts.get(body, 0) + 1
         lost = [a for a in producer.acks if counts.get(a.body, 0) == 0]
+        lost_extra = [b for b in extra_bodies if counts.get(b, 0) == 0]
         misplaced = [a for a in producer.acks if counts.get(a.body) and by_offset.get(a.phy_offset) != a.body]
         entries = EpochFile(str(master.store_dir / EPOCH_FILE_NAME)).entries()
         ackers: dict[int, set[str]] = {}
@@ -375,9 +377,12 @@ class NemesisGroup:
             ackers.setdefault(_epoch_at(entries, a.phy_offset), set()).add(a.host)
         split = {e: hosts for e, hosts in ackers.items() if len(hosts) > 1}
         duplicates = sum(c - 1 for body, c in counts.items() if c > 1 and body.startswith(producer.run_id))
-        summary = {"send_ok": len(producer.acks), "lost": len(lost), "misplaced": len(misplaced),
+        duplicates += sum(counts[b] - 1 for b in set(extra_bodies) if counts.get(b, 0) > 1)
+        summary = {"send_ok": len(producer.acks) + len(extra_bodies), "lost": len(lost) + len(lost_extra),
+                   "misplaced": len(misplaced),
                    "duplicates": duplicates, "epochs": len(entries), "split_epochs": split, "log_end": end}
         assert not lost, f"{len(lost)} SEND_OK messages are not in the master's log, e.g. {lost[:3]}: {summary}"
+        assert not lost_extra, f"{len(lost_extra)} acknowledged bodies are not in the log, e.g. {lost_extra[:3]}"
         assert not misplaced, f"{len(misplaced)} SEND_OK offsets hold another record, e.g. {misplaced[:3]}"
         assert not split, f"two brokers acknowledged sends in one epoch: {split}"
         return summary
