@@ -267,3 +267,30 @@ def test_slave_serves_replicated_topics_until_the_master_deletes_them(tmp_path) 
     topics.replace_all({"topicConfigTable": {}, "dataVersion": {"counter": 2, "timestamp": 2}})
     assert topics.get("Gone") is None, "deleted on the master: not served from the slave's queues"
     assert topics.get("Fresh") is not None
+
+
+def test_new_master_adopts_topics_it_only_knows_from_its_queues(tmp_path) -> None:
+    """Controller mode: a slave elected before the master's topic config reached it turns the topics it holds
+    queues for into read-write topics (so producers go on and the route lists them); known and deleted topics
+    are left alone."""
+    from ferrymq.broker.topic_manager import TopicManager
+    from ferrymq.common.topic import PERM_READ, PERM_WRITE
+
+    topics = TopicManager(str(tmp_path), cluster_name="c", broker_name="b", clock_ms=lambda: 1)
+    topics.replica_queue_count = lambda name: 0
+    topics.replace_all({"topicConfigTable": {"Known": {"topicName": "Known", "readQueueNums": 8,
+                                                       "writeQueueNums": 8, "perm": 6},
+                                             "Gone": {"topicName": "Gone", "readQueueNums": 1,
+                                                      "writeQueueNums": 1, "perm": 6}},
+                        "dataVersion": {"counter": 1, "timestamp": 1}})
+    topics.replace_all({"topicConfigTable": {"Known": {"topicName": "Known", "readQueueNums": 8,
+                                                       "writeQueueNums": 8, "perm": 6}},
+                        "dataVersion": {"counter": 2, "timestamp": 2}})
+    version = topics.data_version.counter
+    adopted = topics.adopt_replicated({"Known": [0, 1], "Fresh": [0, 2], "Gone": [0]})
+    assert adopted == ["Fresh"]
+    fresh = topics.get("Fresh")
+    assert fresh is not None and fresh.write_queue_nums == 3 and fresh.perm == PERM_READ | PERM_WRITE
+    assert topics.get("Known").read_queue_nums == 8
+    assert topics.get("Gone") is None
+    assert topics.data_version.counter > version
