@@ -180,8 +180,8 @@ class RaftNode:
             obj.waitBinded()
         except SyncObjException:
             obj.destroy_synchronous()
-            raise ConfigError("controllerPeers",
-                              f"cannot bind the Raft address {self.settings.self_addr}") from None
+            raise RaftError(f"cannot bind the Raft address {self.settings.self_addr} "
+                            "(in use, or not an address of this host)") from None
         self._obj = obj
         log.info("raft node %s started (peers %s, store %s)", self.settings.self_addr,
                  self.settings.other_addrs or "none", self.settings.store_path)
