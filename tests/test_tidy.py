@@ -33,9 +33,10 @@ ALLOWED: dict[str, set[str]] = {
     "ha": {"common", "store"},
     "namesrv": {"common", "remoting"},
     "broker": {"common", "remoting", "store", "ha"},
+    "controller": {"common", "remoting"},
     "client": {"common", "remoting"},
     "spark": {"common", "remoting", "client"},
-    "cli": {"common", "remoting", "store", "ha", "namesrv", "broker", "client", "spark"},
+    "cli": {"common", "remoting", "store", "ha", "namesrv", "broker", "controller", "client", "spark"},
 }
 #: stdlib/third-party modules that mean I/O or an event loop
 NETWORK_OR_LOOP = {"asyncio", "socket", "selectors", "ssl", "uvloop", "socketserver", "http", "urllib"}

@@ -1,4 +1,7 @@
 """``ferry ha status [-n NAMESRV] [--json]`` (the name server defaults to ``NAMESRV_ADDR``): every broker group's master and slaves with their lag.
+``ferry ha elect --controller ADDR --broker-name B [--broker-id N] [--json]``: a manual switchover in
+controller mode (CONTROLLER_ELECT_MASTER; without --broker-id the controller's normal election, which
+keeps a live master).
 
 Sources: GET_BROKER_CLUSTER_INFO from the name server; GET_BROKER_RUNTIME_INFO from every broker.
 A master's runtime info carries ``haSlaveCount`` and ``haSlaves`` (a JSON list of
@@ -166,3 +169,33 @@ def status(namesrv: str, as_json: bool, timeout_ms: int) -> None:
         click.echo(json.dumps(groups, indent=2, sort_keys=True))
     else:
         click.echo(render_text(groups))
+
+
+@command.command("elect")
+@click.option("--controller", "controller", envvar="CONTROLLER_ADDR", default="127.0.0.1:9880", show_default=True,
+              help="Controller address(es), ';'-separated (env CONTROLLER_ADDR); the leader is found")
+@click.option("--broker-name", "-b", "broker_name", required=True, help="broker group (brokerName)")
+@click.option("--broker-id", "-i", "broker_id", type=click.IntRange(1, None), default=None,
+              help="replica to make master (must be alive); default: the controller chooses")
+@click.option("--json", "as_json", is_flag=True, help="print the group's new state as JSON")
+@click.option("--timeout-ms", default=3000, show_default=True, type=click.IntRange(1, 600_000))
+def elect(controller: str, broker_name: str, broker_id: int | None, as_json: bool, timeout_ms: int) -> None:
+    """Elect a master of one broker group (controller mode), like mqadmin electMaster."""
+    from ferrymq.client.controller_admin import ControllerAdmin
+    from ferrymq.errors import FerryError
+
+    async def run() -> dict[str, Any]:
+        async with ControllerAdmin(controller, timeout_ms=timeout_ms) as admin:
+            return await admin.elect(broker_name, broker_id)
+
+    try:
+        group = asyncio.run(run())
+    except FerryError as exc:
+        click.echo(f"error: election of {broker_name} failed: {exc}", err=True)
+        sys.exit(EXIT_UNREACHABLE)
+    if as_json:
+        click.echo(json.dumps(group, indent=2, sort_keys=True))
+        return
+    master = group.get("masterId", -1)
+    click.echo(f"{broker_name}: master {master} ({group.get('masterAddr') or 'none'}), "
+               f"masterEpoch {group.get('masterEpoch')}, SyncStateSet {group.get('syncStateSet')}")

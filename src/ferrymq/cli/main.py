@@ -20,6 +20,7 @@ COMMANDS = {
     "produce": "produce",
     "consume": "consume",
     "ha": "ha",
+    "controller": "controller",
     "bench": "bench",
 }
 

@@ -1,5 +1,10 @@
 """``ferry namesrv --listen 127.0.0.1:9876``: run a name server in the foreground until SIGINT/SIGTERM.
 
+``-c namesrv.conf`` reads RocketMQ-style ``key=value`` settings: ``listenHost`` and ``listenPort`` (the name
+server's address), ``kvConfigPath``, and ``enableControllerInNamesrv=true``, which also runs a controller in
+the same process and event loop, configured by the controller keys of the same file (docs/controller.md;
+its own port ``controllerListenPort``). Command-line options win over the file.
+
 Exit codes: 0 after a signal, 1 when the server cannot start (e.g. address in use), 2 on a bad option.
 """
 
@@ -9,13 +14,19 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any
 
 import click
 
 from ferrymq.common import logthrottle
-from ferrymq.errors import ConfigError
+from ferrymq.common.properties import parse_bool, parse_int, read_properties
+from ferrymq.errors import ConfigError, FerryError
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9876
+#: namesrv.conf keys of the name server itself (the controller's keys are ferrymq.controller.config.KEYS)
+NAMESRV_KEYS = ("listenHost", "listenPort", "kvConfigPath", "enableControllerInNamesrv")
 EXIT_START_FAILED = 1
 EXIT_USAGE = 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -36,10 +47,31 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, port
 
 
-async def _serve(host: str, port: int, kv_config_path: str | None, metrics_port: int) -> None:
+class NamesrvFileConfig:
+    """What a namesrv.conf says (None: not set)."""
+
+    def __init__(self, props: dict[str, str]) -> None:
+        from ferrymq.controller.config import ControllerConfig, from_properties
+
+        self.host = props.get("listenHost", "").strip() or None
+        self.port = parse_int("listenPort", props["listenPort"], minimum=0, maximum=65535) \
+            if "listenPort" in props else None
+        self.kv_config_path = props.get("kvConfigPath", "").strip() or None
+        self.controller: ControllerConfig | None = None
+        if parse_bool("enableControllerInNamesrv", props.get("enableControllerInNamesrv", "false")):
+            self.controller = from_properties(props, other_known_keys=NAMESRV_KEYS)
+
+
+async def _serve(host: str, port: int, kv_config_path: str | None, metrics_port: int,
+                 controller_cfg: Any = None) -> None:
     from ferrymq.namesrv.app import NameServer
 
     server = NameServer(host, port, kv_config_path=kv_config_path, metrics_port=metrics_port)
+    controller = None
+    if controller_cfg is not None:
+        from ferrymq.controller.server import ControllerServer
+
+        controller = ControllerServer(controller_cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # handlers first: the "listening" line may be acted on (a signal sent) at once
@@ -47,46 +79,68 @@ async def _serve(host: str, port: int, kv_config_path: str | None, metrics_port:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
+        if controller is not None:
+            await controller.start()
+            logging.getLogger("ferrymq.namesrv").info("controller in the name server listening on %s",
+                                                      controller.addr)
         await stop.wait()
         logging.getLogger("ferrymq.namesrv").info("signal received, shutting down")
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if controller is not None:
+            await controller.stop()
         await server.stop()
 
 
-def _run(host: str, port: int, kv_config_path: str | None, metrics_port: int) -> None:
+def _run(host: str, port: int, kv_config_path: str | None, metrics_port: int, controller_cfg: Any = None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(host, port, kv_config_path, metrics_port))
+        asyncio.run(_serve(host, port, kv_config_path, metrics_port, controller_cfg))
         return
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve(host, port, kv_config_path, metrics_port))
+        runner.run(_serve(host, port, kv_config_path, metrics_port, controller_cfg))
 
 
 @click.command("namesrv")
-@click.option("--listen", default=DEFAULT_LISTEN, show_default=True, help="host:port to serve on (port 0 = any).")
+@click.option("-c", "--config", "config_path", default=None, type=click.Path(dir_okay=False),
+              help="namesrv.conf (listenHost, listenPort, kvConfigPath, enableControllerInNamesrv + controller keys)")
+@click.option("--listen", default=None, help=f"host:port to serve on (port 0 = any)  [default: {DEFAULT_LISTEN}]")
 @click.option("--kv-config", "kv_config_path", default=None, type=click.Path(dir_okay=False),
               help="File persisting the KV config table (default: memory only).")
 @click.option("--metrics-port", type=click.IntRange(-1, 65535), default=-1, show_default=True,
               help="Prometheus endpoint (GET /metrics) on the --listen host; -1 = off, 0 = any free port.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def command(listen: str, kv_config_path: str | None, metrics_port: int, log_level: str) -> None:
+def command(config_path: str | None, listen: str | None, kv_config_path: str | None, metrics_port: int,
+            log_level: str) -> None:
     """Run a name server in the foreground (logs to stderr; SIGINT/SIGTERM stop it)."""
-    try:
-        host, port = parse_listen(listen)
-    except ValueError as exc:
-        click.echo(f"Error: invalid --listen: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
+    file_cfg: NamesrvFileConfig | None = None
+    if config_path is not None:
+        try:
+            file_cfg = NamesrvFileConfig(read_properties(config_path))
+        except ConfigError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+    if listen is not None:
+        try:
+            host, port = parse_listen(listen)
+        except ValueError as exc:
+            click.echo(f"Error: invalid --listen: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+    else:
+        host = (file_cfg.host if file_cfg else None) or DEFAULT_HOST
+        port = file_cfg.port if file_cfg is not None and file_cfg.port is not None else DEFAULT_PORT
+    if kv_config_path is None and file_cfg is not None:
+        kv_config_path = file_cfg.kv_config_path
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(), format=LOG_FORMAT)
     logthrottle.install()
     try:
-        _run(host, port, kv_config_path, metrics_port)
+        _run(host, port, kv_config_path, metrics_port, file_cfg.controller if file_cfg else None)
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    except OSError as exc:
-        click.echo(f"Error: cannot start name server on {listen}: {exc}", err=True)
+    except (OSError, FerryError) as exc:
+        click.echo(f"Error: cannot start name server on {host}:{port}: {exc}", err=True)
         sys.exit(EXIT_START_FAILED)

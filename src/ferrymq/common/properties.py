@@ -1,0 +1,53 @@
+"""RocketMQ-style ``key=value`` configuration files (a minimal java.util.Properties reader)."""
+
+from __future__ import annotations
+
+from ferrymq.errors import ConfigError
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """``key=value`` / ``key: value`` lines; ``#`` and ``!`` start comments; blanks around keys and values
+    are dropped; a later line wins."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s[0] in "#!":
+            continue
+        idx = min((i for i in (s.find("="), s.find(":")) if i >= 0), default=-1)
+        if idx < 0:
+            key, value = s, ""
+        else:
+            key, value = s[:idx].strip(), s[idx + 1:].strip()
+        out[key] = value
+    return out
+
+
+def read_properties(path: str) -> dict[str, str]:
+    """The file's properties; ConfigError (key ``-c``) when it cannot be read or is not UTF-8 text."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError("-c", f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("-c", f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    return parse_properties(text)
+
+
+def parse_bool(key: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    raise ConfigError(key, f"expected true or false, got {raw!r}")
+
+
+def parse_int(key: str, raw: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(key, f"expected an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(key, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(key, f"must be <= {maximum}, got {value}")
+    return value
