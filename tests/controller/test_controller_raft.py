@@ -96,3 +96,28 @@ def test_bad_config_names_the_key(props: dict[str, str], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         from_properties(props)
     assert info.value.key == key
+
+
+async def test_full_dump_restores_the_state(tmp_path: Path) -> None:
+    """After log compaction the state comes back from raft.dump (the journal alone no longer holds it)."""
+    settings = RaftSettings(f"{LOOPBACK}:0", [], str(tmp_path / "n"), HEARTBEAT_TIMEOUT_MS,
+                            log_compaction_min_entries=2)
+    loop = asyncio.get_running_loop()
+    node = RaftNode(settings)
+    await loop.run_in_executor(None, node.start, loop)
+    try:
+        await wait_for(lambda: node.is_leader, timeout_s=LEADER_WAIT_S, what="leader")
+        for rid in range(1, 6):
+            assert (await node.apply(upsert_replica_cmd("c", "b", rid, f"h:{rid}", "x"))).status is Status.SUCCESS
+        await wait_for(lambda: (tmp_path / "n" / "raft.dump").exists(), timeout_s=10, what="full dump written")
+    finally:
+        await loop.run_in_executor(None, node.stop)
+    again = RaftNode(settings)
+    await loop.run_in_executor(None, again.start, loop)
+    try:
+        await wait_for(lambda: again.is_leader, timeout_s=LEADER_WAIT_S, what="leader again")
+        await again.apply({"op": "noop"})
+        group = again.group("b")
+        assert group is not None and sorted(group.replicas) == [1, 2, 3, 4, 5]
+    finally:
+        await loop.run_in_executor(None, again.stop)

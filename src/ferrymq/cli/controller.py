@@ -16,13 +16,16 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ferrymq.client.controller_admin import DEFAULT_CONTROLLER_ADDR
 from ferrymq.common import logthrottle
 from ferrymq.errors import ConfigError, FerryError
+
+if TYPE_CHECKING:
+    from ferrymq.controller.config import ControllerConfig
 
 EXIT_START_FAILED = 1
 EXIT_CONFIG_ERROR = 2
@@ -36,12 +39,10 @@ def controller_option(f: Any) -> Any:
                         help="Controller address(es), ';'-separated (env CONTROLLER_ADDR); the leader is found")(f)
 
 
-async def _serve(config_path: str) -> None:
+async def _serve(cfg: ControllerConfig) -> None:
     from ferrymq.cli.broker import wait_for_signal
-    from ferrymq.controller.config import load_config
     from ferrymq.controller.server import ControllerServer
 
-    cfg = load_config(config_path)
     server = ControllerServer(cfg)
     await server.start()
     try:
@@ -61,12 +62,19 @@ def run_controller(config_path: str, log_level: str) -> None:
         click.echo(f"config error: --log-level: expected one of {', '.join(LOG_LEVELS)}, got {log_level!r}",
                    err=True)
         sys.exit(EXIT_CONFIG_ERROR)
+    from ferrymq.controller.config import load_config
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        click.echo(f"config error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logthrottle.install()
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(_serve(config_path))
+            runner.run(_serve(cfg))
     except ConfigError as exc:
         click.echo(f"config error: {exc}", err=True)
         sys.exit(EXIT_CONFIG_ERROR)

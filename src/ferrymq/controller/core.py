@@ -79,10 +79,13 @@ class ControllerCore:
         generation = self.raft.role_generation
         if generation == self._ready_generation:
             return
-        if self._barrier is None or self._barrier_generation != generation:
+        barrier = self._barrier
+        failed = barrier is not None and barrier.done() and (barrier.cancelled() or barrier.exception() is not None)
+        if barrier is None or self._barrier_generation != generation or failed:
             self._barrier_generation = generation
-            self._barrier = asyncio.ensure_future(self._become_ready(generation))
-        await asyncio.shield(self._barrier)
+            self._barrier = barrier = asyncio.ensure_future(self._become_ready(generation))
+        assert barrier is not None
+        await asyncio.shield(barrier)
         if not self.raft.is_leader:
             raise NotLeaderError("lost the controller leadership")
 

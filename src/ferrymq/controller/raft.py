@@ -24,6 +24,7 @@ a master dead (the new leader's grace is one whole timeout).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import os
@@ -130,6 +131,8 @@ class RaftSettings:
     store_path: str
     #: broker heartbeat timeout; the leader fallback is derived from it
     heartbeat_timeout_ms: int
+    #: pysyncobj writes the full dump (and trims the journal) after this many entries (or LOG_COMPACTION_MIN_S)
+    log_compaction_min_entries: int = 5000
 
 
 class RaftNode:
@@ -162,6 +165,7 @@ class RaftNode:
             connectionRetryTime=CONNECTION_RETRY_S,
             leaderFallbackTimeout=max(append_s * 2, self.settings.heartbeat_timeout_ms / 2000),
             commandsQueueSize=COMMANDS_QUEUE_SIZE,
+            logCompactionMinEntries=self.settings.log_compaction_min_entries,
             onStateChanged=self._state_changed,
         )
 
@@ -196,8 +200,9 @@ class RaftNode:
         self.role_generation += 1
         log.info("raft node %s: role %s -> %s", self.settings.self_addr, old, new)
         loop, cb = self._loop, self._on_role_changed
-        if loop is not None and cb is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(cb)
+        if loop is not None and cb is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(cb)
 
     # ---- reads (event loop) ----------------------------------------------------------------------
     @property
@@ -264,7 +269,7 @@ class RaftNode:
                 fut.set_exception(RaftError(f"raft command {cmd.get('op')} failed: {_reason(error)}"))
 
         def callback(result: Any, error: int) -> None:  # pysyncobj's thread
-            if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(settle, result, error)
 
         self._replicated.command(cmd, callback=callback)
