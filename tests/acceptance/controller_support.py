@@ -229,6 +229,8 @@ class RoundResult:
     #: seconds from the fault to the first SEND_OK stored by another master (failover actions), or to the
     #: first SEND_OK after the fault (other actions); -1: none
     unavailable_s: float
+    #: wall-clock ms when the fault was injected (to compare with other clients' logs)
+    fault_at_ms: float = 0.0
 
 
 @dataclass
@@ -284,9 +286,14 @@ class NemesisGroup:
 
     def round(self, action: str, producer: ProducerLoop | None, rng: random.Random) -> RoundResult:
         before = self.wait_whole()
+        if producer is not None:  # the producer sends to the current master before the fault
+            acked = len(producer.acks)
+            wait_for(lambda: len(producer.acks) > acked, timeout_s=HEAL_TIMEOUT_S, what="a SEND_OK before the fault",
+                     alive=self.alive)
         master = int(before["masterId"])
         slaves = [rid for rid in REPLICA_IDS if rid != master]
         t0 = time.monotonic()
+        fault_at_ms = time.time() * 1000
         victim: str
         if action == "kill-master":
             victim = self.replicas[master].name
@@ -332,7 +339,7 @@ class NemesisGroup:
                 later = [a for a in producer.acks_after(t0) if a.host == new_master]
             if later:
                 unavailable = min(a.at for a in later) - t0
-        result = RoundResult(action, victim, master, int(after["masterId"]), unavailable)
+        result = RoundResult(action, victim, master, int(after["masterId"]), unavailable, fault_at_ms)
         self.rounds.append(result)
         return result
 

@@ -189,6 +189,9 @@ async def test_deposed_master_tail_is_cut_and_lease_lapse_refuses_sends(tmp_path
                        and b1.store.max_phy_offset == end, what=f"old master rejoins: {r1.status()}")
         assert await _log_prefix(b1, end) == await _log_prefix(b2, end)
         assert r1.epoch_file.entries() == [(1, 0), (2, common)]
+        # the name servers see the master as brokerId 0 and the slave under its own id
+        assert b2.registrar is not None and b1.registrar is not None
+        assert b2.registrar.current_broker_id == 0 and b1.registrar.current_broker_id == 1
         # lease: the controller stops answering; within the lease the master stops acknowledging
         ctl.silent = True
         started = time.monotonic()
@@ -196,6 +199,9 @@ async def test_deposed_master_tail_is_cut_and_lease_lapse_refuses_sends(tmp_path
         assert time.monotonic() - started < 2.0
         resp = await _send(b2, b"late")
         assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE and "lease" in (resp.remark or "")
+        # ... and no longer registers as the master: a paused old master that resumes never takes the route
+        # back from a new one
+        assert b2.registrar.current_broker_id == 2
     finally:
         await b2.stop()
         await b1.stop()

@@ -502,3 +502,43 @@ def test_validate_caches_only_good_topics() -> None:
         with pytest.raises(ClientError, match="empty"):
             p._validate(new_message("GoodTopic", b""))
     assert p._valid_topics == {"GoodTopic"}
+
+
+async def test_producer_rereads_the_route_after_a_timeout_or_a_refusing_master() -> None:
+    """Controller mode: a paused (SIGSTOP) or deposed master stops answering or answers SERVICE_NOT_AVAILABLE;
+    the producer asks for the route at once instead of waiting for the 30 s poll (the new master is only in
+    the route)."""
+    from ferrymq.client import new_message
+    from ferrymq.client.producer import Producer
+    from ferrymq.errors import BrokerError, RemotingTimeoutError
+    from ferrymq.remoting.codec import RemotingCommand
+
+    refreshes = []
+    answers: list[Any] = []
+
+    class Conn:
+        async def request(self, cmd: Any, timeout_ms: int) -> Any:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    inst = SimpleNamespace(routes={"T": route(("a", {0: "m1"}, 1, 1, 6))},
+                           trigger_route_refresh=lambda: refreshes.append(1),
+                           master_addr=lambda name: "m1", ready_connection=lambda addr: Conn(),
+                           _stamp=lambda cmd: cmd)
+
+    async def get_route(topic: str) -> TopicRouteData:
+        return inst.routes[topic]
+
+    inst.get_route = get_route
+    p = Producer("127.0.0.1:9876", "pg", retry_times_when_send_failed=0)
+    p._instance = inst  # type: ignore[assignment]
+    answers.append(RemotingTimeoutError("no answer"))
+    with pytest.raises(RemotingTimeoutError):
+        await p.send(new_message("T", b"x"))
+    assert refreshes == [1]
+    answers.append(RemotingCommand.request(0, {}).response(14, remark="not the master"))
+    with pytest.raises(BrokerError):
+        await p.send(new_message("T", b"y"))
+    assert refreshes == [1, 1]

@@ -302,3 +302,26 @@ async def test_an_ack_beyond_what_was_sent_never_counts(group: Group) -> None:
         assert master.confirm_offset == 0
     finally:
         writer.close()
+
+
+async def test_idle_replica_answers_heartbeats_and_stays_connected(group: Group) -> None:
+    """With no new data the master only sends heartbeats; the replica answers each with a report, so the
+    master never drops it as silent (it used to reconnect every housekeeping interval), and an idle replica
+    outside the SyncStateSet is still reported caught up."""
+    ms, me = group.store("m")
+    me.append(1, 0)
+    caught: list[int] = []
+    master = await group.master(ms, me, heartbeat_interval_ms=50, housekeeping_interval_ms=400,
+                                on_slave_caught_up=caught.append)
+    ss, se = group.store("s")
+    client = await group.client(ss, se, master, 1)
+    await wait_for(lambda: client.connected, what="connected")
+    await wait_for(lambda: caught == [2], what="caught-up signal of an idle replica")
+    drops = 0
+    was = True
+    for _ in range(150):  # 1.5 s: almost four housekeeping intervals
+        await asyncio.sleep(0.01)
+        now = any(s["connected"] for s in master.slave_status())
+        drops += was and not now
+        was = now
+    assert drops == 0 and client.connected

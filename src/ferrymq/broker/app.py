@@ -240,6 +240,11 @@ class BrokerController:
             broker_id=cfg.broker_id, broker_addr=lambda: self.broker_addr, ha_server_addr=lambda: self.ha_server_addr,
             topic_wrapper=self.topics.encode, period_ms=cfg.register_period_ms, on_master_info=self._on_master_info)
         self.topics.on_change = self.registrar.trigger
+        if self.controller_role is not None:
+            role = self.controller_role
+            # never advertised as the master once the lease lapsed (a paused old master that resumes must not
+            # take the route back from the new one before it learns it was deposed)
+            self.registrar.broker_id_of = lambda: MASTER_ID if role.can_ack() else cfg.broker_id
         await self.registrar.register_all()
         self.registrar.start_periodic()
 
@@ -383,7 +388,6 @@ class BrokerController:
             self.master_addr = None
             self.master_ha_addr = None
             self.schedule.start()
-            self.registrar.broker_id = MASTER_ID
         else:
             cfg.broker_role = BrokerRole.SLAVE
             self.set_store_writable(False)
@@ -400,7 +404,6 @@ class BrokerController:
                 self.slave_sync = SlaveSynchronize(self)
                 await self.slave_sync.start()
             self.slave_sync.master_addr = master_addr
-            self.registrar.broker_id = cfg.broker_id
         self.long_polling.notify_all()
         self.registrar.trigger()
 

@@ -165,8 +165,17 @@ class ControllerRole:
                 log.warning("controller lease lapsed (epoch %d): refusing writes until the controller answers",
                             self.master_epoch)
                 self.broker.set_store_writable(False)
+                self._reregister()
             elif not lapsed and read_only:
                 self.broker.set_store_writable(True)
+                self._reregister()
+
+    def _reregister(self) -> None:
+        """The id this broker registers under follows the lease (registration.broker_id_of): tell the name
+        servers now."""
+        registrar = self.broker.registrar
+        if registrar is not None:
+            registrar.trigger()
 
     # ---- heartbeats -----------------------------------------------------------------------------
     def _on_notify(self, conn: Any, cmd: RemotingCommand) -> None:
@@ -246,7 +255,7 @@ class ControllerRole:
                 if not self.is_master or state.master_epoch != self.master_epoch:
                     if state.master_epoch < self.master_epoch:
                         return  # an answer older than what this broker already knows
-                    await self._become_master(state)
+                    await self._become_master(state, sent_at + self.config.controller_lease_ms / 1000)
                 if not self._sss_pending and state.sync_state_set_epoch >= self.ha_master.sync_state_set_epoch:
                     self.ha_master.set_sync_state_set(set(state.sync_state_set), state.sync_state_set_epoch)
                 self.lease_until = max(self.lease_until, sent_at + self.config.controller_lease_ms / 1000)
@@ -255,7 +264,7 @@ class ControllerRole:
                 return
             await self._become_slave(state)
 
-    async def _become_master(self, state: GroupState) -> None:
+    async def _become_master(self, state: GroupState, lease_until: float) -> None:
         broker = self.broker
         store = broker.store
         log.warning("controller: becoming MASTER of %s, epoch %d (was %s of epoch %d)", self.config.broker_name,
@@ -280,6 +289,7 @@ class ControllerRole:
         self.ha_master.set_sync_state_set(set(state.sync_state_set), state.sync_state_set_epoch)
         self.ha_master.active = True
         self.is_master = True
+        self.lease_until = lease_until  # before the registration that on_role_changed triggers
         await broker.on_role_changed(master=True, master_addr=None)
 
     async def _become_slave(self, state: GroupState) -> None:

@@ -46,6 +46,9 @@ class NameServerRegistrar:
         self.cluster_name = cluster_name
         self.broker_name = broker_name
         self.broker_id = broker_id
+        #: controller mode: the id to register under, asked at every registration (0 only while this broker
+        #: is a master within its lease); None: ``broker_id``
+        self.broker_id_of: Callable[[], int] | None = None
         self._broker_addr = broker_addr
         self._ha_server_addr = ha_server_addr
         self._topic_wrapper = topic_wrapper
@@ -62,10 +65,14 @@ class NameServerRegistrar:
             "brokerAddr": self._broker_addr(),
             "clusterName": self.cluster_name,
             "haServerAddr": self._ha_server_addr(),
-            "brokerId": self.broker_id,
+            "brokerId": self.current_broker_id,
             "compressed": False,
             "bodyCrc32": 0,
         }
+
+    @property
+    def current_broker_id(self) -> int:
+        return self.broker_id_of() if self.broker_id_of is not None else self.broker_id
 
     def body(self) -> bytes:
         return jsonx.dumps({"filterServerList": [], "topicConfigSerializeWrapper": self._topic_wrapper()})
@@ -86,7 +93,7 @@ class NameServerRegistrar:
                 log.warning("name server %s refused registration: %s %s", addr, res.code, res.remark)
                 continue
             ok += 1
-            if self._on_master_info is not None and self.broker_id != 0:
+            if self._on_master_info is not None and self.current_broker_id != 0:
                 self._on_master_info(res.ext_fields.get("haServerAddr") or None,
                                      res.ext_fields.get("masterAddr") or None)
         self.registrations += 1

@@ -64,7 +64,7 @@ from ferrymq.common.topic import (
 )
 from ferrymq.errors import BrokerError, ClientError, RemotingError, RemotingTimeoutError, TopicNotExistError
 from ferrymq.remoting.codec import FLAG_ONEWAY, RemotingCommand
-from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.codes import RequestCode, ResponseCode
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ Selector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
 
 #: bound of the per-producer topic caches (cleared when full)
 _CACHE_MAX = 4096
+#: the broker does not take writes (not the master, lease lapsed, ...)
+SERVICE_NOT_AVAILABLE_CODE = int(ResponseCode.SERVICE_NOT_AVAILABLE)
 _PROPERTY_SEPARATOR = PROPERTY_SEPARATOR
 _NAME_VALUE_SEPARATOR = NAME_VALUE_SEPARATOR
 _join_props = PROPERTY_SEPARATOR.join
@@ -559,6 +561,10 @@ class Producer:
                 result = _parse_send(resp, mq, uniq)
             except BrokerError as exc:
                 fault.update(broker_name, (monotonic() - started) * 1000, isolation=True)
+                if exc.code == SERVICE_NOT_AVAILABLE_CODE:
+                    # a broker that stopped being the master (controller mode, or a demoted one): the route
+                    # names the new master once the election is over
+                    inst.trigger_route_refresh()
                 if not exc.retriable or fixed is not None:
                     raise
                 last_exc = exc
@@ -566,6 +572,10 @@ class Producer:
                 continue
             except RemotingError as exc:
                 fault.update(broker_name, (monotonic() - started) * 1000, isolation=True)
+                if isinstance(exc, RemotingTimeoutError):
+                    # a master that does not answer (paused, overloaded, partitioned) may have been replaced:
+                    # look at the route now instead of at the next periodic poll
+                    inst.trigger_route_refresh()
                 if fixed is not None:
                     raise
                 last_exc = exc

@@ -175,6 +175,8 @@ class AutoSwitchHAClient:
             self.master_epoch = header.master_epoch
             self.confirm_offset = header.confirm_offset
             if not header.body_size:
+                # a heartbeat: answered with a report, or an idle master takes this replica for a silent one
+                writer.write(codec.encode_report(int(store.max_phy_offset)))
                 continue
             body = await self._read(reader, header.body_size)
             last = epoch_file.last_entry()
