@@ -61,6 +61,7 @@ HEAL_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 60.0
 #: SIGSTOP lasts this long: well past an election
 PAUSE_S = 6.0
+ERRORS_KEPT = 200
 ACTIONS = ("kill-master", "pause-master", "kill-slave", "kill-controller")
 FAILOVER_ACTIONS = ("kill-master", "pause-master")
 
@@ -170,6 +171,8 @@ class ProducerLoop:
         self.concurrency = concurrency
         self.acks: list[Ack] = []
         self.failures = 0
+        #: the last ERRORS_KEPT send failures: (time.monotonic(), what)
+        self.errors: list[tuple[float, str]] = []
         self.sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="nemesis-producer", daemon=True)
@@ -203,8 +206,10 @@ class ProducerLoop:
                     self.sent += 1
                     try:
                         res = await producer.send(new_message(TOPIC, body))
-                    except Exception:
+                    except Exception as exc:
                         self.failures += 1
+                        self.errors.append((time.monotonic(), f"{type(exc).__name__}: {exc}"))
+                        del self.errors[:-ERRORS_KEPT]
                         await asyncio.sleep(0.05)
                         continue
                     if res.status is SendStatus.SEND_OK:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from pathlib import Path
 
 from controller_support import FAILOVER_ACTIONS, TOPIC, NemesisGroup, ProducerLoop
@@ -35,7 +36,11 @@ def test_failovers_lose_no_acknowledged_message_and_never_split_brain(procs: Pro
     try:
         for action in PLAN:
             acks_before = len(producer.acks)
+            t_round = time.monotonic()
             result = group.round(action, producer, rng)
+            if result.unavailable_s > 10:
+                errors = sorted({what for t, what in producer.errors if t > t_round})
+                print(f"slow round {result}: producer errors {errors[:10]}")
             if action in FAILOVER_ACTIONS:
                 assert result.master_after != result.master_before, result
             assert len(producer.acks) > acks_before, f"no SEND_OK during or after {result}"

@@ -542,3 +542,30 @@ async def test_producer_rereads_the_route_after_a_timeout_or_a_refusing_master()
     with pytest.raises(BrokerError):
         await p.send(new_message("T", b"y"))
     assert refreshes == [1, 1]
+
+
+async def test_producer_leaves_the_tbw102_fallback_when_it_routes_nowhere() -> None:
+    """A topic auto-created on a master that died before registering it: the TBW102 route names no master any
+    more; the producer asks for the topic's own route at the next send (the new master registered it) instead
+    of failing for a whole poll interval."""
+    from ferrymq.client.producer import Producer
+    from ferrymq.errors import ClientError, TopicNotExistError
+
+    refreshes = []
+    inst = SimpleNamespace(routes={"TBW102": route(("a", {1: "s1"}, 4, 4, 6))},
+                           trigger_route_refresh=lambda: refreshes.append(1))
+
+    async def get_route(topic: str) -> TopicRouteData:
+        if topic not in inst.routes:
+            raise TopicNotExistError(topic)
+        return inst.routes[topic]
+
+    inst.get_route = get_route
+    p = Producer("127.0.0.1:9876", "pg")
+    p._instance = inst  # type: ignore[assignment]
+    with pytest.raises(ClientError):
+        await p.publish_queues("Fresh")  # TBW102 names no master
+    assert refreshes
+    inst.routes["Fresh"] = route(("a", {0: "m2"}, 4, 4, 6))  # the new master registered the topic
+    mqs, via_default = await p.publish_queues("Fresh")
+    assert not via_default and len(mqs) == 4

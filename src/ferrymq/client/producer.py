@@ -279,6 +279,10 @@ class Producer:
             raise ClientError(f"no route info of topic {topic} (and no {DEFAULT_TOPIC} to auto-create it)") from None
         mqs = routes.publish_queues(topic, default_route, max_queue_nums=self.default_topic_queue_nums)
         if not mqs:
+            # the broker that was to auto-create the topic is gone (a failover): ask for the topic's own route
+            # at the next send instead of trusting the fallback for a whole poll interval
+            self._fallback_since.pop(topic, None)
+            inst.trigger_route_refresh()
             raise ClientError(f"no route info of topic {topic}")
         return mqs, True
 
