@@ -216,3 +216,11 @@ class ConsumerManager:
 
     def groups_subscribing(self, topic: str) -> list[str]:
         return [g for g, info in self.groups.items() if topic in info.subscriptions]
+
+    def find_channel(self, client_id: str) -> ClientChannel | None:
+        """An open channel of ``client_id`` in any group (request-reply pushes go to it)."""
+        for info in self.groups.values():
+            for ch in info.channels.values():
+                if ch.client_id == client_id and not getattr(ch.conn, "closed", False):
+                    return ch
+        return None
