@@ -83,3 +83,12 @@ async def test_unanswered_request_times_out_and_late_reply_is_refused(ns_addr: s
         assert info.value.code == 1 and "not found" in info.value.remark
         with pytest.raises(ClientError, match="not a request"):
             create_reply_message(new_message("RRNone", "x", properties={"CLUSTER": "C"}), b"")
+
+
+async def test_example_script(ns_addr: str) -> None:
+    from test_examples_cli import run
+
+    await _topic(ns_addr, "ExRR")
+    code, out, err = await run("examples/request_reply.py", ns_addr, "ExRR", "both", "2")
+    assert code == 0, err
+    assert "reply 'HELLO 0'" in out and "reply 'HELLO 1'" in out

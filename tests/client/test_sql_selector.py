@@ -90,3 +90,12 @@ async def test_bad_selector_fails_push_consumer_start(ns_addr: str) -> None:
     with pytest.raises(BrokerError) as info:
         await c.start()
     assert info.value.code == 23 and "line 1, column 8" in info.value.remark
+
+
+async def test_example_script(ns_addr: str) -> None:
+    from test_examples_cli import run
+
+    await _produce(ns_addr, "ExSql", 0)
+    code, out, err = await run("examples/sql_filter.py", ns_addr, "ExSql", "30")
+    assert code == 0, err
+    assert "matched 3" in out and "order 4'" not in out and "order 6'" not in out
