@@ -162,7 +162,8 @@ class ConsumerManager:
             ch.client_id, ch.last_update_ms = client_id, now
         for sub in data.subscriptions:
             old = info.subscriptions.get(sub.topic)
-            if old is None or old.sub_version < sub.sub_version or old.sub_string != sub.sub_string:
+            if (old is None or old.sub_version < sub.sub_version or old.sub_string != sub.sub_string
+                    or old.expression_type != sub.expression_type):
                 info.subscriptions[sub.topic] = sub
         keep = {s.topic for s in data.subscriptions}
         for topic in [t for t in info.subscriptions if t not in keep]:
