@@ -10,6 +10,7 @@ FerryError
 │   ├── ConnectError            could not connect
 │   ├── ConnectionClosedError   the connection closed while a call was pending (carries the cause)
 │   └── RemotingTimeoutError    no answer within timeout_ms
+│       └── RequestTimeoutError no reply to Producer.request within timeout_ms
 ├── BrokerError                 a peer answered with a non-success response code (see for_code)
 │   ├── TopicNotExistError      17
 │   ├── NoPermissionError       16
@@ -62,6 +63,10 @@ class ConnectionClosedError(RemotingError):
 
 class RemotingTimeoutError(RemotingError):
     pass
+
+
+class RequestTimeoutError(RemotingTimeoutError):
+    """``Producer.request``: the request was sent but no reply came back within its timeout."""
 
 
 class BrokerError(FerryError):

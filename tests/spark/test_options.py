@@ -136,6 +136,17 @@ def test_sub_expression() -> None:
     assert parse_sub_expression("A||B || C") == frozenset({"A", "B", "C"})
 
 
+def test_sql92_sub_expression() -> None:
+    o = src(subscribe="T", subExpression="a > 3 AND TAGS = 'x'", expressionType="sql92")
+    assert o.expression_type == "SQL92" and o.tag_set is None
+    assert o.executor_options().expression_type == "SQL92"
+    assert src(subscribe="T").executor_options().expression_type == "TAG"
+    with pytest.raises(ConfigError, match="subExpression.*line 1, column 4"):
+        src(subscribe="T", subExpression="a > ", expressionType="SQL92")
+    with pytest.raises(ConfigError, match="expressionType"):
+        src(subscribe="T", expressionType="BLOOM")
+
+
 def test_sink_options() -> None:
     s = parse_sink_options({"nameServer": "h:1", "topic": "Out", "sendPipelineDepth": "8"})
     assert (s.topic, s.send_pipeline_depth) == ("Out", 8)

@@ -45,6 +45,7 @@ from ferrymq.broker.processors.consumer_manage import ConsumerManageProcessor
 from ferrymq.broker.processors.lock import LockProcessor
 from ferrymq.broker.processors.pull import PullProcessor
 from ferrymq.broker.processors.query import QueryProcessor
+from ferrymq.broker.processors.reply import ReplyProcessor
 from ferrymq.broker.processors.send import SendProcessor
 from ferrymq.broker.processors.send_back import SendBackProcessor
 from ferrymq.broker.producer_manager import ProducerManager
@@ -148,6 +149,7 @@ class BrokerController:
                      ConsumerManageProcessor(self), AdminProcessor(self), QueryProcessor(self), LockProcessor(self),
                      SendBackProcessor(self)):
             proc.register(self.dispatcher)
+        ReplyProcessor(self).register(self.dispatcher)
         self.long_polling = PullRequestHoldService(self.pull_processor.rerun, self.store.get_max_offset_in_queue)
         self.metrics_server = broker_metrics_server(self)  # None when metricsPort = -1
 

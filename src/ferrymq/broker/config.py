@@ -146,6 +146,10 @@ class BrokerConfig:
         "longPollingEnable", "Park pulls that find nothing"))
     short_polling_time_ms: int = field(default=1000, metadata=_meta(
         "shortPollingTimeMills", "Park time when long polling is disabled"))
+    enable_property_filter: bool = field(default=False, metadata=_meta(
+        "enablePropertyFilter", "Accept SQL92 subscriptions (property filters evaluated at pull time)"))
+    store_reply_message_enable: bool = field(default=True, metadata=_meta(
+        "storeReplyMessageEnable", "Also store request-reply answers in <cluster>_REPLY_TOPIC"))
     max_reconsume_times: int = field(default=16, metadata=_meta(
         "maxReconsumeTimes",
         "Most retries a message gets before it goes to the DLQ: caps the group's retryMaxTimes and the client's "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferrymq.common.message import java_string_hash
+from ferrymq.common.sql92 import is_tag_type
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class SubscriptionData:
     def build(cls, topic: str, sub_string: str | None, sub_version: int = 0,
               expression_type: str | None = None) -> SubscriptionData:
         text = (sub_string or "").strip()
+        if expression_type and not is_tag_type(expression_type):  # SQL92: the whole text is one expression
+            return cls(topic, text, sub_version=sub_version, expression_type=expression_type)
         if not text or text == SUB_ALL:
             return cls(topic, SUB_ALL, sub_version=sub_version, expression_type=expression_type or "TAG")
         tags = frozenset(t.strip() for t in text.split(TAG_SEPARATOR) if t.strip())
@@ -71,7 +74,7 @@ class SubscriptionData:
 
     @property
     def matches_all(self) -> bool:
-        return self.sub_string == SUB_ALL or not self.tags_set
+        return is_tag_type(self.expression_type) and (self.sub_string == SUB_ALL or not self.tags_set)
 
     def matches_code(self, tags_code: int) -> bool:
         return self.matches_all or tags_code in self.code_set
@@ -159,7 +162,8 @@ class ConsumerManager:
             ch.client_id, ch.last_update_ms = client_id, now
         for sub in data.subscriptions:
             old = info.subscriptions.get(sub.topic)
-            if old is None or old.sub_version < sub.sub_version or old.sub_string != sub.sub_string:
+            if (old is None or old.sub_version < sub.sub_version or old.sub_string != sub.sub_string
+                    or old.expression_type != sub.expression_type):
                 info.subscriptions[sub.topic] = sub
         keep = {s.topic for s in data.subscriptions}
         for topic in [t for t in info.subscriptions if t not in keep]:
@@ -213,3 +217,11 @@ class ConsumerManager:
 
     def groups_subscribing(self, topic: str) -> list[str]:
         return [g for g, info in self.groups.items() if topic in info.subscriptions]
+
+    def find_channel(self, client_id: str) -> ClientChannel | None:
+        """An open channel of ``client_id`` in any group (request-reply pushes go to it)."""
+        for info in self.groups.values():
+            for ch in info.channels.values():
+                if ch.client_id == client_id and not getattr(ch.conn, "closed", False):
+                    return ch
+        return None

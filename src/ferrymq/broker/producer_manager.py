@@ -46,3 +46,11 @@ class ProducerManager:
 
     def channels(self, group: str) -> list[ClientChannel]:
         return list(self.groups.get(group, {}).values())
+
+    def find_channel(self, client_id: str) -> ClientChannel | None:
+        """An open channel of ``client_id`` in any group (request-reply pushes go to it)."""
+        for chans in self.groups.values():
+            for ch in chans.values():
+                if ch.client_id == client_id and not getattr(ch.conn, "closed", False):
+                    return ch
+        return None

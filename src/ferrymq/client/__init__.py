@@ -8,7 +8,7 @@ from ferrymq.client.consumer.pull import PullConsumer
 from ferrymq.client.consumer.push import PushConsumer
 from ferrymq.client.consumer.rebalance import allocate_averagely, allocate_averagely_by_circle
 from ferrymq.client.producer import Producer
-from ferrymq.client.selectors import select_by_hash, select_random
+from ferrymq.client.selectors import MessageSelector, select_by_hash, select_random
 from ferrymq.client.values import (
     ConsumeStatus,
     PullResult,
@@ -26,6 +26,7 @@ __all__ = [
     "Message",
     "MessageExt",
     "MessageQueue",
+    "MessageSelector",
     "Producer",
     "PullConsumer",
     "PullResult",

@@ -91,7 +91,12 @@ def parse_tags(expression: str | None) -> list[str]:
     return [t.strip() for t in expression.split("||") if t.strip()]
 
 
-def subscription_data(topic: str, expression: str, sub_version: int) -> dict[str, Any]:
+def subscription_data(topic: str, expression: str, sub_version: int,
+                      expression_type: str = "TAG") -> dict[str, Any]:
+    """SubscriptionData JSON; a SQL92 expression travels whole in ``subString`` with no tags."""
+    if expression_type.upper() != "TAG":
+        return {"classFilterMode": False, "codeSet": [], "expressionType": expression_type,
+                "subString": expression, "subVersion": sub_version, "tagsSet": [], "topic": topic}
     tags = parse_tags(expression)
     return {
         "classFilterMode": False,
@@ -102,6 +107,12 @@ def subscription_data(topic: str, expression: str, sub_version: int) -> dict[str
         "tagsSet": tags,
         "topic": topic,
     }
+
+
+def build_check_client_config(client_id: str, group: str, subscription: dict[str, Any]) -> RemotingCommand:
+    """CHECK_CLIENT_CONFIG (46): a broker compiles a non-TAG subscription (CheckClientRequestBody)."""
+    body = {"clientId": client_id, "group": group, "subscriptionData": subscription}
+    return RemotingCommand.request(RequestCode.CHECK_CLIENT_CONFIG, {}, jsonx.dumps(body))
 
 
 # ---- name server ----------------------------------------------------------------------------------
@@ -222,6 +233,7 @@ def build_pull(
     suspend_timeout_ms: int,
     subscription: str,
     sub_version: int,
+    expression_type: str = "TAG",
 ) -> RemotingCommand:
     return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
         "consumerGroup": group,
@@ -234,7 +246,7 @@ def build_pull(
         "suspendTimeoutMillis": suspend_timeout_ms,
         "subscription": subscription,
         "subVersion": sub_version,
-        "expressionType": "TAG",
+        "expressionType": expression_type,
     })
 
 

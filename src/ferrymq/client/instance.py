@@ -9,7 +9,7 @@
 * Connections: one per address (``ConnectionPool``); a failed connect to an address blocks new attempts
   for a capped exponential backoff with jitter, so callers fail fast and move on.
 * Broker → client requests: NOTIFY_CONSUMER_IDS_CHANGED (rebalance now), GET_CONSUMER_RUNNING_INFO
-  (answered), RESET_CONSUMER_CLIENT_OFFSET.
+  (answered), RESET_CONSUMER_CLIENT_OFFSET, PUSH_REPLY_MESSAGE_TO_CLIENT (``request_reply.ReplyWaiters``).
 * ``close()`` sends UNREGISTER_CLIENT for every group to every broker it heartbeats.
 """
 
@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ferrymq.client import api, routes
 from ferrymq.client.config import CLIENT_LANGUAGE, CLIENT_VERSION, ClientConfig
 from ferrymq.client.jsonmq import dumps_mq_keys
+from ferrymq.client.request_reply import ReplyWaiters
 from ferrymq.common.route import MASTER_ID, MessageQueue, TopicRouteData
-from ferrymq.errors import ConnectError, RemotingError, TopicNotExistError
+from ferrymq.errors import ClientError, ConnectError, RemotingError, TopicNotExistError
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Connection
@@ -124,6 +125,9 @@ class ClientInstance:
         d.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
         d.register(RequestCode.GET_CONSUMER_RUNNING_INFO, self._on_running_info)
         d.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._on_reset_offset)
+        #: requests of ``Producer.request`` waiting for their reply
+        self.replies = ReplyWaiters()
+        d.register(RequestCode.PUSH_REPLY_MESSAGE_TO_CLIENT, self.replies.on_push)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -139,6 +143,7 @@ class ClientInstance:
         if self.closing:
             return
         self.closing = True
+        self.replies.fail_all(ClientError("client closed while waiting for a reply"))
         self._refresh_now.set()
         await cancel_and_wait(self._tasks)
         await self._unregister_all()

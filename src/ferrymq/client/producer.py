@@ -30,7 +30,7 @@ from itertools import islice, repeat
 from operator import and_, attrgetter, contains, setitem
 from typing import Any
 
-from ferrymq.client import api, routes
+from ferrymq.client import api, request_reply, routes
 from ferrymq.client.config import (
     COMPRESS_LEVEL,
     COMPRESS_MSG_BODY_OVER_BYTES,
@@ -53,7 +53,9 @@ from ferrymq.common.message import (
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     SYSFLAG_COMPRESSED,
     Message,
+    MessageExt,
     properties_to_string,
+    reply_topic,
 )
 from ferrymq.common.route import MessageQueue, TopicRouteData
 from ferrymq.common.topic import (
@@ -62,7 +64,14 @@ from ferrymq.common.topic import (
     RETRY_GROUP_TOPIC_PREFIX,
     validate_topic,
 )
-from ferrymq.errors import BrokerError, ClientError, RemotingError, RemotingTimeoutError, TopicNotExistError
+from ferrymq.errors import (
+    BrokerError,
+    ClientError,
+    RemotingError,
+    RemotingTimeoutError,
+    RequestTimeoutError,
+    TopicNotExistError,
+)
 from ferrymq.remoting.codec import FLAG_ONEWAY, RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 
@@ -214,6 +223,8 @@ class Producer:
         self._valid_topics: set[str] = set()
         #: topic -> broker name -> (group, default topic queue nums, their SEND field dict): see ``_build``
         self._send_fields: dict[str, dict[str, tuple[Any, Any, dict[str, str]]]] = {}
+        #: masters heartbeated for request-reply (see ``_prepare_request``)
+        self._request_heartbeat_addrs: set[str] = set()
 
     @classmethod
     def bound_to(cls, instance: ClientInstance, group: str) -> Producer:
@@ -605,6 +616,71 @@ class Producer:
         if addr is None:
             raise ClientError(f"broker {mq.broker_name} has no master in the route")
         await self.instance.invoke_oneway(addr, self._build(msg, mq, via_default, oneway=True))
+
+    # ---- request-reply (RocketMQ 4.6+; see request_reply.py) ------------------------------------------------
+    async def request(self, msg: Message, timeout_ms: int | None = None) -> MessageExt:
+        """Send ``msg`` as a request and wait for its reply (what a responder sends with ``reply``).
+        ``RequestTimeoutError`` when no reply arrives within ``timeout_ms`` (default ``send_timeout_ms``),
+        which covers the send too."""
+        inst = self.instance
+        total_ms = timeout_ms or self.send_timeout_ms
+        deadline = time.monotonic() + total_ms / 1000
+        self._validate(msg)
+        correlation_id = request_reply.mark_request(msg, inst.client_id, total_ms)
+        await self._prepare_request(msg.topic)
+        waiter = inst.replies.expect(correlation_id)
+        try:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                raise RemotingTimeoutError(f"request to {msg.topic}: no time left to send it")
+            await self.send(msg, timeout_ms=remaining_ms)
+            remaining_s = max(deadline - time.monotonic(), 0.0)
+            try:
+                return await asyncio.wait_for(waiter, remaining_s)
+            except TimeoutError:
+                raise RequestTimeoutError(
+                    f"no reply to the request sent to {msg.topic} (CORRELATION_ID {correlation_id}) within "
+                    f"{total_ms} ms") from None
+        finally:
+            inst.replies.discard(correlation_id)
+            if not waiter.done():
+                waiter.cancel()
+
+    async def _prepare_request(self, topic: str) -> None:
+        """Make sure a reply can find us: know the routes of ``topic`` and of the reply topics of its
+        clusters, and heartbeat (as this producer group) every master of them not heartbeated yet."""
+        inst = self.instance
+        _, via_default = await self.publish_queues(topic)
+        route = inst.routes.get(DEFAULT_TOPIC if via_default else topic)
+        for cluster in sorted({b.cluster for b in (route.broker_datas if route else []) if b.cluster}):
+            reply = reply_topic(cluster)
+            if reply not in inst.routes:
+                try:
+                    await inst.update_route(reply)
+                except TopicNotExistError:
+                    log.debug("no route for %s: replies come only through the request topic's brokers", reply)
+        addrs = set(inst.heartbeat_addrs(masters_only=True))
+        if not addrs <= self._request_heartbeat_addrs:
+            await inst.send_heartbeats()
+            self._request_heartbeat_addrs = addrs
+
+    async def reply(self, request: Message | MessageExt, body: bytes | str, *,
+                    timeout_ms: int | None = None) -> SendResult:
+        """Answer a received request message: SEND_REPLY_MESSAGE_V2 to ``<cluster>_REPLY_TOPIC``; the broker
+        pushes it to the requester. Tried once: a ``BrokerError`` (code 1) says why the push failed (the
+        requester is gone, timed out, or not connected to that broker)."""
+        msg = request_reply.create_reply_message(request, body)
+        self._validate(msg)
+        uniq = self._ensure_uniq_key(msg)
+        mqs, via_default = await self.publish_queues(msg.topic)
+        mq = self._select(mqs, None)
+
+        def build(mq: MessageQueue, via_default: bool) -> Any:
+            cmd = self._build_general(msg, mq, via_default)
+            cmd.code = RequestCode.SEND_REPLY_MESSAGE_V2
+            return cmd
+
+        return await self._send_with_retries(msg.topic, build, uniq, mq, None, timeout_ms)
 
     async def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
         mqs, _ = await self.publish_queues(topic)

@@ -1,12 +1,15 @@
-"""Queue selectors: ``selector(mqs, msg, arg) -> MessageQueue``."""
+"""Queue selectors (``selector(mqs, msg, arg) -> MessageQueue``) and message selectors (what a consumer
+subscribes with: a tag expression or a SQL92 expression, RocketMQ's ``MessageSelector``)."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from ferrymq.common.message import Message, java_string_hash
 from ferrymq.common.route import MessageQueue
+from ferrymq.common.sql92 import EXPRESSION_TYPE_SQL92, EXPRESSION_TYPE_TAG, is_tag_type
 
 
 def select_by_hash(mqs: list[MessageQueue], msg: Message, arg: Any) -> MessageQueue:
@@ -38,3 +41,34 @@ class RoundRobin:
         if not mqs:
             raise ValueError("no message queue to select from")
         return mqs[self.next_index() % len(mqs)]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSelector:
+    """What a consumer subscribes with: ``by_tag("TagA || TagB")`` (a plain string means the same) or
+    ``by_sql("a BETWEEN 1 AND 3 AND TAGS = 'TagA'")``, evaluated by the broker on message properties (the
+    broker needs ``enablePropertyFilter=true``)."""
+
+    expression: str = "*"
+    expression_type: str = EXPRESSION_TYPE_TAG
+
+    @classmethod
+    def by_tag(cls, expression: str = "*") -> MessageSelector:
+        return cls(expression or "*", EXPRESSION_TYPE_TAG)
+
+    @classmethod
+    def by_sql(cls, expression: str) -> MessageSelector:
+        if not expression or not expression.strip():
+            raise ValueError("a SQL92 selector needs an expression")
+        return cls(expression, EXPRESSION_TYPE_SQL92)
+
+    @property
+    def is_tag(self) -> bool:
+        return is_tag_type(self.expression_type)
+
+
+def as_message_selector(expression: str | MessageSelector | None) -> MessageSelector:
+    """A subscription argument (tag expression string, None or MessageSelector) as a MessageSelector."""
+    if isinstance(expression, MessageSelector):
+        return expression
+    return MessageSelector.by_tag(expression or "*")

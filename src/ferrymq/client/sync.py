@@ -15,6 +15,7 @@ from ferrymq.client.admin import Admin
 from ferrymq.client.consumer.pull import PullConsumer
 from ferrymq.client.consumer.push import PushConsumer
 from ferrymq.client.producer import Producer
+from ferrymq.client.selectors import MessageSelector
 
 T = TypeVar("T")
 #: How long close() waits for the background loop to finish.
@@ -111,7 +112,7 @@ class SyncPushConsumer(_SyncFacade[PushConsumer]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(lambda: PushConsumer(*args, **kwargs), autostart=False)
 
-    def subscribe(self, topic: str, expression: str = "*") -> None:
+    def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
         self._obj.subscribe(topic, expression)
 
     def register_message_listener(self, listener: Any) -> Any:

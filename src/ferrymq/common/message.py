@@ -44,6 +44,23 @@ PROPERTY_CLUSTER = "CLUSTER"
 
 KEY_SEPARATOR = " "
 
+# Request-reply (RocketMQ 4.6+): the requester sets the first three, the responder copies them onto the reply
+# (with MSG_TYPE=reply); the broker adds PUSH_REPLY_TIME when it pushes, the requester ARRIVE_TIME on arrival.
+PROPERTY_CORRELATION_ID = "CORRELATION_ID"
+PROPERTY_MESSAGE_REPLY_TO_CLIENT = "REPLY_TO_CLIENT"
+PROPERTY_MESSAGE_TTL = "TTL"
+PROPERTY_MESSAGE_TYPE = "MSG_TYPE"
+PROPERTY_PUSH_REPLY_TIME = "PUSH_REPLY_TIME"
+PROPERTY_REPLY_MESSAGE_ARRIVE_TIME = "ARRIVE_TIME"
+#: MSG_TYPE of a reply message (a request carries no MSG_TYPE)
+REPLY_MESSAGE_FLAG = "reply"
+REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"
+
+
+def reply_topic(cluster_name: str) -> str:
+    """``<cluster>_REPLY_TOPIC``: where the brokers of a cluster store replies."""
+    return f"{cluster_name}_{REPLY_TOPIC_POSTFIX}"
+
 # sysFlag bits (§4.2)
 SYSFLAG_COMPRESSED = 0x1
 SYSFLAG_MULTI_TAGS = 0x2

@@ -32,8 +32,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ferrymq.client.consumer.pull import PullConsumer
+from ferrymq.client.selectors import MessageSelector
 from ferrymq.client.values import PullStatus
 from ferrymq.common.route import MessageQueue
+from ferrymq.common.sql92 import EXPRESSION_TYPE_TAG
 from ferrymq.spark import runtime
 from ferrymq.spark.arrow import BatchBuilder
 from ferrymq.spark.options import ExecutorOptions, parse_sub_expression, queue_key
@@ -75,7 +77,8 @@ async def pull_chunk(
     where = f"{mq.topic}/{queue_key(mq.broker_name, mq.queue_id)}"
     while offset < hi:
         result = await consumer.pull(
-            mq, offset, min(hi - offset, opts.pull_batch_size), sub_expression=opts.sub_expression,
+            mq, offset, min(hi - offset, opts.pull_batch_size),
+            sub_expression=MessageSelector(opts.sub_expression, opts.expression_type),
             timeout_ms=opts.pull_timeout_ms, decode=False,
         )  # fmt: skip
         status = result.status
@@ -163,7 +166,7 @@ def read_range(rng: QueueRange, opts: ExecutorOptions) -> Iterator[pa.RecordBatc
     """Yield RecordBatches with exactly the messages of ``rng`` (tag filter applied)."""
     if rng.end <= rng.start:
         return
-    tags = parse_sub_expression(opts.sub_expression)
+    tags = parse_sub_expression(opts.sub_expression) if opts.expression_type == EXPRESSION_TYPE_TAG else None
     out: queue.Queue[list[Chunk] | BaseException | None] = queue.Queue()
     future = runtime.submit(_pipeline(rng, opts, out))
     builder = BatchBuilder()

@@ -19,7 +19,8 @@ Source options (names follow Spark's Kafka source, queue identity follows Rocket
 | maxTriggerDelay        | 15m                                       | stream | ... but no longer than this                     |
 | minPartitions          |                                           | both   | split queue ranges into at least N tasks        |
 | failOnDataLoss         | true                                      | both   | fail (true) or warn and skip (false)            |
-| subExpression          | ``*``                                     | both   | tag filter ``a || b``                           |
+| subExpression          | ``*``                                     | both   | tag filter ``a || b``, or a SQL92 selector      |
+| expressionType         | TAG                                       | both   | TAG, or SQL92 (filtered by the broker)          |
 | pullBatchSize          | 32                                        | both   | max messages asked per PULL request             |
 | pullTimeoutMs          | 10000                                     | both   | timeout of one PULL / metadata request          |
 | pullPipelineDepth      | 32                                        | both   | concurrent PULL requests per task               |
@@ -41,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ferrymq.common.sql92 import EXPRESSION_TYPE_SQL92, EXPRESSION_TYPE_TAG, SqlParseError, compile_selector
 from ferrymq.errors import ConfigError
 
 EARLIEST = -2
@@ -64,7 +66,7 @@ SOURCE_OPTION_NAMES = (
     "nameServer", "subscribe", "topic", "subscribePattern", "assign", "startingOffsets", "endingOffsets",
     "startingTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
     "failOnDataLoss", "subExpression", "pullBatchSize", "pullTimeoutMs", "pullPipelineDepth", "readFromSlave",
-    "group",
+    "group", "expressionType",
 )  # fmt: skip
 SINK_OPTION_NAMES = ("nameServer", "topic", "group", "sendTimeoutMs", "sendPipelineDepth")
 #: Options Spark itself may pass along (streaming sinks get checkpointLocation, file-like calls a path).
@@ -273,11 +275,12 @@ class SourceOptions:
     read_from_slave: str = "whenMasterDown"
     group: str = DEFAULT_SOURCE_GROUP
     streaming: bool = False
+    expression_type: str = EXPRESSION_TYPE_TAG
 
     @property
     def tag_set(self) -> frozenset[str] | None:
-        """Tags the sub-expression accepts, or None for all."""
-        return parse_sub_expression(self.sub_expression)
+        """Tags the sub-expression accepts, or None for all (a SQL92 selector: the broker filters)."""
+        return parse_sub_expression(self.sub_expression) if self.expression_type == EXPRESSION_TYPE_TAG else None
 
     def executor_options(self) -> ExecutorOptions:
         return ExecutorOptions(
@@ -289,6 +292,7 @@ class SourceOptions:
             pull_timeout_ms=self.pull_timeout_ms,
             pull_pipeline_depth=self.pull_pipeline_depth,
             fail_on_data_loss=self.fail_on_data_loss,
+            expression_type=self.expression_type,
         )
 
 
@@ -304,6 +308,7 @@ class ExecutorOptions:
     pull_timeout_ms: int
     pull_pipeline_depth: int
     fail_on_data_loss: bool
+    expression_type: str = EXPRESSION_TYPE_TAG
 
     @property
     def client_key(self) -> tuple[str, str, str, int]:
@@ -434,7 +439,21 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         read_from_slave=canonical[read_from_slave.lower()],
         group=group,
         streaming=streaming,
+        expression_type=_expression_type(options),
     )
+
+
+def _expression_type(options: Mapping[str, str]) -> str:
+    """``expressionType``: TAG or SQL92; a SQL92 ``subExpression`` is compiled here, on the driver."""
+    value = (_get(options, "expressionType") or EXPRESSION_TYPE_TAG).strip().upper()
+    if value not in (EXPRESSION_TYPE_TAG, EXPRESSION_TYPE_SQL92):
+        raise ConfigError("expressionType", f"must be TAG or SQL92, not {value!r}")
+    if value == EXPRESSION_TYPE_SQL92:
+        try:
+            compile_selector((_get(options, "subExpression") or "").strip())
+        except SqlParseError as exc:
+            raise ConfigError("subExpression", f"not a valid SQL92 selector: {exc}") from None
+    return value
 
 
 # ---- sink ----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Message filters used by ``MessageStore.get_message`` (tag filtering, §2.7 PULL)."""
+"""Message filters used by ``MessageStore.get_message``: tags (§2.7 PULL) and SQL92 selectors on properties."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Protocol
 
 from ferrymq.common.message import PROPERTY_TAGS, java_string_hash, string_to_properties
 from ferrymq.common.message_codec import decode_record_meta
+from ferrymq.common.sql92 import Selector
 
 SUB_ALL = "*"
 
@@ -52,3 +53,23 @@ class TagFilter:
             return False
         tags = string_to_properties(properties).get(PROPERTY_TAGS)
         return tags is not None and tags in self.tags
+
+
+class SqlFilter:
+    """SQL92 subscription: every consume queue entry passes (no Bloom prefilter); the record's properties
+    (TAGS included) go through the compiled selector, and only TRUE matches."""
+
+    __slots__ = ("selector",)
+
+    def __init__(self, selector: Selector) -> None:
+        self.selector = selector
+
+    def is_matched_by_consume_queue(self, tags_code: int) -> bool:
+        return True
+
+    def is_matched_by_commit_log(self, record: bytes) -> bool:
+        try:
+            properties = decode_record_meta(record, 0).properties
+        except (ValueError, IndexError):
+            return False
+        return self.selector.matches(string_to_properties(properties))

@@ -1,5 +1,10 @@
 """HEART_BEAT (34), UNREGISTER_CLIENT (35), CHECK_CLIENT_CONFIG (46) — protocol §2.7, §3.4.
 
+CHECK_CLIENT_CONFIG is what a Java push consumer asks at start for a non-TAG subscription: SQL92 needs
+``enablePropertyFilter`` (else 1) and a selector that compiles (else 23, the remark naming the position).
+A heartbeat's SQL92 subscription is compiled (and cached) when it arrives; one that does not compile is
+logged, and pulls that rely on it get 27 (FILTER_DATA_NOT_EXIST).
+
 Heartbeat bodies differ by client: C++ sends enums as ints, subVersion as a string, omits empty sets
 and ends with ``\\n``; ali-ons sends names and numbers. Each consumer group gets its config and its
 ``%RETRY%<group>`` topic (1 queue, perm 6) auto-created; a new retry topic is registered at once.
@@ -11,6 +16,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.consumer_manager import ConsumerData
+from ferrymq.common.sql92 import (
+    EXPRESSION_TYPE_SQL92,
+    EXPRESSION_TYPE_TAG,
+    SqlParseError,
+    compile_selector,
+    is_tag_type,
+)
 from ferrymq.common.topic import PERM_READ, PERM_WRITE, retry_topic
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
@@ -51,6 +63,8 @@ class ClientManageProcessor:
             if sg is not None:
                 ctx.topics.create_sys_group_topic(retry_topic(cd.group), max(1, sg.retry_queue_nums),
                                                   PERM_READ | PERM_WRITE)
+            if ctx.config.enable_property_filter:
+                self._check_sql_subscriptions(cd)
             ctx.consumers.register(conn, client_id, cmd.language, cmd.version, cd)
         for raw in data.get("producerDataSet") or []:
             if isinstance(raw, dict) and raw.get("groupName"):
@@ -67,4 +81,31 @@ class ClientManageProcessor:
         return cmd.response(R.SUCCESS)
 
     def check_client_config(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            body = jsonx.loads(cmd.body) if cmd.body.strip() else {}
+        except ValueError as exc:
+            return cmd.response(R.SYSTEM_ERROR, remark=f"bad CHECK_CLIENT_CONFIG body: {exc}")
+        sub = body.get("subscriptionData") if isinstance(body, dict) else None
+        if not isinstance(sub, dict):
+            return cmd.response(R.SUCCESS)
+        expression_type = str(sub.get("expressionType") or EXPRESSION_TYPE_TAG)
+        if is_tag_type(expression_type):
+            return cmd.response(R.SUCCESS)
+        if expression_type.upper() != EXPRESSION_TYPE_SQL92 or not self.ctx.config.enable_property_filter:
+            return cmd.response(R.SYSTEM_ERROR, remark="The broker does not support consumer to filter message by "
+                                                       f"{expression_type}")
+        try:
+            compile_selector(str(sub.get("subString") or ""))
+        except SqlParseError as exc:
+            return cmd.response(R.SUBSCRIPTION_PARSE_FAILED, remark=str(exc))
         return cmd.response(R.SUCCESS)
+
+    def _check_sql_subscriptions(self, cd: ConsumerData) -> None:
+        for sub in cd.subscriptions:
+            if is_tag_type(sub.expression_type):
+                continue
+            try:
+                compile_selector(sub.sub_string)
+            except SqlParseError as exc:
+                log.warning("consumer group %s: the %s subscription of %s does not compile: %s", cd.group,
+                            sub.expression_type, sub.topic, exc)

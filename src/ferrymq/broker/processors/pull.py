@@ -2,7 +2,9 @@
 
 Checks: broker not readable → 16; group unknown (no auto-create) → 26; group consume disabled → 16;
 topic unknown → 17; topic not readable → 16; queueId out of range → 1; subscription from the request
-(flag 4) or the heartbeat (none → 24, older subVersion → 25). Store status → code via
+(flag 4) or the heartbeat (none → 24, older subVersion → 25). Expression type SQL92: refused with 1 unless
+``enablePropertyFilter``; a selector that does not compile → 23 from the request's subscription, 27 from
+the heartbeat's (its remark names the error position). Store status → code via
 ``status_codes.pull_code``; a slave rewrites 21 to 20. 19 + suspend flag → parked (long polling).
 The response header always carries suggestWhichBrokerId, nextBeginOffset, minOffset, maxOffset.
 """
@@ -14,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.headers import PullHeader
 from ferrymq.broker.status_codes import pull_code
+from ferrymq.common.sql92 import EXPRESSION_TYPE_SQL92, SqlParseError, compile_selector, is_tag_type
 from ferrymq.common.topic import is_readable
 from ferrymq.errors import ProtocolError
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
-from ferrymq.store.filter import TagFilter
+from ferrymq.store.filter import MessageFilter, SqlFilter, TagFilter
 
 if TYPE_CHECKING:
     from ferrymq.broker.app import BrokerController
@@ -68,11 +71,9 @@ class PullProcessor:
             return cmd.response(R.SYSTEM_ERROR, remark=f"queueId[{h.queue_id}] is illegal, topic:[{h.topic}] "
                                                        f"topicConfig.readQueueNums:[{tc.read_queue_nums}] "
                                                        f"consumer:[{conn.peer_addr if conn else ''}]")
-        if h.expression_type.upper() != "TAG":
-            return cmd.response(R.SYSTEM_ERROR, remark=f"The broker does not support consumer to filter message "
-                                                       f"by {h.expression_type}")
         if h.has_subscription:
-            message_filter = TagFilter(h.subscription)
+            built = self._build_filter(h.expression_type, h.subscription, R.SUBSCRIPTION_PARSE_FAILED,
+                                       "parse the consumer's subscription failed")
         else:
             sub = ctx.consumers.subscription(h.consumer_group, h.topic)
             if sub is None:
@@ -80,7 +81,11 @@ class PullProcessor:
                                     remark=f"the consumer's subscription not exist, group: {h.consumer_group}")
             if sub.sub_version < h.sub_version:
                 return cmd.response(R.SUBSCRIPTION_NOT_LATEST, remark="the consumer's subscription not latest")
-            message_filter = TagFilter(sub.sub_string)
+            built = self._build_filter(sub.expression_type, sub.sub_string, R.FILTER_DATA_NOT_EXIST,
+                                       "The broker's consumer filter data is not exist!Your expression may be wrong!")
+        if isinstance(built, tuple):
+            return cmd.response(built[0], remark=built[1])
+        message_filter = built
 
         result = ctx.store.get_message(h.consumer_group, h.topic, h.queue_id, h.queue_offset, h.max_msg_nums,
                                        message_filter)
@@ -112,6 +117,20 @@ class PullProcessor:
             stats.on_get(h.topic, result.message_count, result.buffer_total_size)
         body = result.body() if code == R.SUCCESS else b""
         return cmd.response(code, header, body, remark=result.status.name)
+
+    def _build_filter(self, expression_type: str, expression: str | None, parse_failed: R,
+                      parse_failed_remark: str) -> MessageFilter | tuple[R, str]:
+        """The filter of a subscription, or (code, remark) when it cannot be served."""
+        if is_tag_type(expression_type):
+            return TagFilter(expression)
+        if expression_type.upper() != EXPRESSION_TYPE_SQL92 or not self.ctx.config.enable_property_filter:
+            return R.SYSTEM_ERROR, (f"The broker does not support consumer to filter message by {expression_type}"
+                                    + ("" if expression_type.upper() != EXPRESSION_TYPE_SQL92 else
+                                       " (set enablePropertyFilter=true in the broker config)"))
+        try:
+            return SqlFilter(compile_selector(expression or ""))
+        except SqlParseError as exc:
+            return parse_failed, f"{parse_failed_remark} {exc}"
 
     def _commit(self, h: PullHeader, allow_suspend: bool) -> None:
         """Commit the consumer's offset: only with the flag, not on re-runs, not on a slave (§2.7)."""

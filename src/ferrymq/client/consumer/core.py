@@ -111,6 +111,7 @@ class ConsumerCore:
         max_nums: int,
         *,
         sub_expression: str = "*",
+        expression_type: str = "TAG",
         sub_version: int = 0,
         commit_offset: int = 0,
         block: bool = False,
@@ -124,11 +125,12 @@ class ConsumerCore:
             sys_flag |= api.PULL_FLAG_SUSPEND
         if commit_offset > 0 and broker_id == MASTER_ID:
             sys_flag |= api.PULL_FLAG_COMMIT_OFFSET
-        tags = api.parse_tags(sub_expression)
+        tags = api.parse_tags(sub_expression) if expression_type.upper() == "TAG" else []
         cmd = api.build_pull(
             group=self.group, mq=mq, queue_offset=queue_offset, max_nums=max_nums, sys_flag=sys_flag,
             commit_offset=max(commit_offset, 0), suspend_timeout_ms=suspend_timeout_ms if block else 0,
-            subscription=sub_expression or "*", sub_version=sub_version or int(time.time() * 1000))
+            subscription=sub_expression or "*", sub_version=sub_version or int(time.time() * 1000),
+            expression_type=expression_type)
         resp = await self.instance.invoke(addr, cmd, timeout_ms)
         result = api.parse_pull(resp, decode=decode, tags=tags)
         self.suggested[mq] = result.suggest_which_broker_id

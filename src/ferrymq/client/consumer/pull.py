@@ -9,6 +9,7 @@ from ferrymq.client import api, routes
 from ferrymq.client.config import client_config
 from ferrymq.client.consumer.core import ConsumerBase, ConsumerCore
 from ferrymq.client.instance import ClientInstance
+from ferrymq.client.selectors import MessageSelector, as_message_selector
 from ferrymq.client.values import PullResult
 from ferrymq.common.route import MessageQueue
 from ferrymq.common.topic import retry_topic
@@ -44,6 +45,8 @@ class PullConsumer(ConsumerBase):
         self.broker_suspend_max_time_ms = broker_suspend_max_time_ms
         self.consumer_timeout_when_suspend_ms = consumer_timeout_when_suspend_ms
         self._topics: dict[str, str] = {}
+        #: topic -> expression type of its subscription (absent: TAG)
+        self._expression_types: dict[str, str] = {}
         self._sub_version = int(time.time() * 1000)
         self._core: ConsumerCore | None = None
 
@@ -68,9 +71,13 @@ class PullConsumer(ConsumerBase):
             "consumeType": "CONSUME_ACTIVELY",
             "groupName": self.group,
             "messageModel": "CLUSTERING",
-            "subscriptionDataSet": [api.subscription_data(t, e, self._sub_version) for t, e in self._topics.items()],
+            "subscriptionDataSet": self._subscription_set(),
             "unitMode": False,
         }
+
+    def _subscription_set(self) -> list[dict[str, Any]]:
+        return [api.subscription_data(t, e, self._sub_version, self._expression_types.get(t, "TAG"))
+                for t, e in self._topics.items()]
 
     def subscribed_topics(self) -> set[str]:
         return set(self._topics)
@@ -80,7 +87,7 @@ class PullConsumer(ConsumerBase):
 
     def running_info(self) -> dict[str, Any]:
         return {"properties": {"consumeType": "CONSUME_ACTIVELY", "clientId": self.instance.client_id},
-                "subscriptionSet": [api.subscription_data(t, e, self._sub_version) for t, e in self._topics.items()],
+                "subscriptionSet": self._subscription_set(),
                 "mqTable": {}, "statusTable": {}}
 
     async def reset_offsets(self, topic: str, offsets: dict[MessageQueue, int]) -> None:
@@ -101,23 +108,28 @@ class PullConsumer(ConsumerBase):
         queue_offset: int,
         max_nums: int = 32,
         *,
-        sub_expression: str = "*",
+        sub_expression: str | MessageSelector = "*",
         timeout_ms: int | None = None,
         block: bool = False,
         decode: bool = True,
     ) -> PullResult:
-        """One pull. ``block=True`` long-polls (the broker holds it up to ``broker_suspend_max_time_ms``)."""
+        """One pull. ``block=True`` long-polls (the broker holds it up to ``broker_suspend_max_time_ms``).
+        ``sub_expression``: a tag expression, or ``MessageSelector.by_sql(...)`` (filtered by the broker)."""
         if queue_offset < 0:
             raise ClientError("queue_offset must be >= 0")
         if max_nums <= 0:
             raise ClientError("max_nums must be > 0")
+        selector = as_message_selector(sub_expression)
         if mq.topic not in self._topics and not mq.topic.startswith("%"):
-            self._topics[mq.topic] = sub_expression or "*"
+            self._topics[mq.topic] = selector.expression
+            if not selector.is_tag:
+                self._expression_types[mq.topic] = selector.expression_type
         await self._ensure_broker(mq)
         if timeout_ms is None:
             timeout_ms = self.consumer_timeout_when_suspend_ms if block else self.pull_timeout_ms
         return await self.core.pull(
-            mq, queue_offset, max_nums, sub_expression=sub_expression, sub_version=self._sub_version,
+            mq, queue_offset, max_nums, sub_expression=selector.expression,
+            expression_type=selector.expression_type, sub_version=self._sub_version,
             block=block, suspend_timeout_ms=self.broker_suspend_max_time_ms, timeout_ms=timeout_ms, decode=decode)
 
     async def _ensure_broker(self, mq: MessageQueue) -> None:

@@ -40,6 +40,7 @@ from ferrymq.client.consumer.offset_store import LocalFileOffsetStore, OffsetSto
 from ferrymq.client.consumer.process_queue import ProcessQueue
 from ferrymq.client.consumer.rebalance import allocate_averagely
 from ferrymq.client.instance import Backoff, ClientInstance, cancel_and_wait
+from ferrymq.client.selectors import MessageSelector, as_message_selector
 from ferrymq.client.values import ConsumeFromWhere, ConsumeStatus, MessageModel, PullStatus
 from ferrymq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
@@ -133,6 +134,8 @@ class PushConsumer(ConsumerBase):
         self.allocate_strategy = allocate_strategy
         self.listener: Listener | None = listener
         self.subscriptions: dict[str, str] = {}
+        #: topic -> expression type of its subscription (absent: TAG)
+        self.expression_types: dict[str, str] = {}
         self.sub_version = int(time.time() * 1000)
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
         self._pullers: dict[MessageQueue, asyncio.Task[None]] = {}
@@ -147,11 +150,36 @@ class PushConsumer(ConsumerBase):
         self.rebalance_count = 0
 
     # ---- configuration -----------------------------------------------------------------------------------
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        self.subscriptions[topic] = expression or "*"
+    def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
+        """``expression``: a tag expression (``"TagA || TagB"``, ``"*"``) or ``MessageSelector.by_sql(...)``;
+        a SQL92 selector is checked by a broker at ``start()`` (CHECK_CLIENT_CONFIG)."""
+        selector = as_message_selector(expression)
+        self.subscriptions[topic] = selector.expression
+        if selector.is_tag:
+            self.expression_types.pop(topic, None)
+        else:
+            self.expression_types[topic] = selector.expression_type
 
     def unsubscribe(self, topic: str) -> None:
         self.subscriptions.pop(topic, None)
+        self.expression_types.pop(topic, None)
+
+    def _subscription_set(self) -> list[dict[str, Any]]:
+        return [api.subscription_data(t, e, self.sub_version, self.expression_types.get(t, "TAG"))
+                for t, e in sorted(self.subscriptions.items())]
+
+    async def _check_selectors_in_broker(self) -> None:
+        """RocketMQ's ``checkClientInBroker``: each non-TAG subscription is compiled by a master of its topic;
+        a refusal (SQL92 off, a bad selector) fails ``start()`` with the broker's answer."""
+        inst = self.instance
+        for topic, expression_type in sorted(self.expression_types.items()):
+            route = inst.routes.get(topic)
+            addrs = [a for a in (inst.master_addr(b.broker_name) for b in (route.broker_datas if route else []))
+                     if a is not None]
+            if not addrs:
+                continue
+            data = api.subscription_data(topic, self.subscriptions[topic], self.sub_version, expression_type)
+            api.check(await inst.invoke(addrs[0], api.build_check_client_config(inst.client_id, self.group, data)))
 
     def register_message_listener(self, listener: Listener) -> Listener:
         """``listener(msgs) -> ConsumeStatus`` (sync or async). None counts as success, an exception as
@@ -195,6 +223,12 @@ class PushConsumer(ConsumerBase):
             except TopicNotExistError:
                 if not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
                     log.warning("topic %s is not in the name server yet", topic)
+        try:
+            await self._check_selectors_in_broker()
+        except Exception:
+            await inst.close()
+            self._core = None
+            raise
         await inst.send_heartbeats()
         self._tasks = [asyncio.create_task(self._rebalance_loop(), name=f"ferrymq-rebalance-{self.group}"),
                        asyncio.create_task(self._persist_loop(), name=f"ferrymq-persist-{self.group}")]
@@ -231,8 +265,7 @@ class PushConsumer(ConsumerBase):
             "consumeType": "CONSUME_PASSIVELY",
             "groupName": self.group,
             "messageModel": self.model.name,
-            "subscriptionDataSet": [api.subscription_data(t, e, self.sub_version)
-                                    for t, e in sorted(self.subscriptions.items())],
+            "subscriptionDataSet": self._subscription_set(),
             "unitMode": False,
         }
 
@@ -251,7 +284,7 @@ class PushConsumer(ConsumerBase):
                 "consumeMessageBatchMaxSize": str(self.consume_batch_size), "clientId": self.instance.client_id,
                 "PROP_CLIENT_VERSION": "V4_9_7", "PROP_CONSUMER_START_TIMESTAMP": str(self.sub_version),
             },
-            "subscriptionSet": [api.subscription_data(t, e, self.sub_version) for t, e in self.subscriptions.items()],
+            "subscriptionSet": self._subscription_set(),
             # keyed by MessageQueue: written in fastjson's object-keyed shape (jsonmq.dumps_mq_keys)
             "mqTable": {mq: info for mq, info in queues},
             "processQueues": [{**mq.to_json(), **info} for mq, info in queues],
@@ -461,7 +494,7 @@ class PushConsumer(ConsumerBase):
             try:
                 result = await self.core.pull(
                     mq, next_offset, self.pull_batch_size, sub_expression=self.subscriptions.get(mq.topic, "*"),
-                    sub_version=self.sub_version, commit_offset=commit, block=True,
+                    expression_type=self.expression_types.get(mq.topic, "TAG"), sub_version=self.sub_version, commit_offset=commit, block=True,
                     suspend_timeout_ms=self.broker_suspend_max_time_ms,
                     timeout_ms=self.consumer_timeout_when_suspend_ms)
             except asyncio.CancelledError:

@@ -1,0 +1,30 @@
+"""RocketMQ-compatible SQL92 message selectors (``MessageSelector.bySql``), evaluated on properties.
+
+    sel = compile_selector("a BETWEEN 1 AND 3 AND TAGS IN ('TagA', 'TagB')")
+    sel.matches({"a": "2", "TAGS": "TagA"})  # True
+"""
+
+from ferrymq.common.sql92.compiler import (
+    COMPILE_CACHE_ENTRIES,
+    SELECTOR_CHARS_MAX,
+    Selector,
+    SqlParseError,
+    compile_selector,
+    parse_selector,
+)
+from ferrymq.common.sql92.values import EvalError, JLong
+
+#: the expression types of a subscription (SubscriptionData.expressionType)
+EXPRESSION_TYPE_TAG = "TAG"
+EXPRESSION_TYPE_SQL92 = "SQL92"
+
+
+def is_tag_type(expression_type: str | None) -> bool:
+    """RocketMQ's ``ExpressionType.isTagType``: null, empty or TAG (any case)."""
+    return not expression_type or expression_type.upper() == EXPRESSION_TYPE_TAG
+
+
+__all__ = [
+    "COMPILE_CACHE_ENTRIES", "EXPRESSION_TYPE_SQL92", "EXPRESSION_TYPE_TAG", "SELECTOR_CHARS_MAX", "EvalError",
+    "JLong", "Selector", "SqlParseError", "compile_selector", "is_tag_type", "parse_selector",
+]
