@@ -149,3 +149,25 @@ def test_quickstart_sigterm_during_startup_leaves_nothing(quickstart: StartQuick
     code = qs.wait_exit(SHUTDOWN_TIMEOUT_S)
     assert code == 0, qs.tail()
     _assert_children_gone(_child_pids(qs), data_dir)
+
+
+def test_quickstart_failover_shows_sends_resuming_on_a_new_master(procs: ProcessGroup, tmp_path: Path) -> None:
+    """``ferry quickstart --failover``: a controller and three replicas; the master is SIGKILLed under load, sends
+    resume on a newly elected master, the controller's status is printed, and everything it started stops."""
+    qs = procs.spawn("quickstart-failover", ferry_argv("quickstart", "--failover", "--data-dir",
+                                                       str(tmp_path / "qsf")))
+    code = qs.wait_exit(READY_TIMEOUT_S + SHUTDOWN_TIMEOUT_S)
+    out = qs.log_text()
+    assert code == 0, out
+    killed = re.search(r"SIGKILL\s+master replica (\d) \(pid \d+, (\S+)\)", out)
+    assert killed is not None, out
+    resumed = re.search(r"writes resumed ([\d.]+) s after the kill", out)
+    assert resumed is not None, out
+    after = out[killed.end():]
+    stored = re.findall(r"SEND_OK stored by (\S+)", after)
+    assert len(stored) >= 5 and killed.group(2) not in stored, out
+    assert "epoch 2" in after and "stopped controller" in out
+    pids = [int(p) for p in re.findall(r"started \S+\s+pid (\d+)", out)]
+    assert len(pids) == 5  # namesrv, controller, three replicas
+    for pid in pids:
+        wait_for(lambda pid=pid: not _alive(pid), timeout_s=SHUTDOWN_TIMEOUT_S, what=f"pid {pid} gone")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,12 @@ async def run_failover(stack: Stack) -> None:
                 await asyncio.sleep(POLL_INTERVAL_S * 3)
     state = await _replica_info(controller_addr) or {}
     click.echo(f"controller    {_describe(state)}")
-    click.echo("status        ferry controller status --controller " + controller_addr)
+    click.echo(f"$ ferry controller status --controller {controller_addr}")
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "ferrymq.cli", "controller", "status",
+                                                "--controller", controller_addr, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    click.echo(out.decode(errors="replace").rstrip())
 
 
 async def run(data_dir: Path) -> int:
