@@ -206,3 +206,36 @@ async def test_deposed_master_tail_is_cut_and_lease_lapse_refuses_sends(tmp_path
         await b2.stop()
         await b1.stop()
         await ctl.server.stop()
+
+
+async def test_delayed_messages_are_delivered_by_the_new_master(tmp_path: Path) -> None:
+    """Delayed delivery moves with the master: a message sent with delay level 2 (5 s) to master 1, which is
+    deposed at once, is delivered to its topic by master 2."""
+    ctl = ScriptedController()
+    await ctl.server.start()
+    b1, b2 = _broker(tmp_path, "b1", 1, ctl.addr), _broker(tmp_path, "b2", 2, ctl.addr)
+    try:
+        await b1.start()
+        await b2.start()
+        await wait_for(lambda: 1 in ctl.reports and 2 in ctl.reports)
+        ctl.elect(1)
+        r1, r2 = b1.controller_role, b2.controller_role
+        assert r1 is not None and r2 is not None
+        await wait_for(lambda: r1.can_ack() and ctl.state["syncStateSet"] == [1, 2])
+        client = await Client().open(b1.broker_addr)
+        try:
+            resp = await client.call(RequestCode.SEND_MESSAGE, send_v1("DelayTopic", properties="DELAY\x012\x02"),
+                                     b"later")
+        finally:
+            client.close()
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert b1.store.get_max_offset_in_queue("DelayTopic", 0) == 0  # not delivered yet
+        await wait_for(lambda: b2.store.max_phy_offset == b1.store.max_phy_offset)
+        ctl.elect(2)
+        await wait_for(lambda: r2.can_ack() and not r1.is_master)
+        await wait_for(lambda: b2.store.get_max_offset_in_queue("DelayTopic", 0) == 1, timeout_s=15,
+                       what="the delayed message delivered by the new master")
+    finally:
+        await b2.stop()
+        await b1.stop()
+        await ctl.server.stop()
