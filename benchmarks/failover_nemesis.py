@@ -34,6 +34,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--controllers", type=int, default=1, choices=(1, 3),
+                    help="controllers in the Raft group; with 3, kill-controller kills the leader")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir (logs) after the run")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -42,7 +44,7 @@ def main() -> int:
     t_start = time.monotonic()
     ok = True
     try:
-        nemesis = NemesisGroup.start(group)
+        nemesis = NemesisGroup.start(group, controllers=args.controllers)
         producer = ProducerLoop(nemesis.ns.addr, f"n{args.seed}").start()
         try:
             for i in range(args.rounds):
@@ -61,6 +63,7 @@ def main() -> int:
             summary = {"send_ok": len(producer.acks), "lost": "?", "duplicates": "?"}
         failovers = [r.unavailable_s for r in nemesis.rounds if r.action in FAILOVER_ACTIONS]
         print()
+        print(f"controllers: {args.controllers}, seed {args.seed}")
         print("| rounds | failovers | SEND_OK | lost | duplicates | unavailability median (s) | max (s) | run (s) |")
         print("|-------:|----------:|--------:|-----:|-----------:|--------------------------:|--------:|--------:|")
         med = statistics.median(failovers) if failovers else float("nan")

@@ -89,6 +89,7 @@ class Controller:
     port: int
     proc: ManagedProcess | None = None
     starts: int = 0
+    name: str = "controller"
 
     @property
     def addr(self) -> str:
@@ -96,24 +97,34 @@ class Controller:
 
     def start(self) -> Controller:
         self.starts += 1
-        name = "controller" if self.starts == 1 else f"controller-run{self.starts}"
+        name = self.name if self.starts == 1 else f"{self.name}-run{self.starts}"
         self.proc = self.group.spawn(name, ferry_argv("controller", "-c", str(self.conf_path)))
         wait_for(lambda: port_answers(self.port), timeout_s=START_TIMEOUT_S, what="the controller's port",
                  alive=[self.proc])
         return self
 
 
+def start_controllers(group: ProcessGroup, count: int = 1, **props: Any) -> list[Controller]:
+    """``count`` controllers forming one Raft group (1: a single node)."""
+    raft_ports = [free_port() for _ in range(count)]
+    peers = ";".join(f"n{i}-{LOOPBACK}:{p}" for i, p in enumerate(raft_ports))
+    out = []
+    for i in range(count):
+        port = free_port()
+        store = group.base_dir / f"controller{i}-store"
+        store.mkdir(parents=True, exist_ok=True)
+        conf = write_properties(group.base_dir / f"controller{i}.conf", {
+            "controllerPeers": peers, "controllerSelfId": f"n{i}", "controllerStorePath": str(store),
+            "controllerListenPort": port, "listenHost": LOOPBACK, **props})
+        out.append(Controller(group, conf, port, name=f"controller{i}" if count > 1 else "controller").start())
+    return out
+
+
 def start_controller(group: ProcessGroup, **props: Any) -> Controller:
-    port, raft_port = free_port(), free_port()
-    store = group.base_dir / "controller-store"
-    store.mkdir(parents=True, exist_ok=True)
-    conf = write_properties(group.base_dir / "controller.conf", {
-        "controllerPeers": f"n0-{LOOPBACK}:{raft_port}", "controllerSelfId": "n0",
-        "controllerStorePath": str(store), "controllerListenPort": port, "listenHost": LOOPBACK, **props})
-    return Controller(group, conf, port).start()
+    return start_controllers(group, 1, **props)[0]
 
 
-def start_replica(group: ProcessGroup, ns: Namesrv, controller: Controller, replica_id: int,
+def start_replica(group: ProcessGroup, ns: Namesrv, controllers: list[Controller], replica_id: int,
                   **props: Any) -> Broker:
     """A controller-mode broker; ready once its port answers (its name-server slot depends on its role)."""
     name = f"replica{replica_id}"
@@ -121,7 +132,7 @@ def start_replica(group: ProcessGroup, ns: Namesrv, controller: Controller, repl
     store_dir.mkdir(parents=True, exist_ok=True)
     port = free_port(broker=True)
     all_props = broker_props(namesrv_addrs=[ns.addr], store_dir=store_dir, port=port,
-                             **{**BROKER_PROPS, "brokerId": replica_id, "controllerAddr": controller.addr,
+                             **{**BROKER_PROPS, "brokerId": replica_id, "controllerAddr": ";".join(c.addr for c in controllers),
                                 "haListenPort": free_port(), "fastListenEnable": False, **props})
     conf = write_properties(group.base_dir / f"{name}.conf", all_props)
     broker = Broker(group=group, name=name, conf_path=conf, props=all_props, namesrv_addrs=[ns.addr])
@@ -137,17 +148,38 @@ def start_replica_process(broker: Broker) -> None:
              what=f"{broker.name} to accept connections", alive=[broker.proc])
 
 
-def group_state(controller: Controller) -> dict[str, Any] | None:
-    """The controller's GroupState of the nemesis group (CONTROLLER_GET_REPLICA_INFO), None if unanswered."""
-    try:
-        resp = request(controller.addr, RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": BROKER_NAME},
-                       timeout_ms=1000)
-    except Exception:
-        return None
-    if resp.code != ResponseCode.SUCCESS:
-        return None
-    body = json_body(resp)
-    return body if isinstance(body, dict) else None
+def group_state(controllers: list[Controller]) -> dict[str, Any] | None:
+    """The leading controller's GroupState of the nemesis group (CONTROLLER_GET_REPLICA_INFO), None if no
+    controller answers it."""
+    for controller in controllers:
+        if controller.proc is None or controller.proc.exited:
+            continue
+        try:
+            resp = request(controller.addr, RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": BROKER_NAME},
+                           timeout_ms=1000)
+        except Exception:
+            continue
+        if resp.code != ResponseCode.SUCCESS:
+            continue
+        body = json_body(resp)
+        if isinstance(body, dict):
+            return body
+    return None
+
+
+def leader_index(controllers: list[Controller]) -> int:
+    """Index of the controller that answers as the Raft leader (CONTROLLER_GET_METADATA_INFO), -1 if none."""
+    for i, controller in enumerate(controllers):
+        if controller.proc is None or controller.proc.exited:
+            continue
+        try:
+            resp = request(controller.addr, RequestCode.CONTROLLER_GET_METADATA_INFO, timeout_ms=1000)
+        except Exception:
+            continue
+        body = json_body(resp) if resp.code == ResponseCode.SUCCESS else None
+        if isinstance(body, dict) and body.get("isLeader"):
+            return i
+    return -1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,25 +274,25 @@ class RoundResult:
 class NemesisGroup:
     group: ProcessGroup
     ns: Namesrv
-    controller: Controller
+    controllers: list[Controller]
     replicas: dict[int, Broker]
     rounds: list[RoundResult] = field(default_factory=list)
 
     @classmethod
-    def start(cls, group: ProcessGroup, **broker_props: Any) -> NemesisGroup:
+    def start(cls, group: ProcessGroup, *, controllers: int = 1, **broker_props: Any) -> NemesisGroup:
         ns = start_namesrv(group)
-        controller = start_controller(group)
-        replicas = {rid: start_replica(group, ns, controller, rid, **broker_props) for rid in REPLICA_IDS}
-        ng = cls(group, ns, controller, replicas)
+        ctls = start_controllers(group, controllers)
+        replicas = {rid: start_replica(group, ns, ctls, rid, **broker_props) for rid in REPLICA_IDS}
+        ng = cls(group, ns, ctls, replicas)
         ng.wait_whole()
         return ng
 
     @property
     def alive(self) -> list[ManagedProcess]:
-        return [p for p in (self.ns.proc, self.controller.proc) if p is not None]
+        return [p for p in (self.ns.proc,) if p is not None]
 
     def state(self) -> dict[str, Any] | None:
-        return group_state(self.controller)
+        return group_state(self.controllers)
 
     def master_id(self) -> int:
         st = self.state()
@@ -322,12 +354,14 @@ class NemesisGroup:
             victim = self.replicas[rid].name
             self.replicas[rid].kill()
             self._restart(rid)
-        elif action == "kill-controller":
-            victim = "controller"
-            assert self.controller.proc is not None
-            self.controller.proc.kill()
-            wait_for(lambda: port_free(self.controller.port), timeout_s=START_TIMEOUT_S, what="controller port")
-            self.controller.start()
+        elif action == "kill-controller":  # the Raft leader when there are several
+            index = max(0, leader_index(self.controllers)) if len(self.controllers) > 1 else 0
+            controller = self.controllers[index]
+            victim = controller.name
+            assert controller.proc is not None
+            controller.proc.kill()
+            wait_for(lambda: port_free(controller.port), timeout_s=START_TIMEOUT_S, what="controller port")
+            controller.start()
         else:
             raise ValueError(f"unknown nemesis action {action!r}")
         after = self.wait_whole()

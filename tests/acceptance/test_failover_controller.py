@@ -54,6 +54,24 @@ def test_failovers_lose_no_acknowledged_message_and_never_split_brain(procs: Pro
     assert all(u >= 0 for u in unavailable)
 
 
+def test_three_controllers_survive_the_leader_and_the_master_dying(procs: ProcessGroup) -> None:
+    """Three controllers (one Raft group): the Raft leader SIGKILLed twice, between failovers of the broker
+    group; elections go on through the remaining controllers and nothing acknowledged is lost."""
+    group = NemesisGroup.start(procs, controllers=3)
+    producer = ProducerLoop(group.ns.addr, "raft").start()
+    rng = random.Random(3)
+    try:
+        for action in ("kill-controller", "kill-master", "kill-controller", "pause-master"):
+            result = group.round(action, producer, rng)
+            if action in FAILOVER_ACTIONS:
+                assert result.master_after != result.master_before, result
+    finally:
+        producer.stop()
+    summary = group.verify(producer)
+    print(f"three controllers: {summary}; rounds {[(r.action, round(r.unavailable_s, 2)) for r in group.rounds]}")
+    assert summary["lost"] == 0
+
+
 def test_cpp_producer_resumes_on_the_new_master(procs: ProcessGroup, tmp_path: Path) -> None:
     """The Apache C++ client (PyPI rocketmq 0.4.4) sends through a master SIGKILL without a restart; every
     message it saw acknowledged is in the new master's log. Prints how long its sends failed (it re-reads
