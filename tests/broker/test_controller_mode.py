@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from broker_helpers import Client, make_config, send_v1, wait_for
+from test_metrics import scrape
 
 from ferrymq.broker.app import BrokerController
 from ferrymq.remoting import jsonx
@@ -78,6 +79,7 @@ class ScriptedController:
 
 def _broker(tmp_path: Path, name: str, replica_id: int, controller: str) -> BrokerController:
     cfg = make_config(str(tmp_path / name), None, enable_controller_mode=True, controller_addr=[controller],
+                      metrics_port=0, listen_host="127.0.0.1",
                       broker_id=replica_id, listen_port=0, ha_listen_port=0, fast_listen_enable=False,
                       controller_heartbeat_period_ms=100, controller_lease_ms=600,
                       ha_max_time_slave_not_catchup_ms=1000, ha_send_heartbeat_interval_ms=200)
@@ -125,6 +127,15 @@ async def test_roles_epochs_sync_state_set_and_switchover(tmp_path: Path) -> Non
         assert (await _send(b2, b"to-slave")).code == ResponseCode.SERVICE_NOT_AVAILABLE
         end1 = int(b1.store.max_phy_offset)
         await wait_for(lambda: b2.store.max_phy_offset == end1)
+        assert b1.metrics_server is not None and b2.metrics_server is not None
+        m1, m2 = await scrape(b1.metrics_server.port), await scrape(b2.metrics_server.port)
+        assert m1[("ferrymq_controller_is_master", ())] == 1 and m2[("ferrymq_controller_is_master", ())] == 0
+        assert m1[("ferrymq_controller_master_epoch", ())] == 1
+        assert m1[("ferrymq_controller_sync_state_set_size", ())] == 2
+        assert m1[("ferrymq_controller_lease_valid", ())] == 1
+        await wait_for(lambda: r1.ha_master.slave_status()[0]["ackPhyOffset"] == end1)
+        m1 = await scrape(b1.metrics_server.port)
+        assert m1[("ferrymq_ha_slave_lag_bytes", (("slave", "replica-2"),))] == 0
 
         # switchover: 2 becomes master of epoch 2, 1 follows it
         ctl.elect(2)

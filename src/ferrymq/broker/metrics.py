@@ -135,8 +135,16 @@ class BrokerCollector(Collector):
             for s in ha.slave_status():
                 ack.add_metric([*ids, str(s["addr"])], s["ackOffset"])
                 lag.add_metric([*ids, str(s["addr"])], s["lagBytes"])
+        role = getattr(self.ctx, "controller_role", None)
+        if role is not None and role.is_master:
+            max_phy = int(self.ctx.store.max_phy_offset)
+            for s in role.ha_master.slave_status():
+                ack.add_metric([*ids, f"replica-{s['replicaId']}"], s["ackPhyOffset"])
+                lag.add_metric([*ids, f"replica-{s['replicaId']}"], max(0, max_phy - s["ackPhyOffset"]))
         yield ack
         yield lag
+        if role is not None:
+            yield from self._controller_mode(base, ids, role)
         yield histogram_family("ferrymq_sync_replica_wait_seconds", "SYNC_MASTER wait for a slave's ack", base,
                                [(ids, st.sync_wait)])
         fails = CounterMetricFamily("ferrymq_replica_failures", "Sends answered FLUSH_SLAVE_TIMEOUT or "
@@ -144,6 +152,25 @@ class BrokerCollector(Collector):
         for status, n in sorted(st.replica_failures.items()):
             fails.add_metric([*ids, status], n)
         yield fails
+
+
+    @staticmethod
+    def _controller_mode(base: list[str], ids: list[str], role: Any) -> Iterator[Metric]:
+        """Controller mode: this replica's view of its group (broker/controller_mode.py)."""
+        for name, doc, value in (
+            ("ferrymq_controller_master_epoch", "Master epoch this replica knows", role.master_epoch),
+            ("ferrymq_controller_is_master", "1 while this replica is the master", int(role.is_master)),
+            ("ferrymq_controller_lease_valid", "1 while this master may acknowledge sends (lease)", int(role.can_ack())),
+            ("ferrymq_controller_sync_state_set_size", "Members of the SyncStateSet (master's view; 0 on a slave)",
+             len(role.ha_master.sync_state_set) if role.is_master else 0),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=base)
+            g.add_metric(ids, value)
+            yield g
+        c = CounterMetricFamily("ferrymq_controller_role_changes", "Times this replica became or stopped being "
+                                "master (elections it took part in)", labels=base)
+        c.add_metric(ids, role.elections_seen)
+        yield c
 
 
 # ---- request timing (installed only when the endpoint is on) ---------------------------------------
