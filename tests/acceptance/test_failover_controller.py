@@ -9,21 +9,22 @@ epoch, the replicas' logs byte-identical. The longer run with a table: benchmark
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
 from pathlib import Path
 
 from controller_support import FAILOVER_ACTIONS, TOPIC, NemesisGroup, ProducerLoop
-from procs import CPP_SCRIPTS_DIR, ProcessGroup, spawn_cpp_script, wait_for
+from procs import CPP_SCRIPTS_DIR, NODE_DIR, ProcessGroup, route, spawn_cpp_script, wait_for
 
 from support.jsonl import read_jsonl
 
 sys.path.insert(0, str(CPP_SCRIPTS_DIR))
 from _cpp_common import expected_message  # noqa: E402
 
-#: the C++ client re-reads routes every 30 s; its sends resume within one period after the election
-CPP_RESUME_BOUND_S = 75.0
+#: RocketMQ clients re-read routes every 30 s; their sends resume within one period after the election
+CLIENT_RESUME_BOUND_S = 75.0
 PLAN = ("kill-master", "pause-master", "kill-master", "kill-slave", "pause-master", "kill-master",
         "kill-controller", "kill-master", "pause-master", "kill-master", "pause-master", "kill-master")
 
@@ -91,7 +92,7 @@ def test_cpp_producer_resumes_on_the_new_master(procs: ProcessGroup, tmp_path: P
         after = [r["send_end_ms"] for r in read_jsonl(out) if r.get("ok") and r["send_start_ms"] > kill_ms]
         return (min(after) - kill_ms) / 1000 if after else None
 
-    resume_s = wait_for(resumed, timeout_s=CPP_RESUME_BOUND_S, what="a C++ send acknowledged after the kill",
+    resume_s = wait_for(resumed, timeout_s=CLIENT_RESUME_BOUND_S, what="a C++ send acknowledged after the kill",
                         alive=group.alive)
     wait_for(lambda: sum(1 for r in read_jsonl(out) if r.get("ok") and r["send_start_ms"] > kill_ms) >= 20,
              timeout_s=60, what="more C++ sends on the new master", alive=group.alive)
@@ -100,4 +101,38 @@ def test_cpp_producer_resumes_on_the_new_master(procs: ProcessGroup, tmp_path: P
     idle = ProducerLoop(group.ns.addr, "none")
     summary = group.verify(idle, acked)
     print(f"C++ producer: writes resumed {resume_s:.1f} s after the master's SIGKILL; {summary}")
+    assert summary["lost"] == 0
+
+
+def test_alions_producer_resumes_on_the_new_master(procs: ProcessGroup, tmp_path: Path) -> None:
+    """ali-ons (npm) sends through a master SIGKILL without a restart; every message it saw acknowledged is in
+    the new master's log. Prints how long its sends failed."""
+    assert (NODE_DIR / "node_modules" / "ali-ons").is_dir(), "run `npm --prefix tests/acceptance/node ci`"
+    group = NemesisGroup.start(procs)
+    seed = ProducerLoop(group.ns.addr, "seed").start()  # ali-ons needs the topic routed (no auto-creation)
+    try:
+        wait_for(lambda: route(group.ns.addr, TOPIC) is not None, timeout_s=60, what="the topic's route",
+                 alive=group.alive)
+    finally:
+        seed.stop()
+    out = tmp_path / "alions-sends.jsonl"
+    node = procs.spawn("alions-producer", ["node", str(NODE_DIR / "alions_produce_loop.js"), json.dumps({
+        "namesrv": group.ns.addr, "topic": TOPIC, "producerGroup": "alions-nemesis", "prefix": "ons",
+        "out": str(out), "logDir": str(tmp_path)})], cwd=NODE_DIR)
+    wait_for(lambda: sum(1 for r in read_jsonl(out) if r.get("ok")) >= 20, timeout_s=60,
+             what="ali-ons sends acknowledged", alive=[*group.alive, node])
+    result = group.round("kill-master", None, random.Random(2))
+    assert result.master_after != result.master_before
+    kill_ms = result.fault_at_ms
+
+    def resumed() -> float | None:
+        after = [r["endMs"] for r in read_jsonl(out) if r.get("ok") and r["startMs"] > kill_ms]
+        return (min(after) - kill_ms) / 1000 if after else None
+
+    resume_s = wait_for(resumed, timeout_s=CLIENT_RESUME_BOUND_S, what="an ali-ons send acknowledged after the "
+                        "kill", alive=group.alive)
+    node.stop()
+    acked = [r["body"] for r in read_jsonl(out) if r.get("ok")]
+    summary = group.verify(ProducerLoop(group.ns.addr, "none"), acked)
+    print(f"ali-ons producer: writes resumed {resume_s:.1f} s after the master's SIGKILL; {summary}")
     assert summary["lost"] == 0
