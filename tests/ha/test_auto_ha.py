@@ -325,3 +325,26 @@ async def test_idle_replica_answers_heartbeats_and_stays_connected(group: Group)
         drops += was and not now
         was = now
     assert drops == 0 and client.connected
+
+
+async def test_callback_waiters_answer_on_ack_timeout_and_role_change(group: Group) -> None:
+    """on_slave_ack (the SYNC send path's waiter): True once the SyncStateSet acked, False after its timeout,
+    False for every waiter when the master is deactivated (a role change)."""
+    ms, me = group.store("m")
+    me.append(1, 0)
+    master = await group.master(ms, me)
+    ss, se = group.store("s")
+    await group.client(ss, se, master, 1)
+    master.set_sync_state_set({1, 2}, 1)
+    got: list[tuple[str, bool]] = []
+    ends = put_n(ms, 0, 5)
+    master.on_slave_ack(ends[-1], 5000, lambda ok: got.append(("acked", ok)))
+    master.notify_data_appended()
+    await wait_for(lambda: got == [("acked", True)], what="the callback after the ack")
+    master.on_slave_ack(ends[-1] + 10**9, 50, lambda ok: got.append(("never", ok)))  # beyond anything sent
+    await wait_for(lambda: ("never", False) in got, what="the timeout")
+    master.on_slave_ack(ends[-1] + 10**9, 60_000, lambda ok: got.append(("deposed", ok)))
+    await master.deactivate()
+    assert ("deposed", False) in got
+    master.on_slave_ack(ends[-1], 5000, lambda ok: got.append(("inactive", ok)))
+    assert got[-1] == ("inactive", False)

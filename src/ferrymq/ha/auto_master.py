@@ -22,6 +22,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -51,6 +52,28 @@ CHECK_INTERVAL_MS = 500
 def _expire(fut: asyncio.Future[bool]) -> None:
     if not fut.done():
         fut.set_result(False)
+
+
+class _AckCallback:
+    """A callback waiter (``on_slave_ack``): answered once, True by the ack level or False at its deadline."""
+
+    __slots__ = ("fn", "done")
+
+    def __init__(self, fn: Callable[[bool], None]) -> None:
+        self.fn = fn
+        self.done = False
+
+    def resolve(self, ok: bool) -> None:
+        if not self.done:
+            self.done = True
+            self.fn(ok)
+
+
+def _resolve(waiter: asyncio.Future[bool] | _AckCallback, ok: bool) -> None:
+    if isinstance(waiter, _AckCallback):
+        waiter.resolve(ok)
+    elif not waiter.done():
+        waiter.set_result(ok)
 
 
 def _now_ms() -> int:
@@ -101,7 +124,11 @@ class AutoSwitchHAMaster:
         self._acks: dict[int, int] = {}  # replica id -> ack phy offset (kept across reconnects)
         self._caught_up_ms: dict[int, int] = {}
         self._signalled: set[int] = set()
-        self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[bool] | _AckCallback]] = []
+        #: deadlines of callback waiters, swept by one timer
+        self._deadlines: list[tuple[float, int, _AckCallback]] = []
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._sweep_at = math.inf
         self._seq = itertools.count()
         self._ack_level = 0
         self._server: asyncio.Server | None = None
@@ -150,9 +177,13 @@ class AutoSwitchHAMaster:
 
     def _fail_waiters(self) -> None:
         waiters, self._waiters = self._waiters, []
-        for _end, _seq, fut in waiters:
-            if not fut.done():
-                fut.set_result(False)
+        self._deadlines = []
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        self._sweep_at = math.inf
+        for _end, _seq, waiter in waiters:
+            _resolve(waiter, False)
 
     # --- the broker's replica interface (as the classic HAService's) -----------------------------
 
@@ -196,9 +227,8 @@ class AutoSwitchHAMaster:
         self._ack_level = level
         waiters = self._waiters
         while waiters and waiters[0][0] <= level:
-            _end, _seq, fut = heapq.heappop(waiters)
-            if not fut.done():
-                fut.set_result(True)
+            _end, _seq, waiter = heapq.heappop(waiters)
+            _resolve(waiter, True)
 
     @property
     def confirm_offset(self) -> int:
@@ -221,6 +251,45 @@ class AutoSwitchHAMaster:
             return await fut
         finally:
             timer.cancel()
+
+    def on_slave_ack(self, end_phy_offset: int, timeout_ms: int, fn: Callable[[bool], None]) -> None:
+        """Callback form of ``wait_for_ack`` (the SYNC send path answers from the ack handler, without a
+        future or a task): ``fn(True)`` once the needed replicas acked ``end_phy_offset``, ``fn(False)`` after
+        ``timeout_ms``, at a role change or at stop. May call ``fn`` at once."""
+        if not self.active or self._needed() < 0 or timeout_ms <= 0:
+            fn(False)
+            return
+        if end_phy_offset <= self._ack_level:
+            fn(True)
+            return
+        waiter = _AckCallback(fn)
+        seq = next(self._seq)
+        heapq.heappush(self._waiters, (end_phy_offset, seq, waiter))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        heapq.heappush(self._deadlines, (deadline, seq, waiter))
+        if deadline < self._sweep_at:
+            if self._sweep_handle is not None:
+                self._sweep_handle.cancel()
+            self._sweep_at = deadline
+            self._sweep_handle = loop.call_at(deadline, self._sweep)
+
+    def _sweep(self) -> None:
+        """Answer False to every callback waiter whose deadline passed; re-arm for the next one."""
+        self._sweep_handle = None
+        self._sweep_at = math.inf
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][0] <= now or deadlines[0][2].done):
+            _t, _seq, waiter = heapq.heappop(deadlines)
+            waiter.resolve(False)  # (no-op when already answered)
+        if deadlines:
+            self._sweep_at = deadlines[0][0]
+            self._sweep_handle = loop.call_at(self._sweep_at, self._sweep)
+        if len(self._waiters) > 2 * (len(deadlines) + 16):  # drop answered entries left in the ack heap
+            self._waiters = [w for w in self._waiters if not (isinstance(w[2], _AckCallback) and w[2].done)]
+            heapq.heapify(self._waiters)
 
     def notify_data_appended(self) -> None:
         """New bytes in the commit log: push them to every slave at once (the pump streams what a full write

@@ -487,8 +487,12 @@ class _SlaveAckReply:
         if self.proc is not None:  # (None in unit tests of the reply alone)
             self.proc.ctx.stats.sync_wait.observe(time.perf_counter() - self.started_s)
         resp: RemotingCommand | bytes
+        role = self.proc.ctx.controller_role if self.proc is not None else None
         try:
-            if ok:
+            if ok and role is not None and not role.can_ack():
+                # controller mode: deposed or cut off from the controller while waiting — never SEND_OK
+                resp = cmd.response(R.SERVICE_NOT_AVAILABLE, remark=role.refusal_remark())
+            elif ok:
                 ar = self.result.append_result
                 # the templated SEND_OK frame (as SendProcessor._finish), carrying the request's opaque
                 resp = encode_send_ok_response(cmd.opaque, ar.msg_id, self.queue_id, ar.queue_offset,
