@@ -450,7 +450,7 @@ class AutoSwitchHAMaster:
     def _next_chunk(self, phy_offset: int) -> tuple[int, int, bytes]:
         """(data epoch, its start, bytes from ``phy_offset`` up to the batch size, the segment end and the
         next epoch's start)."""
-        entries = self.epoch_file.entries()
+        entries = self.epoch_file.entries_view
         data_epoch, start, limit = 0, 0, -1
         for i, (e, s) in enumerate(entries):
             if s > phy_offset:
@@ -469,7 +469,10 @@ class AutoSwitchHAMaster:
         if transport.is_closing():
             return True
         master_epoch = self.epoch_file.last_epoch()
+        max_phy = int(self.store.max_phy_offset)
         while True:
+            if slave.next_phy_offset >= max_phy:
+                return True  # everything written is on its way
             if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH_BYTES:
                 return False
             data_epoch, start, body = self._next_chunk(slave.next_phy_offset)

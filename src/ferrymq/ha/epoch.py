@@ -138,6 +138,11 @@ class EpochFile:
     def entries(self) -> list[EpochEntry]:
         return list(self._entries)
 
+    @property
+    def entries_view(self) -> list[EpochEntry]:
+        """The entries without a copy (hot paths; never modify it)."""
+        return self._entries
+
     def last_epoch(self) -> int:
         """The newest epoch, 0 when there is none."""
         return self._entries[-1].epoch if self._entries else 0
