@@ -272,3 +272,17 @@ def test_readme_links_resolve() -> None:
     local = [ln for ln in links if "://" not in ln]
     missing = [ln for ln in local if not (REPO / ln).exists()]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test modules by basename (rootdir-relative "prepend" import mode): two test files with
+    the same name in different directories stop the whole run at collection."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        if "node_modules" in path.parts:
+            continue
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(REPO)} and {path.relative_to(REPO)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "test modules sharing a name: " + "; ".join(clashes)
