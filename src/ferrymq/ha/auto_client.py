@@ -33,6 +33,12 @@ CONNECT_TIMEOUT_MS = 3000
 DEFAULT_READ_TIMEOUT_MS = 20_000
 
 
+def _buffered(reader: asyncio.StreamReader) -> int:
+    """Bytes the stream reader already holds (0 when the implementation does not say)."""
+    buffer = getattr(reader, "_buffer", None)
+    return len(buffer) if buffer is not None else 0
+
+
 class StaleEpochError(ProtocolError):
     """The master (or a transfer) speaks for an epoch older than the one this replica knows."""
 
@@ -132,7 +138,10 @@ class AutoSwitchHAClient:
             writer.close()
 
     async def _read(self, reader: asyncio.StreamReader, n: int) -> bytes:
-        return await asyncio.wait_for(reader.readexactly(n), self.read_timeout_ms / 1000)
+        if _buffered(reader) >= n:  # already here: no timer, no suspension
+            return await reader.readexactly(n)
+        async with asyncio.timeout(self.read_timeout_ms / 1000):
+            return await reader.readexactly(n)
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonce = codec.decode_hello(await self._read(reader, codec.HELLO_SIZE))

@@ -137,6 +137,7 @@ class AutoSwitchHAMaster:
         self.rejected_handshakes = 0
         #: False while this broker is not the master (controller mode): connections are closed at once
         self.active = True
+        self._push_scheduled = False
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -292,8 +293,16 @@ class AutoSwitchHAMaster:
             heapq.heapify(self._waiters)
 
     def notify_data_appended(self) -> None:
-        """New bytes in the commit log: push them to every slave at once (the pump streams what a full write
-        buffer left behind)."""
+        """New bytes in the commit log: push them to every slave at the end of this loop iteration, so the
+        sends of one iteration leave in one transfer (and come back as one ack). The pump streams what a full
+        write buffer left behind."""
+        if self._push_scheduled or not self._slaves:
+            return
+        self._push_scheduled = True
+        asyncio.get_running_loop().call_soon(self._push_all)
+
+    def _push_all(self) -> None:
+        self._push_scheduled = False
         for slave in list(self._slaves.values()):
             try:
                 if not self._push_available(slave):
