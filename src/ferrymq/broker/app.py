@@ -42,6 +42,7 @@ from ferrymq.broker.offset_manager import ConsumerOffsetManager
 from ferrymq.broker.processors.admin import AdminProcessor
 from ferrymq.broker.processors.client_manage import ClientManageProcessor
 from ferrymq.broker.processors.consumer_manage import ConsumerManageProcessor
+from ferrymq.broker.processors.end_transaction import EndTransactionProcessor
 from ferrymq.broker.processors.lock import LockProcessor
 from ferrymq.broker.processors.pull import PullProcessor
 from ferrymq.broker.processors.query import QueryProcessor
@@ -54,6 +55,7 @@ from ferrymq.broker.schedule import ScheduleMessageService
 from ferrymq.broker.stats import SAMPLE_INTERVAL_MS, BrokerStats
 from ferrymq.broker.subscription_manager import SubscriptionGroupManager
 from ferrymq.broker.topic_manager import TopicManager
+from ferrymq.broker.transaction import TransactionConfig, TransactionService
 from ferrymq.broker.writer import MessageWriter
 from ferrymq.common.message import host_to_bytes
 from ferrymq.remoting import jsonx
@@ -141,13 +143,16 @@ class BrokerController:
         self.stats = self.writer.stats = BrokerStats(clock_ms)
         self.delay_levels_ms = parse_delay_levels(config.message_delay_level)
         self.schedule = ScheduleMessageService(self.store, self.writer.put, cdir, self.delay_levels_ms, clock_ms)
+        self.transactions = TransactionService(self, TransactionConfig(
+            config.transaction_timeout_ms, config.transaction_check_interval_ms, config.transaction_check_max),
+            clock_ms)
         self.hot_data_bytes = self.store_config.memory_for_hot_data_bytes
 
         self.dispatcher = Dispatcher()
         self.pull_processor = PullProcessor(self)
         for proc in (SendProcessor(self), self.pull_processor, ClientManageProcessor(self),
                      ConsumerManageProcessor(self), AdminProcessor(self), QueryProcessor(self), LockProcessor(self),
-                     SendBackProcessor(self)):
+                     SendBackProcessor(self), EndTransactionProcessor(self)):
             proc.register(self.dispatcher)
         ReplyProcessor(self).register(self.dispatcher)
         self.long_polling = PullRequestHoldService(self.pull_processor.rerun, self.store.get_max_offset_in_queue)
@@ -252,6 +257,7 @@ class BrokerController:
 
         if not cfg.is_slave:
             self.schedule.start()
+            self.transactions.start()
         if self.controller_role is not None:
             await self.controller_role.start()
         self._timers = [
@@ -311,6 +317,7 @@ class BrokerController:
             await self.registrar.stop()
             await self.registrar.unregister_all()
         await self.schedule.stop()
+        await self.transactions.stop()
         self.long_polling.stop()
         for part in (self.controller_role, self.slave_sync, self.ha_client, self.ha_service):
             if part is not None:
@@ -390,6 +397,7 @@ class BrokerController:
             self.master_addr = None
             self.master_ha_addr = None
             self.schedule.start()
+            self.transactions.start()
         else:
             cfg.broker_role = BrokerRole.SLAVE
             self.set_store_writable(False)
@@ -399,6 +407,7 @@ class BrokerController:
             if self.offsets.local_commits is None:
                 self.offsets.local_commits = {}
             await self.schedule.stop()
+            await self.transactions.stop()
             self.master_addr = master_addr
             self.master_ha_addr = role.state.master_ha_addr if role.state is not None else None
             if self.slave_sync is None:

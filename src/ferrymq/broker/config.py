@@ -176,6 +176,14 @@ class BrokerConfig:
     ha_secret: str = field(default="", metadata=_meta(
         "haSecret", "Shared secret of a broker group's HA links: a slave must prove it (HMAC over a nonce, "
         "ha/auth.py) before the master sends it data or counts its acks; empty = the plain RocketMQ protocol"))
+    transaction_timeout_ms: int = field(default=6000, metadata=_meta(
+        "transactionTimeOut", "A half message undecided this long (ms) is asked about (check-back)"))
+    transaction_check_interval_ms: int = field(default=60_000, metadata=_meta(
+        "transactionCheckInterval", "Period (ms) of the transaction check-back rounds"))
+    transaction_check_max: int = field(default=15, metadata=_meta(
+        "transactionCheckMax", "Check-backs of one half message before it is discarded"))
+    reject_transaction_message: bool = field(default=False, metadata=_meta(
+        "rejectTransactionMessage", "Refuse transactional half messages (NO_PERMISSION)"))
     enable_controller_mode: bool = field(default=False, metadata=_meta(
         "enableControllerMode", "Take the role (master or slave) from the controller (docs/failover.md); "
         "brokerRole then only picks SYNC (default) or ASYNC (ASYNC_MASTER) replication while master"))
@@ -267,6 +275,11 @@ class BrokerConfig:
         if self.mapped_file_size_commit_log < MIN_COMMIT_LOG_FILE_SIZE:
             raise ConfigError("mappedFileSizeCommitLog", f"must be at least {MIN_COMMIT_LOG_FILE_SIZE} bytes, "
                                                          f"got {self.mapped_file_size_commit_log}")
+        for key, value in (("transactionTimeOut", self.transaction_timeout_ms),
+                           ("transactionCheckInterval", self.transaction_check_interval_ms),
+                           ("transactionCheckMax", self.transaction_check_max)):
+            if value <= 0:
+                raise ConfigError(key, f"must be positive, got {value}")
         for key, value in (("maxMessageSize", self.max_message_size),
                            ("flushIntervalCommitLog", self.flush_interval_commit_log_ms),
                            ("syncFlushTimeout", self.sync_flush_timeout_ms),

@@ -109,6 +109,8 @@ class ClientInstance:
         self.routes: dict[str, TopicRouteData] = {}
         self.broker_addrs: dict[str, dict[int, str]] = {}
         self.producer_groups: set[str] = set()
+        #: transactional producers by group (CHECK_TRANSACTION_STATE is answered by the group's producer)
+        self.transaction_checkers: dict[str, Any] = {}
         self.consumers: dict[str, ConsumerHooks] = {}
         self._backoff: dict[str, tuple[Backoff, float]] = {}
         #: one connect attempt per address at a time (see ``connection``)

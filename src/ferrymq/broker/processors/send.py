@@ -32,6 +32,7 @@ from ferrymq.common.message import (
     PROPERTY_CLUSTER,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
+    PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_SEPARATOR,
@@ -269,6 +270,10 @@ class SendProcessor:
         sys_flag = h.sys_flag
         tran_type = sys_flag & SYSFLAG_TRANSACTION_MASK
         if props.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
+            if ctx.config.reject_transaction_message:
+                return cmd.response(R.NO_PERMISSION, remark=f"the broker[{ctx.config.broker_ip1}] refuses "
+                                                            "transactional messages (rejectTransactionMessage)")
+            props.setdefault(PROPERTY_PRODUCER_GROUP, cmd.ext_fields.get("producerGroup", ""))
             props[PROPERTY_REAL_TOPIC] = topic
             props[PROPERTY_REAL_QUEUE_ID] = str(queue_id_stored)
             sys_flag = (sys_flag & ~SYSFLAG_TRANSACTION_MASK) | SYSFLAG_TRANSACTION_NOT_TYPE

@@ -1,0 +1,273 @@
+"""Transactional messages (RocketMQ 4.x semantics): half messages, decisions, check-backs. Masters only.
+
+* A send with ``TRAN_MSG=true`` is a **half message**: stored in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0 with the
+  real topic and queue in ``REAL_TOPIC`` / ``REAL_QID`` (send processor), invisible to consumers of the real
+  topic. ``rejectTransactionMessage=true`` refuses it (NO_PERMISSION).
+* END_TRANSACTION (37) names the half message by ``commitLogOffset`` (its phy offset) and
+  ``tranStateTableOffset`` (its queue offset in the half topic). **Commit** stores the real message (topic,
+  queue, body, flag, keys, tags and properties of the half one, transaction markers removed, sysFlag
+  TRANSACTION_COMMIT, ``preparedTransactionOffset`` = the half message's phy offset); **rollback** stores
+  nothing. Either way an **op record** goes to ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` queue 0 (table below), in the
+  same loop turn as the real message. A decision for a half message that already has one is acknowledged and
+  ignored: each half message is decided once, also when a check-back answer and the producer's own answer
+  both arrive, and after a restart (the decided set is rebuilt from the op topic at start).
+* **Check-back**: every ``transactionCheckInterval`` the service walks the undecided half messages; one older
+  than ``transactionTimeOut`` (or its ``CHECK_IMMUNITY_TIME_IN_SECONDS``) is asked about with
+  CHECK_TRANSACTION_STATE (39, oneway) on a live connection of its producer group (``PGROUP``), at most
+  ``transactionCheckMax`` times; then it is discarded (an op record with ``discard``), logged and counted.
+  The producer answers with END_TRANSACTION (``fromTransactionCheck=true``). Check counts live in memory: a
+  restart gives every half message a fresh allowance.
+
+Op record (topic ``RMQ_SYS_TRANS_OP_HALF_TOPIC``, queue 0, tags ``d``):
+
+| part     | value                                                                    |
+|----------|--------------------------------------------------------------------------|
+| body     | ``<half queue offset>`` in decimal ASCII                                 |
+| property | ``TRAN_DECISION`` = ``commit`` / ``rollback`` / ``discard``                |
+
+CHECK_TRANSACTION_STATE request: ext fields ``tranStateTableOffset``, ``commitLogOffset``, ``msgId``,
+``transactionId``, ``offsetMsgId``, ``producerGroup``; body = the half message as stored (commit log record
+format, its ``REAL_TOPIC`` / ``REAL_QID`` name the real destination).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ferrymq.common.message import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_SEPARATOR,
+    PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_MASK,
+    MessageExt,
+    MessageExtBrokerInner,
+    tags_hash_code,
+)
+from ferrymq.common.message_codec import RecordFormatError, decode_record
+from ferrymq.common.topic import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode
+
+log = logging.getLogger(__name__)
+
+OP_TAGS = "d"
+PROPERTY_DECISION = "TRAN_DECISION"
+PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_TRANSACTION_ID = "__transactionId__"
+#: properties of the half message that the committed message does not carry
+_TRANSACTION_PROPERTIES = (PROPERTY_TRANSACTION_PREPARED, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID,
+                           PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
+#: half messages read per check round at most (the rest wait for the next round)
+MAX_CHECKS_PER_ROUND = 10_000
+#: records read from a queue per get_message call while scanning
+SCAN_BATCH = 256
+
+
+class Decision(Enum):
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    DISCARD = "discard"
+
+
+class EndStatus(Enum):
+    """Outcome of END_TRANSACTION, mapped to a response in processors/end_transaction.py."""
+
+    APPLIED = "APPLIED"
+    ALREADY_DECIDED = "ALREADY_DECIDED"
+    NOT_FOUND = "NOT_FOUND"
+    WRONG_GROUP = "WRONG_GROUP"
+    STORE_FAILED = "STORE_FAILED"
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionConfig:
+    timeout_ms: int = 6000
+    check_interval_ms: int = 60_000
+    check_max: int = 15
+
+
+def _props_text(props: dict[str, str]) -> str:
+    return PROPERTY_SEPARATOR.join(f"{k}{NAME_VALUE_SEPARATOR}{v}" for k, v in props.items())
+
+
+class TransactionService:
+    """Decisions and check-backs of one broker's half messages (``ctx``: the BrokerController)."""
+
+    def __init__(self, ctx: Any, config: TransactionConfig, clock_ms: Callable[[], int]) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.clock_ms = clock_ms
+        #: half queue offsets that have an op record
+        self.decided: set[int] = set()
+        #: every half queue offset below this is decided (where the check walk starts)
+        self.scan_from = 0
+        self.check_counts: dict[int, int] = {}
+        self.discarded = 0
+        self.checks_sent = 0
+        self._op_loaded_to = 0
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- lifecycle (master only) -----------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is not None and not self._task.done():
+            return
+        self.load_decisions()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # ---- op topic --------------------------------------------------------------------------------
+    def _scan(self, topic: str, start: int) -> tuple[list[MessageExt], int]:
+        """Records of ``topic`` queue 0 from queue offset ``start``; (records, next offset)."""
+        store = self.ctx.store
+        out: list[MessageExt] = []
+        offset = max(start, store.get_min_offset_in_queue(topic, 0))
+        end = store.get_max_offset_in_queue(topic, 0)
+        while offset < end:
+            res = store.get_message("", topic, 0, offset, SCAN_BATCH, None)
+            if not res.buffers:
+                break
+            for raw in res.buffers:
+                try:
+                    out.append(decode_record(raw))
+                except RecordFormatError:
+                    log.warning("unreadable record in %s at queue offset %d", topic, offset)
+            offset = res.next_begin_offset if res.next_begin_offset > offset else offset + len(res.buffers)
+        return out, offset
+
+    def load_decisions(self) -> None:
+        """Read op records not seen yet (at start, and before each check round: a slave that became master
+        has replicated ones)."""
+        ops, self._op_loaded_to = self._scan(TRANS_OP_HALF_TOPIC, self._op_loaded_to)
+        for op in ops:
+            try:
+                self.decided.add(int(op.body.decode("ascii")))
+            except (UnicodeDecodeError, ValueError):
+                log.warning("op record with body %r ignored", op.body[:40])
+
+    def _write_op(self, half_queue_offset: int, decision: Decision) -> bool:
+        props = {PROPERTY_TAGS: OP_TAGS, PROPERTY_DECISION: decision.value}
+        inner = MessageExtBrokerInner(
+            topic=TRANS_OP_HALF_TOPIC, queue_id=0, body=str(half_queue_offset).encode("ascii"),
+            properties_string=_props_text(props), tags_code=tags_hash_code(OP_TAGS),
+            born_timestamp=self.clock_ms(), store_host=self.ctx.store_host, born_host=self.ctx.store_host)
+        result = self.ctx.writer.put(inner)
+        if result.append_result is None:
+            log.error("op record for half message %d not stored: %s", half_queue_offset, result.status.name)
+            return False
+        self.decided.add(half_queue_offset)
+        self.check_counts.pop(half_queue_offset, None)
+        return True
+
+    # ---- END_TRANSACTION -------------------------------------------------------------------------
+    def end(self, producer_group: str, half_phy_offset: int, half_queue_offset: int, commit: bool) -> EndStatus:
+        half = self.ctx.store.look_message_by_offset(half_phy_offset)
+        if half is None or half.topic != TRANS_HALF_TOPIC or half.queue_offset != half_queue_offset:
+            return EndStatus.NOT_FOUND
+        group = half.properties.get(PROPERTY_PRODUCER_GROUP)
+        if group and producer_group and group != producer_group:
+            return EndStatus.WRONG_GROUP
+        self.load_decisions()
+        if half_queue_offset in self.decided:
+            return EndStatus.ALREADY_DECIDED
+        if commit:
+            result = self.ctx.writer.put(self._real_message(half))
+            if result.append_result is None:
+                log.error("committed message of half %d not stored: %s", half_queue_offset, result.status.name)
+                return EndStatus.STORE_FAILED
+        if not self._write_op(half_queue_offset, Decision.COMMIT if commit else Decision.ROLLBACK):
+            return EndStatus.STORE_FAILED
+        return EndStatus.APPLIED
+
+    def _real_message(self, half: MessageExt) -> MessageExtBrokerInner:
+        props = dict(half.properties)
+        topic = props.get(PROPERTY_REAL_TOPIC, "")
+        queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, "0") or 0)
+        for name in _TRANSACTION_PROPERTIES:
+            props.pop(name, None)
+        from ferrymq.broker.processors.send import index_keys  # (the send path's key rule)
+
+        return MessageExtBrokerInner(
+            topic=topic, queue_id=queue_id, body=bytes(half.body), flag=half.flag,
+            properties_string=_props_text(props), tags_code=tags_hash_code(props.get(PROPERTY_TAGS)),
+            sys_flag=(half.sys_flag & ~SYSFLAG_TRANSACTION_MASK) | SYSFLAG_TRANSACTION_COMMIT,
+            born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=self.ctx.store_host,
+            reconsume_times=half.reconsume_times, prepared_transaction_offset=half.phy_offset,
+            index_keys=index_keys(props))
+
+    # ---- check-back ------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.check_interval_ms / 1000)
+            try:
+                self.check_once()
+            except Exception:
+                log.exception("transaction check round failed")
+
+    def check_once(self) -> int:
+        """One check round; the number of CHECK_TRANSACTION_STATE requests sent."""
+        self.load_decisions()
+        halves, _ = self._scan(TRANS_HALF_TOPIC, self.scan_from)
+        now = self.clock_ms()
+        sent = 0
+        all_decided_below = True
+        for half in halves[:MAX_CHECKS_PER_ROUND]:
+            qo = half.queue_offset
+            if qo in self.decided:
+                if all_decided_below:
+                    self.scan_from = qo + 1
+                continue
+            all_decided_below = False
+            immunity = half.properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
+            wait_ms = self.config.timeout_ms
+            if immunity and immunity.isdigit():
+                wait_ms = max(wait_ms, int(immunity) * 1000)
+            if now - half.store_timestamp < wait_ms:
+                continue
+            count = self.check_counts.get(qo, 0)
+            if count >= self.config.check_max:
+                log.warning("half message %s (queue offset %d, group %s) discarded after %d check-backs",
+                            half.msg_id, qo, half.properties.get(PROPERTY_PRODUCER_GROUP), count)
+                if self._write_op(qo, Decision.DISCARD):
+                    self.discarded += 1
+                continue
+            self.check_counts[qo] = count + 1
+            if self._send_check(half):
+                sent += 1
+        self.checks_sent += sent
+        return sent
+
+    def _send_check(self, half: MessageExt) -> bool:
+        group = half.properties.get(PROPERTY_PRODUCER_GROUP, "")
+        channels = [ch for ch in self.ctx.producers.channels(group) if not getattr(ch.conn, "closed", True)]
+        if not channels:
+            log.info("no live producer of group %r to ask about half message %s", group, half.msg_id)
+            return False
+        raw = self.ctx.store.select_one_message_by_offset(half.phy_offset)
+        if raw is None:
+            return False
+        ch = channels[half.queue_offset % len(channels)]
+        cmd = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, {
+            "tranStateTableOffset": half.queue_offset, "commitLogOffset": half.phy_offset,
+            "msgId": half.msg_id, "transactionId": half.properties.get(PROPERTY_TRANSACTION_ID, half.msg_id),
+            "offsetMsgId": half.offset_msg_id, "producerGroup": group}, bytes(raw))
+        try:
+            ch.conn.invoke_oneway(cmd)
+        except Exception as exc:
+            log.info("check-back to %s failed: %s", ch.client_id, exc)
+            return False
+        return True
