@@ -86,3 +86,10 @@ async def test_cli_verbs(ns_addr: str) -> None:
     assert len(json.loads(out)) == 3
     code, out, err = await run(*ferry("topic", "route", *n, "-t", "NoSuchTopicX"))
     assert code != 0 and len(err.strip().splitlines()) == 1 and "TopicNotExist" in err
+
+
+async def test_transaction_example(ns_addr: str) -> None:
+    code, out, err = await run("examples/transaction_producer.py", ns_addr)
+    assert code == 0, err
+    assert "order-0: half SEND_OK, local COMMIT_MESSAGE" in out
+    assert "order-1: half SEND_OK, local ROLLBACK_MESSAGE" in out
