@@ -23,7 +23,8 @@ def end(phy: int, qo: int, kind: int, group: str = "pg") -> dict[str, object]:
 
 
 async def _half(client: Client, body: bytes) -> tuple[int, int]:
-    resp = await client.call(RequestCode.SEND_MESSAGE, send_v1("TxT", 1, properties=HALF), body)
+    # as a Java TransactionMQProducer sends it: the property and sysFlag TRANSACTION_PREPARED (4)
+    resp = await client.call(RequestCode.SEND_MESSAGE, send_v1("TxT", 1, properties=HALF, sysFlag=4), body)
     assert resp.code == R.SUCCESS, resp.remark
     _, _, phy = decode_offset_msg_id(resp.ext_fields["msgId"])
     return phy, int(resp.ext_fields["queueOffset"])
