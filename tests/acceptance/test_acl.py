@@ -14,8 +14,8 @@ import pytest
 from procs import (
     Cluster,
     ProcessGroup,
-    free_port,
     ferry_argv,
+    free_port,
     request,
     wait_for,
     wait_route,
