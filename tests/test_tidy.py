@@ -31,12 +31,13 @@ ALLOWED: dict[str, set[str]] = {
     "remoting": {"common"},
     "store": {"common"},
     "ha": {"common", "store"},
-    "namesrv": {"common", "remoting"},
-    "broker": {"common", "remoting", "store", "ha"},
+    "acl": {"common", "remoting"},
+    "namesrv": {"common", "remoting", "acl"},
+    "broker": {"common", "remoting", "store", "ha", "acl"},
     "controller": {"common", "remoting"},
     "client": {"common", "remoting"},
     "spark": {"common", "remoting", "client"},
-    "cli": {"common", "remoting", "store", "ha", "namesrv", "broker", "controller", "client", "spark"},
+    "cli": {"common", "remoting", "store", "ha", "acl", "namesrv", "broker", "controller", "client", "spark"},
 }
 #: stdlib/third-party modules that mean I/O or an event loop
 NETWORK_OR_LOOP = {"asyncio", "socket", "selectors", "ssl", "uvloop", "socketserver", "http", "urllib"}

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.acl.guard import AclGuard
 from ferrymq.broker.config import (
     FAST_PORT_OFFSET,
     MASTER_ID,
@@ -157,6 +158,8 @@ class BrokerController:
         ReplyProcessor(self).register(self.dispatcher)
         self.long_polling = PullRequestHoldService(self.pull_processor.rerun, self.store.get_max_offset_in_queue)
         self.metrics_server = broker_metrics_server(self)  # None when metricsPort = -1
+        if config.acl_enable:  # every request passes the ACL check first; nothing is wrapped when off
+            AclGuard(config.acl_path).install(self.dispatcher)
 
         self.pool = ConnectionPool(Dispatcher())
         self.server: RemotingServer | None = None

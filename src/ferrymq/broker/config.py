@@ -222,8 +222,15 @@ class BrokerConfig:
     max_write_buffer_bytes_total: int = field(default=DEFAULT_MAX_WRITE_BUFFER_BYTES_TOTAL, metadata=_meta(
         "maxWriteBufferBytesTotal", "Answers buffered for all non-reading clients of a port; the largest "
         "backlog is disconnected past it"))
+    acl_enable: bool = field(default=False, metadata=_meta(
+        "aclEnable", "Check every request against plain_acl.yml (signatures, topic/group perms, admin codes)"))
+    acl_file: str = field(default="", metadata=_meta(
+        "aclFile", "The ACL file (default: plain_acl.yml beside broker.conf, else in <storePathRootDir>/config); "
+        "reloaded when it changes"))
     # ---- derived, not read from the file ----
     warnings: list[str] = field(default_factory=list, metadata={"derived": True})
+    #: directory of the broker.conf this config came from ("" when built in code)
+    source_dir: str = field(default="", metadata={"derived": True})
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -242,6 +249,14 @@ class BrokerConfig:
     @property
     def config_dir(self) -> str:
         return os.path.join(self.root_dir, "config")
+
+    @property
+    def acl_path(self) -> str:
+        """aclFile (relative to broker.conf's directory), else plain_acl.yml beside broker.conf, else in the
+        config directory."""
+        if self.acl_file:
+            return os.path.join(self.source_dir, os.path.expanduser(self.acl_file))
+        return os.path.join(self.source_dir or self.config_dir, "plain_acl.yml")
 
     @property
     def effective_ha_listen_port(self) -> int:
@@ -475,7 +490,9 @@ def load_config(path: str, overrides: dict[str, str] | None = None) -> BrokerCon
     if not any(key in props for key in REQUIRED_ANY_KEYS):
         raise ConfigError("-c", f"{path} sets none of {', '.join(REQUIRED_ANY_KEYS)}: not a broker config")
     props.update(overrides or {})
-    return from_properties(props)
+    cfg = from_properties(props)
+    cfg.source_dir = os.path.dirname(os.path.abspath(path))
+    return cfg
 
 
 def config_table() -> list[tuple[str, str, str]]:

@@ -53,8 +53,16 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ferrymq")
-def cli() -> None:
+@click.option("--access-key", envvar="FERRY_ACCESS_KEY", default="",
+              help="ACL access key: the client verbs sign their requests (env FERRY_ACCESS_KEY)")
+@click.option("--secret-key", envvar="FERRY_SECRET_KEY", default="",
+              help="ACL secret key (env FERRY_SECRET_KEY)")
+def cli(access_key: str, secret_key: str) -> None:
     """ferrymq: a RocketMQ 4.x wire-compatible message broker."""
+    if access_key:
+        from ferrymq.client.config import set_default_credentials
+
+        set_default_credentials(access_key, secret_key)
 
 
 def main() -> None:

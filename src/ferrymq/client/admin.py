@@ -77,8 +77,10 @@ def parse_cluster_info(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 class Admin:
-    def __init__(self, name_server: str | list[str], *, request_timeout_ms: int = 5_000) -> None:
-        self.config = ClientConfig(parse_name_servers(name_server), request_timeout_ms=request_timeout_ms)
+    def __init__(self, name_server: str | list[str], *, request_timeout_ms: int = 5_000, access_key: str = "",
+                 secret_key: str = "") -> None:
+        self.config = ClientConfig(parse_name_servers(name_server), request_timeout_ms=request_timeout_ms,
+                                   access_key=access_key, secret_key=secret_key)
         self._instance: ClientInstance | None = None
 
     @property

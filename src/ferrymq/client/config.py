@@ -52,6 +52,16 @@ def parse_name_servers(name_server: str | list[str] | tuple[str, ...]) -> list[s
     return addrs
 
 
+#: credentials of clients built without their own (``ferry --access-key/--secret-key`` sets them)
+_default_credentials: tuple[str, str] = ("", "")
+
+
+def set_default_credentials(access_key: str, secret_key: str) -> None:
+    """ACL credentials for every client of this process that is not given its own."""
+    global _default_credentials
+    _default_credentials = (access_key, secret_key)
+
+
 @dataclass(slots=True)
 class ClientConfig:
     name_servers: list[str]
@@ -63,6 +73,13 @@ class ClientConfig:
     connect_timeout_ms: int = CONNECT_TIMEOUT_MS
     reconnect_backoff_base_ms: int = RECONNECT_BACKOFF_BASE_MS
     reconnect_backoff_max_ms: int = RECONNECT_BACKOFF_MAX_MS
+    #: ACL credentials (RocketMQ ``accessKey``/``secretKey``): every request is signed when access_key is set
+    access_key: str = ""
+    secret_key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.access_key:
+            self.access_key, self.secret_key = _default_credentials
 
     @property
     def client_id(self) -> str:
@@ -75,11 +92,14 @@ def client_config(
     poll_name_server_interval_ms: int,
     heartbeat_broker_interval_ms: int,
     instance_name: str | None,
+    access_key: str = "",
+    secret_key: str = "",
 ) -> ClientConfig:
     """The options of a producer or consumer (an empty ``instance_name`` keeps the generated one)."""
     config = ClientConfig(parse_name_servers(name_server),
                           poll_name_server_interval_ms=poll_name_server_interval_ms,
-                          heartbeat_broker_interval_ms=heartbeat_broker_interval_ms)
+                          heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
+                          access_key=access_key, secret_key=secret_key)
     if instance_name:
         config.instance_name = instance_name
     return config

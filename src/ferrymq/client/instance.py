@@ -29,6 +29,7 @@ from ferrymq.client.jsonmq import dumps_mq_keys
 from ferrymq.client.request_reply import ReplyWaiters
 from ferrymq.common.route import MASTER_ID, MessageQueue, TopicRouteData
 from ferrymq.errors import ClientError, ConnectError, RemotingError, TopicNotExistError
+from ferrymq.remoting import signature
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Connection
@@ -181,6 +182,8 @@ class ClientInstance:
     def _stamp(self, cmd: RemotingCommand) -> RemotingCommand:
         cmd.language = CLIENT_LANGUAGE
         cmd.version = CLIENT_VERSION
+        if self.config.access_key:
+            signature.sign(cmd.ext_fields, cmd.body, self.config.access_key, self.config.secret_key)
         return cmd
 
     async def connection(self, addr: str) -> Connection:

@@ -199,10 +199,13 @@ class Producer:
         poll_name_server_interval_ms: int = 30_000,
         heartbeat_broker_interval_ms: int = 30_000,
         instance_name: str | None = None,
+        access_key: str = "",
+        secret_key: str = "",
     ) -> None:
         config = ClientConfig(parse_name_servers(name_server),
                               poll_name_server_interval_ms=poll_name_server_interval_ms,
-                              heartbeat_broker_interval_ms=heartbeat_broker_interval_ms)
+                              heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
+                              access_key=access_key, secret_key=secret_key)
         if instance_name:
             config.instance_name = instance_name
         self.config = config

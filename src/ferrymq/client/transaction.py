@@ -157,7 +157,7 @@ class TransactionProducer(Producer):
         except ValueError:
             return
         if not getattr(conn, "closed", True):
-            conn.invoke_oneway(end)
+            conn.invoke_oneway(self.instance._stamp(end))
 
 
 def _on_check(checkers: dict[str, TransactionProducer], conn: Any, cmd: RemotingCommand) -> None:

@@ -2,7 +2,8 @@
 
 argv[1] JSON: namesrv, topic, group, count, prefix, tags (list), start (first seq, default 0),
 body_pad (default 0), delay_level (default 0), batch (messages per send_batch; 0 = send_sync),
-out (JSON-lines path), deadline_s (stop sending after this), timeout_ms (client send timeout).
+out (JSON-lines path), deadline_s (stop sending after this), timeout_ms (client send timeout),
+access_key/secret_key (ACL credentials: set_session_credentials; optional).
 Each outcome line: {"seq", "ok", "status", "msg_id", "offset", "send_start_ms", "send_end_ms"[, "error"]}.
 """
 
@@ -38,6 +39,8 @@ def main() -> None:
     producer.set_namesrv_addr(a["namesrv"])
     if a.get("timeout_ms"):
         producer.set_timeout(int(a["timeout_ms"]))
+    if a.get("access_key"):
+        producer.set_session_credentials(a["access_key"], a["secret_key"], "ALIYUN")
     producer.start()
     ok = failed = 0
     seq = start

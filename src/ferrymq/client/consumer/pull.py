@@ -35,10 +35,13 @@ class PullConsumer(ConsumerBase):
         poll_name_server_interval_ms: int = 30_000,
         heartbeat_broker_interval_ms: int = 30_000,
         instance_name: str | None = None,
+        access_key: str = "",
+        secret_key: str = "",
     ) -> None:
         self.config = client_config(name_server, poll_name_server_interval_ms=poll_name_server_interval_ms,
                                     heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
-                                    instance_name=instance_name)
+                                    instance_name=instance_name, access_key=access_key,
+                                    secret_key=secret_key)
         self.group = group
         self.read_from_slave = read_from_slave
         self.pull_timeout_ms = pull_timeout_ms

@@ -103,6 +103,8 @@ class PushConsumer(ConsumerBase):
         heartbeat_broker_interval_ms: int = 30_000,
         allocate_strategy: AllocateStrategy = allocate_averagely,
         instance_name: str | None = None,
+        access_key: str = "",
+        secret_key: str = "",
         listener: Listener | None = None,
     ) -> None:
         self.model = MessageModel[message_model]
@@ -112,7 +114,8 @@ class PushConsumer(ConsumerBase):
         self.consume_timestamp_ms = consume_timestamp_ms
         self.config = client_config(name_server, poll_name_server_interval_ms=poll_name_server_interval_ms,
                                     heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
-                                    instance_name=instance_name)
+                                    instance_name=instance_name, access_key=access_key,
+                                    secret_key=secret_key)
         self.group = group
         self.max_reconsume_times = max_reconsume_times
         self.pull_batch_size = pull_batch_size

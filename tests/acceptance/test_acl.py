@@ -1,0 +1,192 @@
+"""ACL (aclEnable=true, plain_acl.yml) against a real broker process: the C++ client with right and wrong
+secrets, our client per permission, admin request codes, whitelisting by reload, and a bad file at start."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import (
+    Cluster,
+    ProcessGroup,
+    ferry_argv,
+    free_port,
+    request,
+    wait_for,
+    wait_route,
+    write_properties,
+)
+
+from ferrymq.client import Message, Producer
+from ferrymq.client.consumer.pull import PullConsumer
+from ferrymq.common.route import MessageQueue
+from ferrymq.errors import NoPermissionError
+from ferrymq.remoting import signature
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode, ResponseCode
+
+pytestmark = pytest.mark.acceptance
+
+TOPIC = "AclTopic"
+OTHER_TOPIC = "AclOtherTopic"
+GROUP = "AclGroup"
+ADMIN = ("aclAdmin1", "aclAdminSecret1")
+PUB = ("aclPub01", "aclPubSecret1")
+SUB = ("aclSub01", "aclSubSecret1")
+ACL_YML = f"""
+globalWhiteRemoteAddresses:
+  - 10.255.255.*
+accounts:
+  - accessKey: {ADMIN[0]}
+    secretKey: {ADMIN[1]}
+    admin: true
+  - accessKey: {PUB[0]}
+    secretKey: {PUB[1]}
+    defaultTopicPerm: DENY
+    topicPerms:
+      - {TOPIC}=PUB
+  - accessKey: {SUB[0]}
+    secretKey: {SUB[1]}
+    topicPerms:
+      - {TOPIC}=SUB
+      - {OTHER_TOPIC}=SUB
+    groupPerms:
+      - {GROUP}=SUB
+"""
+#: admin codes the broker serves, each with a harmless header
+BROKER_ADMIN_REQUESTS: list[tuple[int, dict[str, str]]] = [
+    (RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "AclScratch", "defaultTopic": "TBW102", "readQueueNums": "1",
+                                           "writeQueueNums": "1", "perm": "6", "topicFilterType": "SINGLE_TAG"}),
+    (RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "AclScratch"}),
+    (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}),
+    (RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "AclScratchGroup"}),
+]
+
+
+def signed_request(addr: str, code: int, fields: dict[str, str], keys: tuple[str, str] | None,
+                   body: bytes = b"") -> RemotingCommand:
+    cmd = RemotingCommand.request(code, fields, body)
+    if keys is not None:
+        signature.sign(cmd.ext_fields, cmd.body, *keys)
+    return request(addr, code, cmd.ext_fields, cmd.body)
+
+
+@pytest.fixture
+def acl_cluster(cluster: Callable[..., Cluster], procs: ProcessGroup) -> Cluster:
+    acl_file = procs.base_dir / "plain_acl.yml"
+    acl_file.write_text(ACL_YML)
+    c = cluster(aclEnable=True, aclFile=str(acl_file))
+    c.extra["acl_file"] = acl_file
+    for topic in (TOPIC, OTHER_TOPIC):
+        fields = dict(BROKER_ADMIN_REQUESTS[0][1], topic=topic, readQueueNums="2", writeQueueNums="2")
+        resp = signed_request(c.broker_addr, RequestCode.UPDATE_AND_CREATE_TOPIC, fields, ADMIN)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        wait_route(c.ns_addr, topic, timeout_s=45, broker_name=c.broker.broker_name, alive=c.alive)
+    return c
+
+
+def test_cpp_client_right_and_wrong_secret(acl_cluster: Cluster, run_script: Callable[..., dict[str, Any]],
+                                           tmp_path: Path) -> None:
+    base = {"namesrv": acl_cluster.ns_addr, "topic": TOPIC, "group": "acl_cpp_pg", "count": 3,
+            "tags": ["TagA"], "deadline_s": 60, "timeout_ms": 3000}
+    good = run_script("cpp", "produce", dict(base, prefix="good", access_key=PUB[0], secret_key=PUB[1],
+                                             out=str(tmp_path / "good.jsonl")), timeout_s=120)
+    assert good["sent_ok"] == 3, good
+    bad = run_script("cpp", "produce", dict(base, prefix="bad", access_key=PUB[0], secret_key="notTheSecret",
+                                            out=str(tmp_path / "bad.jsonl")), timeout_s=120)
+    assert bad["sent_ok"] == 0 and bad["failed"] == 3, bad
+    denied_topic = run_script("cpp", "produce", dict(base, topic=OTHER_TOPIC, prefix="other", access_key=PUB[0],
+                                                     secret_key=PUB[1], out=str(tmp_path / "other.jsonl")),
+                              timeout_s=120)
+    assert denied_topic["sent_ok"] == 0, denied_topic
+    assert "signature check failed for AccessKey" in signed_request(
+        acl_cluster.broker_addr, RequestCode.GET_MAX_OFFSET, {"topic": TOPIC, "queueId": "0"},
+        (PUB[0], "notTheSecret")).remark
+
+
+async def _client_session(ns_addr: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with Producer(ns_addr, "acl_py_pg", access_key=PUB[0], secret_key=PUB[1]) as producer:
+        out["pub_send"] = (await producer.send(Message(TOPIC, b"hello"))).status.name
+        try:
+            await producer.send(Message(OTHER_TOPIC, b"nope"))
+        except NoPermissionError as exc:
+            out["pub_other"] = str(exc)
+    async with Producer(ns_addr, "acl_py_pg2", access_key=SUB[0], secret_key=SUB[1]) as producer:
+        try:
+            await producer.send(Message(TOPIC, b"nope"))
+        except NoPermissionError as exc:
+            out["sub_send"] = str(exc)
+    for name, keys in (("sub", SUB), ("pub", PUB)):
+        consumer = PullConsumer(ns_addr, GROUP, access_key=keys[0], secret_key=keys[1])
+        await consumer.start()
+        try:
+            queues = await consumer.fetch_subscribe_message_queues(TOPIC)
+            found = 0
+            for mq in queues:
+                found += len((await consumer.pull(MessageQueue(mq.topic, mq.broker_name, mq.queue_id), 0)).messages)
+            out[f"{name}_pulled"] = found
+        except NoPermissionError as exc:
+            out[f"{name}_pull_error"] = str(exc)
+        finally:
+            await consumer.close()
+    return out
+
+
+def test_our_client_per_permission(acl_cluster: Cluster) -> None:
+    out = asyncio.run(_client_session(acl_cluster.ns_addr))
+    assert out["pub_send"] == "SEND_OK"
+    assert "no PUB permission on topic AclOtherTopic" in out["pub_other"]
+    assert "no PUB permission on topic AclTopic" in out["sub_send"]
+    assert out["sub_pulled"] == 1, out
+    assert "no SUB permission" in out["pub_pull_error"], out
+    unsigned = request(acl_cluster.broker_addr, RequestCode.PULL_MESSAGE, {"topic": TOPIC, "consumerGroup": GROUP})
+    assert unsigned.code == ResponseCode.NO_PERMISSION and "no AccessKey" in (unsigned.remark or "")
+
+
+@pytest.mark.parametrize(("code", "fields"), BROKER_ADMIN_REQUESTS)
+def test_admin_codes_need_admin(acl_cluster: Cluster, code: int, fields: dict[str, str]) -> None:
+    body = b'{"groupName":"AclScratchGroup"}' if code == RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP else b""
+    for keys in (PUB, SUB):
+        resp = signed_request(acl_cluster.broker_addr, code, fields, keys, body)
+        assert resp.code == ResponseCode.NO_PERMISSION, (code, keys, resp.code, resp.remark)
+        assert "needs an admin account" in (resp.remark or "")
+    resp = signed_request(acl_cluster.broker_addr, code, fields, ADMIN, body)
+    assert resp.code == ResponseCode.SUCCESS, (code, resp.remark)
+
+
+def test_whitelist_by_reload_and_broken_reload_keeps_last_good(acl_cluster: Cluster) -> None:
+    addr = acl_cluster.broker_addr
+    acl_file: Path = acl_cluster.extra["acl_file"]
+    fields = {"topic": TOPIC, "queueId": "0"}
+    assert request(addr, RequestCode.GET_MAX_OFFSET, fields).code == ResponseCode.NO_PERMISSION
+    acl_file.write_text(ACL_YML.replace("10.255.255.*", "127.0.0.*"))
+    wait_for(lambda: request(addr, RequestCode.GET_MAX_OFFSET, fields).code == ResponseCode.SUCCESS,
+             timeout_s=20, what="the whitelist to be reloaded", alive=acl_cluster.alive)
+    acl_file.write_text(ACL_YML.replace("admin: true", "admin: maybe"))
+    assert acl_cluster.broker.proc is not None
+    proc = acl_cluster.broker.proc
+
+    def refused_and_kept() -> bool:
+        # the file is looked at when a request arrives (at most once a second)
+        ok = request(addr, RequestCode.GET_MAX_OFFSET, fields).code == ResponseCode.SUCCESS
+        return ok and "not reloaded, keeping the last good ACL: accounts[0].admin" in proc.log_text()
+
+    wait_for(refused_and_kept, timeout_s=20, what="the broken file to be refused", alive=acl_cluster.alive)
+
+
+def test_malformed_acl_file_stops_the_broker(tmp_path: Path) -> None:
+    acl_file = tmp_path / "plain_acl.yml"
+    acl_file.write_text(ACL_YML.replace(f"{TOPIC}=PUB", f"{TOPIC}=WRITE"))
+    conf = write_properties(tmp_path / "broker.conf", {
+        "brokerName": f"acl-{uuid.uuid4().hex[:6]}", "listenPort": free_port(broker=True), "listenHost": "127.0.0.1",
+        "storePathRootDir": str(tmp_path / "store"), "namesrvAddr": "127.0.0.1:1", "aclEnable": "true"})
+    cp = subprocess.run(ferry_argv("broker", "-c", str(conf)), capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2, cp.stderr
+    lines = [ln for ln in cp.stderr.splitlines() if ln.startswith("config error")]
+    assert lines == ["config error: accounts[1].topicPerms[0]: expected one of DENY, PUB, SUB, PUB|SUB; got 'WRITE'"]
