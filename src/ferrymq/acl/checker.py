@@ -29,17 +29,22 @@ from ferrymq.remoting.codes import RequestCode as C
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 
-#: ACL management codes (RocketMQ 50..54: update/delete ACL config, update global white addresses, get
-#: broker cluster ACL info/config); this broker does not serve them yet, but they are admin-only
-ACL_ADMIN_CODES = frozenset(range(50, 55))
+#: ACL management codes (50..54: update/delete an account, ACL info, global white addresses, the whole ACL)
+ACL_ADMIN_CODES = frozenset(range(int(C.UPDATE_AND_CREATE_ACL_CONFIG), int(C.GET_BROKER_CLUSTER_ACL_CONFIG) + 1))
+#: UPDATE_NAMESRV_CONFIG
+UPDATE_NAMESRV_CONFIG_CODE = 318
 #: RocketMQ's offset-reset codes (INVOKE_BROKER_TO_RESET_OFFSET 222) and the commitlog purge (329)
 RESET_OFFSET_CODES = frozenset((int(C.RESET_CONSUMER_CLIENT_OFFSET), 222))
 ADMIN_CODES = frozenset({
     int(C.UPDATE_AND_CREATE_TOPIC), int(C.DELETE_TOPIC_IN_BROKER), int(C.DELETE_TOPIC_IN_NAMESRV),
     int(C.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP), int(C.DELETE_SUBSCRIPTIONGROUP),
     int(C.UPDATE_BROKER_CONFIG), int(C.PUT_KV_CONFIG), int(C.DELETE_KV_CONFIG),
-    int(C.WIPE_WRITE_PERM_OF_BROKER), int(C.ADD_WRITE_PERM_OF_BROKER), 329,
+    int(C.WIPE_WRITE_PERM_OF_BROKER), int(C.ADD_WRITE_PERM_OF_BROKER), 329, UPDATE_NAMESRV_CONFIG_CODE,
 }) | ACL_ADMIN_CODES | RESET_OFFSET_CODES
+#: what a name server with aclEnable checks (all need an admin account); reads and broker registration are open
+NAMESRV_GUARDED_CODES = frozenset({
+    int(C.PUT_KV_CONFIG), int(C.DELETE_KV_CONFIG), int(C.DELETE_TOPIC_IN_NAMESRV), int(C.WIPE_WRITE_PERM_OF_BROKER),
+    int(C.ADD_WRITE_PERM_OF_BROKER), UPDATE_NAMESRV_CONFIG_CODE})
 
 _SEND_TOPIC_KEY = {int(C.SEND_MESSAGE): "topic", int(C.SEND_REPLY_MESSAGE): "topic",
                    int(C.SEND_MESSAGE_V2): "b", int(C.SEND_BATCH_MESSAGE): "b", int(C.SEND_REPLY_MESSAGE_V2): "b"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Collection
 from typing import Any
 
 from ferrymq.acl.checker import check
@@ -83,9 +84,11 @@ class AclGuard:
 
         return guard
 
-    def install(self, dispatcher: Dispatcher) -> None:
-        """Put the check in front of every handler registered so far."""
+    def install(self, dispatcher: Dispatcher, only: Collection[int] | None = None) -> None:
+        """Put the check in front of every handler registered so far (or of those of ``only``)."""
         for code in dispatcher.codes():
+            if only is not None and code not in only:
+                continue
             handler = dispatcher.get(code)
             if handler is not None:
                 dispatcher.register(code, self.guarded(handler))

@@ -161,7 +161,12 @@ class BrokerController:
         if config.acl_enable:  # every request passes the ACL check first; nothing is wrapped when off
             AclGuard(config.acl_path).install(self.dispatcher)
 
-        self.pool = ConnectionPool(Dispatcher())
+        # TLS (remoting/tls.py): certificates are loaded now, so a bad path stops the start with its key
+        self.tls_server = config.tls_server
+        self.tls_server.context()
+        tls_client = config.tls_client
+        self.tls_client_context = tls_client.context() if tls_client is not None else None
+        self.pool = ConnectionPool(Dispatcher(), ssl_context=self.tls_client_context)
         self.server: RemotingServer | None = None
         self.fast_server: RemotingServer | None = None
         self.registrar: NameServerRegistrar | None = None
@@ -223,13 +228,13 @@ class BrokerController:
 
         limits = cfg.server_limits()
         self.server = RemotingServer(self.dispatcher, cfg.listen_host, cfg.listen_port, limits=limits,
-                                     on_connection_closed=self._on_connection_closed)
+                                     on_connection_closed=self._on_connection_closed, tls=self.tls_server)
         await self.server.start()
         self.store_host = host_to_bytes(cfg.broker_ip1, self.server.port)
         if cfg.fast_listen_enable:
             fast_port = self.server.port - FAST_PORT_OFFSET if cfg.listen_port > FAST_PORT_OFFSET else 0
             self.fast_server = RemotingServer(self.dispatcher, cfg.listen_host, fast_port, limits=limits,
-                                              on_connection_closed=self._on_connection_closed)
+                                              on_connection_closed=self._on_connection_closed, tls=self.tls_server)
             try:
                 await self.fast_server.start()
             except OSError as exc:
@@ -287,7 +292,7 @@ class BrokerController:
                 housekeeping_interval_ms=cfg.ha_housekeeping_interval_ms,
                 heartbeat_interval_ms=cfg.ha_send_heartbeat_interval_ms,
                 transfer_batch_size=cfg.ha_transfer_batch_size, slave_fallbehind_max=cfg.ha_slave_fallbehind_max,
-                ha_secret=cfg.ha_secret, broker_name=cfg.broker_name)
+                ha_secret=cfg.ha_secret, broker_name=cfg.broker_name, tls=self.tls_server)
             await self.ha_service.start()
             self.writer.ha_service = self.ha_service
             return
@@ -296,7 +301,7 @@ class BrokerController:
             self.store, master_ha_addr=self.master_ha_addr, heartbeat_interval_ms=cfg.ha_send_heartbeat_interval_ms,
             housekeeping_interval_ms=cfg.ha_housekeeping_interval_ms,
             on_appended=lambda *_: self.writer.schedule_reput_within(SLAVE_REPUT_DELAY_S),
-            ha_secret=cfg.ha_secret, broker_name=cfg.broker_name)
+            ha_secret=cfg.ha_secret, broker_name=cfg.broker_name, ssl_context=self.tls_client_context)
         await self.ha_client.start()
         if importlib.util.find_spec("ferrymq.broker.slave_sync") is not None:
             sync_mod = importlib.import_module("ferrymq.broker.slave_sync")

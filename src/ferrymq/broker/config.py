@@ -28,6 +28,9 @@ from ferrymq.remoting.limits import (
     DEFAULT_WRITE_HIGH_WATER_BYTES,
     ServerLimits,
 )
+from ferrymq.remoting.tls import TLS_KEYS, TlsClientSettings, TlsServerSettings
+from ferrymq.remoting.tls import client_settings as tls_client_settings
+from ferrymq.remoting.tls import server_settings as tls_server_settings
 from ferrymq.store.config import COMMIT_LOG_PREALLOCATION_MODES
 
 log = logging.getLogger(__name__)
@@ -229,6 +232,8 @@ class BrokerConfig:
         "reloaded when it changes"))
     # ---- derived, not read from the file ----
     warnings: list[str] = field(default_factory=list, metadata={"derived": True})
+    #: the TLS keys as written (remoting/tls.py reads them: tlsServerMode, tls.server.*, tlsEnable, tls.client.*)
+    tls_props: dict[str, str] = field(default_factory=dict, metadata={"derived": True})
     #: directory of the broker.conf this config came from ("" when built in code)
     source_dir: str = field(default="", metadata={"derived": True})
 
@@ -249,6 +254,16 @@ class BrokerConfig:
     @property
     def config_dir(self) -> str:
         return os.path.join(self.root_dir, "config")
+
+    @property
+    def tls_server(self) -> TlsServerSettings:
+        """TLS of the remoting and HA ports (relative certificate paths are taken from broker.conf's directory)."""
+        return tls_server_settings(self.tls_props, self.source_dir)
+
+    @property
+    def tls_client(self) -> TlsClientSettings | None:
+        """TLS of the broker's own connections (name servers, controller, its master's HA port)."""
+        return tls_client_settings(self.tls_props, self.source_dir)
 
     @property
     def acl_path(self) -> str:
@@ -467,6 +482,9 @@ def parse_properties(text: str) -> dict[str, str]:
 def from_properties(props: dict[str, str]) -> BrokerConfig:
     cfg = BrokerConfig()
     for key, raw in props.items():
+        if key in TLS_KEYS:
+            cfg.tls_props[key] = raw
+            continue
         f = FIELDS.get(key)
         if f is None:
             msg = f"unknown config key {key!r} ignored"
@@ -475,6 +493,8 @@ def from_properties(props: dict[str, str]) -> BrokerConfig:
             continue
         setattr(cfg, f.name, _convert(key, f.type, raw))
     cfg.validate()
+    cfg.tls_server  # noqa: B018 -- a bad mode or client-auth value is a ConfigError now, not at start
+    cfg.tls_client  # noqa: B018
     return cfg
 
 

@@ -109,11 +109,11 @@ class ControllerRole:
             ha_max_time_slave_not_catchup_ms=cfg.ha_max_time_slave_not_catchup_ms,
             transfer_batch_size=cfg.ha_transfer_batch_size, heartbeat_interval_ms=cfg.ha_send_heartbeat_interval_ms,
             housekeeping_interval_ms=cfg.ha_housekeeping_interval_ms,
-            on_slave_caught_up=self._on_caught_up, on_slave_lagging=self._on_lagging)
+            on_slave_caught_up=self._on_caught_up, on_slave_lagging=self._on_lagging, tls=broker.tls_server)
         self.ha_master.active = False
         self.ha_client = AutoSwitchHAClient(
             broker.store, self.epoch_file, self.replica_id, cfg.broker_name, ha_secret=cfg.ha_secret or None,
-            on_appended=lambda: broker.writer.schedule_reput_within(0.001))
+            on_appended=lambda: broker.writer.schedule_reput_within(0.001), ssl_context=broker.tls_client_context)
         self.is_master = False
         self.master_epoch = 0
         self.state: GroupState | None = None

@@ -57,12 +57,29 @@ class LazyGroup(click.Group):
               help="ACL access key: the client verbs sign their requests (env FERRY_ACCESS_KEY)")
 @click.option("--secret-key", envvar="FERRY_SECRET_KEY", default="",
               help="ACL secret key (env FERRY_SECRET_KEY)")
-def cli(access_key: str, secret_key: str) -> None:
+@click.option("--tls", "use_tls", is_flag=True, envvar="FERRY_TLS",
+              help="Connect to name servers and brokers with TLS (env FERRY_TLS=1)")
+@click.option("--tls-trust-cert", envvar="FERRY_TLS_TRUST_CERT", default="", metavar="PEM",
+              help="CA certificates the server must chain to (implies --tls; without it the server is not "
+                   "authenticated)")
+@click.option("--tls-cert", envvar="FERRY_TLS_CERT", default="", metavar="PEM",
+              help="Client certificate, for servers with tls.server.need.client.auth")
+@click.option("--tls-key", envvar="FERRY_TLS_KEY", default="", metavar="PEM", help="Key of --tls-cert")
+def cli(access_key: str, secret_key: str, use_tls: bool, tls_trust_cert: str, tls_cert: str, tls_key: str) -> None:
     """ferrymq: a RocketMQ 4.x wire-compatible message broker."""
     if access_key:
         from ferrymq.client.config import set_default_credentials
 
         set_default_credentials(access_key, secret_key)
+    if use_tls or tls_trust_cert or tls_cert:
+        from ferrymq.errors import ConfigError
+        from ferrymq.remoting.tls import TlsClientSettings, set_default_client_tls
+
+        try:
+            set_default_client_tls(TlsClientSettings(trust_cert_path=tls_trust_cert, cert_path=tls_cert,
+                                                     key_path=tls_key))
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
 
 
 def main() -> None:

@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
-from typing import Any
 
 import click
 
 from ferrymq.common import logthrottle
 from ferrymq.common.properties import parse_bool, parse_int, read_properties
 from ferrymq.errors import ConfigError, FerryError
+from ferrymq.remoting.tls import TLS_KEYS
+from ferrymq.remoting.tls import server_settings as tls_server_settings
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9876
 #: namesrv.conf keys of the name server itself (the controller's keys are ferrymq.controller.config.KEYS)
-NAMESRV_KEYS = ("listenHost", "listenPort", "kvConfigPath", "enableControllerInNamesrv")
+NAMESRV_KEYS = ("listenHost", "listenPort", "kvConfigPath", "enableControllerInNamesrv", "aclEnable", "aclFile",
+                *TLS_KEYS)
 EXIT_START_FAILED = 1
 EXIT_USAGE = 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -50,23 +53,35 @@ def parse_listen(value: str) -> tuple[str, int]:
 class NamesrvFileConfig:
     """What a namesrv.conf says (None: not set)."""
 
-    def __init__(self, props: dict[str, str]) -> None:
+    def __init__(self, props: dict[str, str], base_dir: str = "") -> None:
         from ferrymq.controller.config import ControllerConfig, from_properties
 
         self.host = props.get("listenHost", "").strip() or None
         self.port = parse_int("listenPort", props["listenPort"], minimum=0, maximum=65535) \
             if "listenPort" in props else None
         self.kv_config_path = props.get("kvConfigPath", "").strip() or None
+        #: tlsServerMode and tls.server.* (remoting/tls.py), relative paths from namesrv.conf's directory
+        self.tls = tls_server_settings(props, base_dir)
+        self.tls.context()
+        #: aclEnable: PUT/DELETE_KV_CONFIG, DELETE_TOPIC_IN_NAMESRV, wipe/add write perm and config updates need
+        #: an admin account of aclFile (default plain_acl.yml beside namesrv.conf)
+        self.acl_path: str | None = None
+        if parse_bool("aclEnable", props.get("aclEnable", "false")):
+            acl_file = os.path.expanduser(props.get("aclFile", "").strip() or "plain_acl.yml")
+            self.acl_path = os.path.join(base_dir, acl_file)
         self.controller: ControllerConfig | None = None
         if parse_bool("enableControllerInNamesrv", props.get("enableControllerInNamesrv", "false")):
-            self.controller = from_properties(props, other_known_keys=NAMESRV_KEYS)
+            self.controller = from_properties(props, other_known_keys=NAMESRV_KEYS, base_dir=base_dir)
 
 
 async def _serve(host: str, port: int, kv_config_path: str | None, metrics_port: int,
-                 controller_cfg: Any = None) -> None:
+                 file_cfg: NamesrvFileConfig | None = None) -> None:
     from ferrymq.namesrv.app import NameServer
 
-    server = NameServer(host, port, kv_config_path=kv_config_path, metrics_port=metrics_port)
+    controller_cfg = file_cfg.controller if file_cfg is not None else None
+    server = NameServer(host, port, kv_config_path=kv_config_path, metrics_port=metrics_port,
+                        tls=file_cfg.tls if file_cfg is not None else None,
+                        acl_path=file_cfg.acl_path if file_cfg is not None else None)
     controller = None
     if controller_cfg is not None:
         from ferrymq.controller.server import ControllerServer
@@ -93,14 +108,15 @@ async def _serve(host: str, port: int, kv_config_path: str | None, metrics_port:
         await server.stop()
 
 
-def _run(host: str, port: int, kv_config_path: str | None, metrics_port: int, controller_cfg: Any = None) -> None:
+def _run(host: str, port: int, kv_config_path: str | None, metrics_port: int,
+         file_cfg: NamesrvFileConfig | None = None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(host, port, kv_config_path, metrics_port, controller_cfg))
+        asyncio.run(_serve(host, port, kv_config_path, metrics_port, file_cfg))
         return
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve(host, port, kv_config_path, metrics_port, controller_cfg))
+        runner.run(_serve(host, port, kv_config_path, metrics_port, file_cfg))
 
 
 @click.command("namesrv")
@@ -119,7 +135,8 @@ def command(config_path: str | None, listen: str | None, kv_config_path: str | N
     file_cfg: NamesrvFileConfig | None = None
     if config_path is not None:
         try:
-            file_cfg = NamesrvFileConfig(read_properties(config_path))
+            file_cfg = NamesrvFileConfig(read_properties(config_path),
+                                         os.path.dirname(os.path.abspath(config_path)))
         except ConfigError as exc:
             click.echo(f"Error: {exc}", err=True)
             sys.exit(EXIT_USAGE)
@@ -137,7 +154,7 @@ def command(config_path: str | None, listen: str | None, kv_config_path: str | N
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(), format=LOG_FORMAT)
     logthrottle.install()
     try:
-        _run(host, port, kv_config_path, metrics_port, file_cfg.controller if file_cfg else None)
+        _run(host, port, kv_config_path, metrics_port, file_cfg)
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(EXIT_USAGE)

@@ -19,6 +19,7 @@ from ferrymq.errors import BrokerError, ClientError, FerryError, ProtocolError, 
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
+from ferrymq.remoting.tls import TlsClientSettings
 
 #: timeout of a QUERY_MESSAGE call (the broker walks index files)
 QUERY_MESSAGE_TIMEOUT_MS = 15_000
@@ -78,9 +79,9 @@ def parse_cluster_info(obj: dict[str, Any]) -> dict[str, Any]:
 
 class Admin:
     def __init__(self, name_server: str | list[str], *, request_timeout_ms: int = 5_000, access_key: str = "",
-                 secret_key: str = "") -> None:
+                 secret_key: str = "", tls: TlsClientSettings | None = None) -> None:
         self.config = ClientConfig(parse_name_servers(name_server), request_timeout_ms=request_timeout_ms,
-                                   access_key=access_key, secret_key=secret_key)
+                                   access_key=access_key, secret_key=secret_key, tls=tls)
         self._instance: ClientInstance | None = None
 
     @property

@@ -7,6 +7,8 @@ import socket
 import time
 from dataclasses import dataclass, field
 
+from ferrymq.remoting.tls import TlsClientSettings
+
 #: Java client default for the route refresh period.
 POLL_NAME_SERVER_INTERVAL_MS = 30_000
 #: Heartbeat period to every broker (Java/C++/ali-ons: 30 s).
@@ -76,6 +78,9 @@ class ClientConfig:
     #: ACL credentials (RocketMQ ``accessKey``/``secretKey``): every request is signed when access_key is set
     access_key: str = ""
     secret_key: str = ""
+    #: TLS to name servers and brokers (None: the process default, which is plain TCP unless ``ferry --tls``
+    #: or ``remoting.tls.set_default_client_tls`` set one)
+    tls: TlsClientSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.access_key:
@@ -94,12 +99,13 @@ def client_config(
     instance_name: str | None,
     access_key: str = "",
     secret_key: str = "",
+    tls: TlsClientSettings | None = None,
 ) -> ClientConfig:
     """The options of a producer or consumer (an empty ``instance_name`` keeps the generated one)."""
     config = ClientConfig(parse_name_servers(name_server),
                           poll_name_server_interval_ms=poll_name_server_interval_ms,
                           heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
-                          access_key=access_key, secret_key=secret_key)
+                          access_key=access_key, secret_key=secret_key, tls=tls)
     if instance_name:
         config.instance_name = instance_name
     return config

@@ -104,7 +104,8 @@ class ClientInstance:
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
         self.client_id = config.client_id
-        self.pool = ConnectionPool(connect_timeout_ms=config.connect_timeout_ms, on_close=self._on_conn_closed)
+        self.pool = ConnectionPool(connect_timeout_ms=config.connect_timeout_ms, on_close=self._on_conn_closed,
+                                   ssl_context=config.tls.context() if config.tls is not None else None)
         self.name_servers = list(config.name_servers)
         self._ns_index = random.randrange(len(self.name_servers))
         self.routes: dict[str, TopicRouteData] = {}

@@ -74,6 +74,7 @@ from ferrymq.errors import (
 )
 from ferrymq.remoting.codec import FLAG_ONEWAY, RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
+from ferrymq.remoting.tls import TlsClientSettings
 
 log = logging.getLogger(__name__)
 
@@ -201,11 +202,12 @@ class Producer:
         instance_name: str | None = None,
         access_key: str = "",
         secret_key: str = "",
+        tls: TlsClientSettings | None = None,
     ) -> None:
         config = ClientConfig(parse_name_servers(name_server),
                               poll_name_server_interval_ms=poll_name_server_interval_ms,
                               heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
-                              access_key=access_key, secret_key=secret_key)
+                              access_key=access_key, secret_key=secret_key, tls=tls)
         if instance_name:
             config.instance_name = instance_name
         self.config = config

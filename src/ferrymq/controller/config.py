@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 from ferrymq.common.properties import parse_bool, parse_int, read_properties
 from ferrymq.errors import ConfigError
+from ferrymq.remoting.tls import TLS_KEYS, TlsServerSettings
+from ferrymq.remoting.tls import server_settings as tls_server_settings
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class ControllerConfig:
     heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS
     elect_unclean: bool = False
     warnings: list[str] = field(default_factory=list)
+    #: TLS of the remoting port (tlsServerMode, tls.server.*; the Raft port between controllers is plain)
+    tls: TlsServerSettings = field(default_factory=TlsServerSettings)
 
     @property
     def single_node(self) -> bool:
@@ -131,7 +135,8 @@ def parse_peers(raw: str) -> list[Peer]:
     return peers
 
 
-def from_properties(props: Mapping[str, str], *, other_known_keys: Iterable[str] = ()) -> ControllerConfig:
+def from_properties(props: Mapping[str, str], *, other_known_keys: Iterable[str] = (),
+                    base_dir: str = "") -> ControllerConfig:
     """A validated config; ``other_known_keys`` are keys of the embedding process (namesrv.conf) that are
     not warned about."""
     cfg = ControllerConfig()
@@ -151,13 +156,17 @@ def from_properties(props: Mapping[str, str], *, other_known_keys: Iterable[str]
             cfg.heartbeat_timeout_ms = parse_int(key, raw)
         elif key == "enableElectUncleanMaster":
             cfg.elect_unclean = parse_bool(key, raw)
+        elif key in TLS_KEYS:
+            continue
         elif key not in known:
             msg = f"unknown config key {key!r} ignored"
             cfg.warnings.append(msg)
             log.warning(msg)
+    cfg.tls = tls_server_settings(props, base_dir)
+    cfg.tls.context()  # a bad certificate path is a config error now
     cfg.validate()
     return cfg
 
 
 def load_config(path: str) -> ControllerConfig:
-    return from_properties(read_properties(path))
+    return from_properties(read_properties(path), base_dir=os.path.dirname(os.path.abspath(path)))

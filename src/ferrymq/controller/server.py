@@ -53,7 +53,7 @@ class ControllerServer:
         if self._server is not None:
             raise RuntimeError("controller already started")
         server = RemotingServer(self.dispatcher, self.cfg.listen_host, self.cfg.listen_port,
-                                on_connection_closed=self._on_closed)
+                                on_connection_closed=self._on_closed, tls=self.cfg.tls)
         await server.start()
         self._server = server
         self._port = server.port

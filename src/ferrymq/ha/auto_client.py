@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 from ferrymq.errors import ProtocolError
 from ferrymq.ha import auto_codec as codec
 from ferrymq.ha.epoch import EpochFile
+from ferrymq.remoting import tls
 
 __all__ = ["AutoSwitchHAClient", "StaleEpochError"]
 
@@ -47,7 +49,10 @@ class AutoSwitchHAClient:
     def __init__(self, store: Any, epoch_file: EpochFile, replica_id: int, broker_name: str, *,
                  ha_secret: str | None = None, on_appended: Callable[[], Any] | None = None,
                  reconnect_interval_ms: int = DEFAULT_RECONNECT_INTERVAL_MS,
-                 read_timeout_ms: int = DEFAULT_READ_TIMEOUT_MS) -> None:
+                 read_timeout_ms: int = DEFAULT_READ_TIMEOUT_MS,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        #: TLS to the master's HA port (tlsEnable and tls.client.*, remoting/tls.py)
+        self.ssl_context = ssl_context
         self.store = store
         self.epoch_file = epoch_file
         self.replica_id = replica_id
@@ -129,7 +134,8 @@ class AutoSwitchHAClient:
 
     async def _one_session(self, addr: str) -> None:
         host, _, port = addr.rpartition(":")
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_MS / 1000)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(
+            host, int(port), ssl=self.ssl_context, server_hostname=tls.server_hostname(self.ssl_context, host)), CONNECT_TIMEOUT_MS / 1000)
         try:
             await self._handshake(reader, writer)
             self.connected = True

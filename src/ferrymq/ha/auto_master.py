@@ -31,6 +31,7 @@ from typing import Any
 from ferrymq.errors import ProtocolError
 from ferrymq.ha import auto_codec as codec
 from ferrymq.ha.epoch import EpochFile, find_common_point
+from ferrymq.remoting.tls import SILENT_MEANS_PLAIN_MS, Listener, TlsServerSettings
 
 __all__ = ["AutoSwitchHAMaster"]
 
@@ -101,7 +102,10 @@ class AutoSwitchHAMaster:
                  heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
                  housekeeping_interval_ms: int = DEFAULT_HOUSEKEEPING_INTERVAL_MS,
                  on_slave_caught_up: Callable[[int], None] | None = None,
-                 on_slave_lagging: Callable[[int], None] | None = None) -> None:
+                 on_slave_lagging: Callable[[int], None] | None = None,
+                 tls: TlsServerSettings | None = None) -> None:
+        #: TLS of the HA port (tlsServerMode and tls.server.*, remoting/tls.py)
+        self.tls = tls
         self.store = store
         self.epoch_file = epoch_file
         self.host = host
@@ -131,7 +135,7 @@ class AutoSwitchHAMaster:
         self._sweep_at = math.inf
         self._seq = itertools.count()
         self._ack_level = 0
-        self._server: asyncio.Server | None = None
+        self._server: Listener | None = None
         self._check_task: asyncio.Task[None] | None = None
         self._conn_tasks: set[asyncio.Task[None]] = set()
         self.rejected_handshakes = 0
@@ -142,9 +146,14 @@ class AutoSwitchHAMaster:
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
-        sock = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
+        def streams() -> asyncio.StreamReaderProtocol:
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._accept)
+
+        # with haSecret the master speaks first (its challenge): in permissive mode a silent peer is plain
+        self._server = Listener(streams, self.host, self.port, self.tls,
+                                silent_means_plain_ms=SILENT_MEANS_PLAIN_MS if self.secret else None)
+        await self._server.start()
+        self.port = self._server.port
         self._check_task = asyncio.create_task(self._check_loop())
         self._recompute()
 

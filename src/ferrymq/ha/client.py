@@ -29,6 +29,7 @@ import asyncio
 import inspect
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,7 @@ from ferrymq.ha.config import (
 )
 from ferrymq.ha.slave_conn import Appended, CloseConnection, SendBytes, SlaveConnection, SlaveState
 from ferrymq.ha.store_view import StoreView
+from ferrymq.remoting import tls
 
 __all__ = ["HAClient", "parse_addr"]
 
@@ -79,11 +81,14 @@ class HAClient:
         clock_ms: Callable[[], int] = _monotonic_ms,
         ha_secret: str = "",
         broker_name: str = "",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._view = StoreView(store, segment_size=0)  # the slave never needs the segment size
         #: haSecret: prove group membership to the master before replicating (ha/auth.py)
         self.ha_secret = ha_secret
         self.broker_name = broker_name
+        #: TLS to the master's HA port (tlsEnable and tls.client.*, remoting/tls.py)
+        self.ssl_context = ssl_context
         self._config = HAConfig(
             heartbeat_interval_ms=heartbeat_interval_ms,
             housekeeping_interval_ms=housekeeping_interval_ms,
@@ -198,6 +203,9 @@ class HAClient:
         """Connect to the master; with ``ha_secret``, answer its challenge (ha/auth.py) on the raw socket
         first, then hand the socket to the protocol."""
         loop = asyncio.get_running_loop()
+        ctx = self.ssl_context
+        if ctx is not None:
+            return await self._connect_tls(host, port, ctx)
         if not self.ha_secret:
             return await loop.create_connection(lambda: _MasterLink(self), host, port)
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -216,6 +224,27 @@ class HAClient:
             return await loop.create_connection(lambda: _MasterLink(self), sock=sock)
         except BaseException:
             sock.close()
+            raise
+
+    async def _connect_tls(self, host: str, port: int,
+                           ctx: ssl.SSLContext) -> tuple[asyncio.BaseTransport, _MasterLink]:
+        """TLS to the master; with ``ha_secret`` the challenge is answered over TLS by a first protocol, and the
+        transport is then handed to the link (the master sends nothing more until the first report)."""
+        loop = asyncio.get_running_loop()
+        hostname = tls.server_hostname(ctx, host)
+        if not self.ha_secret:
+            return await loop.create_connection(lambda: _MasterLink(self), host, port, ssl=ctx,
+                                                server_hostname=hostname)
+        transport, first = await loop.create_connection(lambda: _ChallengeReader(auth.CHALLENGE.size), host, port,
+                                                        ssl=ctx, server_hostname=hostname)
+        try:
+            challenge = await first.done
+            transport.write(auth.response_to(challenge, self.ha_secret, self.broker_name))
+            link = _MasterLink(self)
+            transport.set_protocol(link)
+            return transport, link
+        except BaseException:
+            transport.abort()
             raise
 
     async def _session(self, addr: str, transport: asyncio.BaseTransport, link: _MasterLink) -> None:
@@ -284,6 +313,26 @@ class HAClient:
                 transport.close()
             except Exception:  # pragma: no cover
                 pass
+
+
+class _ChallengeReader(asyncio.Protocol):
+    """Collects the master's haSecret challenge on a TLS connection (``done`` resolves to its bytes)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.data = b""
+        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+        if len(self.data) > self.size and not self.done.done():
+            self.done.set_exception(auth.HAAuthError("the master sent more than its challenge"))
+        elif len(self.data) == self.size and not self.done.done():
+            self.done.set_result(self.data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(auth.HAAuthError("the master closed the connection before its challenge"))
 
 
 class _MasterLink(asyncio.BufferedProtocol):

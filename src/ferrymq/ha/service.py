@@ -35,6 +35,7 @@ from ferrymq.ha.config import (
 )
 from ferrymq.ha.master_conn import AckReceived, CloseConnection, MasterConnection, SendBytes
 from ferrymq.ha.store_view import StoreView
+from ferrymq.remoting.tls import SILENT_MEANS_PLAIN_MS, Listener, TlsServerSettings
 
 __all__ = ["HAService"]
 
@@ -351,6 +352,7 @@ class HAService:
         max_slave_connections: int = MAX_SLAVE_CONNECTIONS,
         ha_secret: str = "",
         broker_name: str = "",
+        tls: TlsServerSettings | None = None,
     ) -> None:
         self._view = StoreView(store, segment_size)
         self.max_slave_connections = max_slave_connections
@@ -369,7 +371,9 @@ class HAService:
         self.diff_log_interval_ms = diff_log_interval_ms
         self._clock_ms = clock_ms
         self._links: set[_SlaveLink] = set()
-        self._server: asyncio.base_events.Server | None = None
+        self._server: Listener | None = None
+        #: TLS of the HA port (tlsServerMode and tls.server.*, remoting/tls.py)
+        self.tls = tls
         self._diff_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread_id: int | None = None
@@ -390,9 +394,11 @@ class HAService:
             return
         self._loop = asyncio.get_running_loop()
         self._loop_thread_id = threading.get_ident()
-        self._server = await self._loop.create_server(lambda: _SlaveLink(self), self.listen_host, self.port)
-        sock = self._server.sockets[0]
-        self.port = int(sock.getsockname()[1])
+        # with haSecret the master speaks first (its challenge): in permissive mode a silent peer is plain
+        self._server = Listener(lambda: _SlaveLink(self), self.listen_host, self.port, self.tls,
+                                silent_means_plain_ms=SILENT_MEANS_PLAIN_MS if self.ha_secret else None)
+        await self._server.start()
+        self.port = self._server.port
         self._diff_task = asyncio.create_task(self._diff_log_loop(), name="ha-diff-log")
         self.started = True
         log.info("HA service listening on %s:%d", self.listen_host, self.port)

@@ -7,6 +7,8 @@ import contextlib
 import logging
 from pathlib import Path
 
+from ferrymq.acl.checker import NAMESRV_GUARDED_CODES
+from ferrymq.acl.guard import AclGuard
 from ferrymq.namesrv.kv_config import KVConfigManager
 from ferrymq.namesrv.metrics import namesrv_metrics_server
 from ferrymq.namesrv.processors import NamesrvProcessors
@@ -21,6 +23,7 @@ from ferrymq.namesrv.route_table import (
 )
 from ferrymq.remoting.connection import Connection, Dispatcher
 from ferrymq.remoting.server import RemotingServer
+from ferrymq.remoting.tls import TlsServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +42,21 @@ class NameServer:
         scan_first_delay_ms: int = SCAN_NOT_ACTIVE_BROKER_FIRST_DELAY_MS,
         kv_config_path: str | Path | None = None,
         metrics_port: int = -1,
+        tls: TlsServerSettings | None = None,
+        acl_path: str | None = None,
     ) -> None:
         self.host = host
+        #: TLS of the remoting port (remoting/tls.py); certificates load now, a bad path is a ConfigError
+        self.tls = tls or TlsServerSettings()
+        self.tls.context()
         self._port = port
         self.routes = RouteTable(clock_ms or wall_clock_ms, broker_expired_ms)
         self.kv = KVConfigManager(kv_config_path)
         self.processors = NamesrvProcessors(self.routes, self.kv)
         self.dispatcher = Dispatcher()
         self.processors.register_all(self.dispatcher)
+        if acl_path is not None:  # aclEnable: the write operations need a signed admin account (acl/guard.py)
+            AclGuard(acl_path).install(self.dispatcher, only=NAMESRV_GUARDED_CODES)
         self._scan_interval_ms = scan_interval_ms
         self._scan_first_delay_ms = scan_first_delay_ms
         self._server: RemotingServer | None = None
@@ -65,7 +75,8 @@ class NameServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("name server already started")
-        server = RemotingServer(self.dispatcher, self.host, self._port, on_connection_closed=self._on_closed)
+        server = RemotingServer(self.dispatcher, self.host, self._port, on_connection_closed=self._on_closed,
+                                tls=self.tls)
         await server.start()
         self._server = server
         self._port = server.port

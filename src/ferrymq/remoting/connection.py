@@ -18,6 +18,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +30,7 @@ from ferrymq.errors import (
     ProtocolError,
     RemotingTimeoutError,
 )
+from ferrymq.remoting import tls
 from ferrymq.remoting.codec import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
@@ -463,16 +465,20 @@ async def connect(
     *,
     timeout_ms: int = CONNECT_TIMEOUT_MS,
     on_close: Callable[[Connection], None] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Connection:
-    """Open a connection to ``"host:port"``."""
+    """Open a connection to ``"host:port"``, with TLS when ``ssl_context`` is given or the process has a default
+    client context (remoting/tls.py)."""
     host, port = split_addr(addr)
     loop = asyncio.get_running_loop()
+    ctx = ssl_context or tls.default_client_context()
     try:
         _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: Connection(dispatcher, on_close=on_close), host, port),
+            loop.create_connection(lambda: Connection(dispatcher, on_close=on_close), host, port, ssl=ctx,
+                                   server_hostname=tls.server_hostname(ctx, host)),
             timeout_ms / 1000,
         )
-    except (TimeoutError, OSError) as exc:
+    except (TimeoutError, OSError) as exc:  # ssl.SSLError is an OSError
         raise ConnectError(f"cannot connect to {addr}: {exc or 'timeout'}") from exc
     return proto
 

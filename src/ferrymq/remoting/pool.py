@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ssl
 from collections.abc import Callable
 
 from ferrymq.errors import ConnectError
@@ -24,12 +25,15 @@ class ConnectionPool:
         *,
         connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
         on_close: Callable[[str, Connection], None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.dispatcher = dispatcher or Dispatcher()
         self.connect_timeout_ms = connect_timeout_ms
         self._conns: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Future[Connection]] = {}
         self._on_close = on_close
+        #: TLS for every connection of the pool (None: the process default, remoting/tls.py)
+        self.ssl_context = ssl_context
         self.closed = False
 
     def open_connection(self, addr: str) -> Connection | None:
@@ -50,7 +54,7 @@ class ConnectionPool:
         self._connecting[addr] = fut
         try:
             conn = await connect(addr, self.dispatcher, timeout_ms=self.connect_timeout_ms,
-                                 on_close=functools.partial(self._closed, addr))
+                                 on_close=functools.partial(self._closed, addr), ssl_context=self.ssl_context)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # mark retrieved

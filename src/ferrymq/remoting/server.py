@@ -10,6 +10,7 @@ from collections.abc import Callable
 from ferrymq.remoting.codec import MAX_FRAME_BYTES
 from ferrymq.remoting.connection import Connection, Dispatcher
 from ferrymq.remoting.limits import ServerBudget, ServerLimits
+from ferrymq.remoting.tls import Listener, TlsServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class RemotingServer:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_timeout_s: float = SERVER_CHANNEL_MAX_IDLE_S,
         limits: ServerLimits | None = None,
+        tls: TlsServerSettings | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.host = host
@@ -39,7 +41,9 @@ class RemotingServer:
         self._max_frame_bytes = max_frame_bytes
         self._idle_timeout_s = idle_timeout_s
         self.budget = ServerBudget(limits or ServerLimits())
-        self._server: asyncio.base_events.Server | None = None
+        #: the TLS mode (remoting/tls.py); its certificates are loaded here, so a bad file fails construction
+        self.tls = tls or TlsServerSettings()
+        self._server = Listener(self._factory, host, port, self.tls)
         self._idle_task: asyncio.Task[None] | None = None
         self.connections: set[Connection] = set()
 
@@ -55,10 +59,9 @@ class RemotingServer:
             self._on_closed(conn)
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._factory, self.host, self.port, reuse_address=True, backlog=1024)
-        sock = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
+        self._server.port = self.port
+        await self._server.start()
+        self.port = self._server.port
         self._idle_task = asyncio.ensure_future(self._idle_loop())
 
     @property
@@ -109,9 +112,7 @@ class RemotingServer:
     async def stop(self) -> None:
         if self._idle_task is not None:
             self._idle_task.cancel()
-        if self._server is not None:
-            self._server.close()
+        self._server.close()
         for conn in list(self.connections):
             conn.close()
-        if self._server is not None:
-            await self._server.wait_closed()
+        await self._server.wait_closed()

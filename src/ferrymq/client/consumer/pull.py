@@ -15,6 +15,7 @@ from ferrymq.common.route import MessageQueue
 from ferrymq.common.topic import retry_topic
 from ferrymq.errors import ClientError
 from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.tls import TlsClientSettings
 
 #: Default request timeout of a non-blocking pull.
 PULL_TIMEOUT_MS = 10_000
@@ -37,11 +38,12 @@ class PullConsumer(ConsumerBase):
         instance_name: str | None = None,
         access_key: str = "",
         secret_key: str = "",
+        tls: TlsClientSettings | None = None,
     ) -> None:
         self.config = client_config(name_server, poll_name_server_interval_ms=poll_name_server_interval_ms,
                                     heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
                                     instance_name=instance_name, access_key=access_key,
-                                    secret_key=secret_key)
+                                    secret_key=secret_key, tls=tls)
         self.group = group
         self.read_from_slave = read_from_slave
         self.pull_timeout_ms = pull_timeout_ms

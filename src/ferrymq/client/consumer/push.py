@@ -56,6 +56,7 @@ from ferrymq.common.route import MessageQueue
 from ferrymq.common.topic import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 from ferrymq.errors import ClientError, TopicNotExistError
 from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.tls import TlsClientSettings
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class PushConsumer(ConsumerBase):
         instance_name: str | None = None,
         access_key: str = "",
         secret_key: str = "",
+        tls: TlsClientSettings | None = None,
         listener: Listener | None = None,
     ) -> None:
         self.model = MessageModel[message_model]
@@ -115,7 +117,7 @@ class PushConsumer(ConsumerBase):
         self.config = client_config(name_server, poll_name_server_interval_ms=poll_name_server_interval_ms,
                                     heartbeat_broker_interval_ms=heartbeat_broker_interval_ms,
                                     instance_name=instance_name, access_key=access_key,
-                                    secret_key=secret_key)
+                                    secret_key=secret_key, tls=tls)
         self.group = group
         self.max_reconsume_times = max_reconsume_times
         self.pull_batch_size = pull_batch_size
