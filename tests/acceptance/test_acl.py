@@ -4,6 +4,7 @@ secrets, our client per permission, admin request codes, whitelisting by reload,
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -190,3 +191,63 @@ def test_malformed_acl_file_stops_the_broker(tmp_path: Path) -> None:
     assert cp.returncode == 2, cp.stderr
     lines = [ln for ln in cp.stderr.splitlines() if ln.startswith("config error")]
     assert lines == ["config error: accounts[1].topicPerms[0]: expected one of DENY, PUB, SUB, PUB|SUB; got 'WRITE'"]
+
+
+def _ferry_json(*args: str, keys: tuple[str, str] | None = ADMIN) -> tuple[int, Any, str]:
+    creds = ["--access-key", keys[0], "--secret-key", keys[1]] if keys is not None else []
+    cp = subprocess.run(ferry_argv(*creds, *args, "--json"), capture_output=True, text=True, timeout=60)
+    out = json.loads(cp.stdout) if cp.returncode == 0 and cp.stdout.strip() else None
+    return cp.returncode, out, cp.stderr
+
+
+def test_ferry_acl_verbs_manage_the_file_remotely(acl_cluster: Cluster) -> None:
+    ns, addr = acl_cluster.ns_addr, acl_cluster.broker_addr
+    new = ("aclNewUser1", "aclNewSecret1")
+
+    async def send_as(keys: tuple[str, str]) -> str:
+        async with Producer(ns, "acl_verbs_pg", access_key=keys[0], secret_key=keys[1]) as producer:
+            try:
+                return (await producer.send(Message(TOPIC, b"v"))).status.name
+            except NoPermissionError as exc:
+                return str(exc)
+
+    rc, _, err = _ferry_json("acl", "update", new[0], "--secret", new[1], "-n", ns, keys=PUB)
+    assert rc != 0 and "needs an admin account" in err
+    rc, versions, err = _ferry_json("acl", "versions", "-n", ns)
+    assert rc == 0, err
+    counter = versions[0]["counter"]
+    rc, out, err = _ferry_json("acl", "update", new[0], "--secret", new[1], "--topic-perm", f"{TOPIC}=PUB", "-n", ns)
+    assert rc == 0 and out == [{"accessKey": new[0], "broker": addr}], err
+    assert asyncio.run(send_as(new)) == "SEND_OK"
+    rc, accounts, err = _ferry_json("acl", "list", "-n", ns)
+    assert rc == 0, err
+    mine = [a for a in accounts if a["accessKey"] == new[0]]
+    assert len(mine) == 1 and mine[0]["secretKey"] == "******" and mine[0]["topicPerms"] == f"{TOPIC}=PUB"
+    assert _ferry_json("acl", "versions", "-n", ns)[1][0]["counter"] == counter + 1
+
+    # a change that would break the file is refused and the file stays as it was
+    rc, _, err = _ferry_json("acl", "update", "shortSecretUser", "--secret", "12", "-n", ns)
+    assert rc != 0 and "secretKey" in err and "at least 6 characters" in err
+    assert _ferry_json("acl", "versions", "-n", ns)[1][0]["counter"] == counter + 1
+
+    rc, _, err = _ferry_json("acl", "update", new[0], "--topic-perm", f"{TOPIC}=DENY", "-n", ns)
+    assert rc == 0, err
+    assert "no PUB permission on topic AclTopic" in asyncio.run(send_as(new))
+    rc, _, err = _ferry_json("acl", "delete", new[0], "-n", ns)
+    assert rc == 0, err
+    assert f"no ACL account for AccessKey {new[0]}" in asyncio.run(send_as(new))
+    rc, _, err = _ferry_json("acl", "delete", new[0], "-n", ns)
+    assert rc != 0 and "no account with accessKey" in err
+
+    fields = {"topic": TOPIC, "queueId": "0"}
+    assert request(addr, RequestCode.GET_MAX_OFFSET, fields).code == ResponseCode.NO_PERMISSION
+    assert _ferry_json("acl", "white-addrs", "127.0.0.1", "-n", ns)[0] == 0
+    assert request(addr, RequestCode.GET_MAX_OFFSET, fields).code == ResponseCode.SUCCESS  # in force at once
+    assert _ferry_json("acl", "white-addrs", "-n", ns)[0] == 0
+    assert request(addr, RequestCode.GET_MAX_OFFSET, fields).code == ResponseCode.NO_PERMISSION
+
+
+def test_acl_codes_on_a_broker_without_acl(cluster: Callable[..., Cluster]) -> None:
+    c = cluster()
+    resp = request(c.broker_addr, RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG)
+    assert resp.code == ResponseCode.SYSTEM_ERROR and "aclEnable is false" in (resp.remark or "")

@@ -70,6 +70,12 @@ class AclGuard:
         self.last_reload_error = None
         log.info("ACL file %s reloaded (%d accounts)", self.path, len(self.acl.accounts))
 
+    def reload_now(self) -> None:
+        """Re-read the file at once (after this process changed it)."""
+        self._next_check = 0.0
+        self._mtime_ns = -2
+        self.maybe_reload()
+
     def denial(self, conn: Connection, cmd: RemotingCommand) -> str | None:
         self.maybe_reload()
         peer_ip = conn.peer_addr.rpartition(":")[0].strip("[]")

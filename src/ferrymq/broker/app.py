@@ -40,6 +40,7 @@ from ferrymq.broker.flush import FlushService
 from ferrymq.broker.long_polling import PullRequestHoldService
 from ferrymq.broker.metrics import broker_metrics_server
 from ferrymq.broker.offset_manager import ConsumerOffsetManager
+from ferrymq.broker.processors.acl_admin import AclAdminProcessor
 from ferrymq.broker.processors.admin import AdminProcessor
 from ferrymq.broker.processors.client_manage import ClientManageProcessor
 from ferrymq.broker.processors.consumer_manage import ConsumerManageProcessor
@@ -156,10 +157,14 @@ class BrokerController:
                      SendBackProcessor(self), EndTransactionProcessor(self)):
             proc.register(self.dispatcher)
         ReplyProcessor(self).register(self.dispatcher)
+        AclAdminProcessor(self).register(self.dispatcher)
         self.long_polling = PullRequestHoldService(self.pull_processor.rerun, self.store.get_max_offset_in_queue)
         self.metrics_server = broker_metrics_server(self)  # None when metricsPort = -1
-        if config.acl_enable:  # every request passes the ACL check first; nothing is wrapped when off
-            AclGuard(config.acl_path).install(self.dispatcher)
+        #: the ACL check (None when aclEnable is false); every request passes it first, nothing is wrapped when off
+        self.acl_guard: AclGuard | None = None
+        if config.acl_enable:
+            self.acl_guard = AclGuard(config.acl_path)
+            self.acl_guard.install(self.dispatcher)
 
         # TLS (remoting/tls.py): certificates are loaded now, so a bad path stops the start with its key
         self.tls_server = config.tls_server

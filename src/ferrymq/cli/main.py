@@ -21,6 +21,7 @@ COMMANDS = {
     "consume": "consume",
     "ha": "ha",
     "controller": "controller",
+    "acl": "acl",
     "bench": "bench",
 }
 
