@@ -39,6 +39,8 @@ GROUP = "AclGroup"
 ADMIN = ("aclAdmin1", "aclAdminSecret1")
 PUB = ("aclPub01", "aclPubSecret1")
 SUB = ("aclSub01", "aclSubSecret1")
+JS = ("aclJsUser1", "aclJsSecret1")
+JS_GROUP = "AclJsGroup"
 ACL_YML = f"""
 globalWhiteRemoteAddresses:
   - 10.255.255.*
@@ -58,6 +60,12 @@ accounts:
       - {OTHER_TOPIC}=SUB
     groupPerms:
       - {GROUP}=SUB
+  - accessKey: {JS[0]}
+    secretKey: {JS[1]}
+    topicPerms:
+      - {TOPIC}=PUB|SUB
+    groupPerms:
+      - {JS_GROUP}=SUB
 """
 #: admin codes the broker serves, each with a harmless header
 BROKER_ADMIN_REQUESTS: list[tuple[int, dict[str, str]]] = [
@@ -66,6 +74,10 @@ BROKER_ADMIN_REQUESTS: list[tuple[int, dict[str, str]]] = [
     (RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "AclScratch"}),
     (RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}),
     (RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": "AclScratchGroup"}),
+    (RequestCode.UPDATE_AND_CREATE_ACL_CONFIG, {"accessKey": "aclScratch1", "secretKey": "aclScratchSecret"}),
+    (RequestCode.GET_BROKER_CLUSTER_ACL_INFO, {}),
+    (RequestCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG, {"globalWhiteAddrs": "10.255.255.*"}),
+    (RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG, {}),
 ]
 
 
@@ -251,3 +263,17 @@ def test_acl_codes_on_a_broker_without_acl(cluster: Callable[..., Cluster]) -> N
     c = cluster()
     resp = request(c.broker_addr, RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG)
     assert resp.code == ResponseCode.SYSTEM_ERROR and "aclEnable is false" in (resp.remark or "")
+
+
+def test_alions_with_right_and_wrong_secret(acl_cluster: Cluster, run_script: Callable[..., dict[str, Any]]) -> None:
+    base = {"namesrv": acl_cluster.ns_addr, "topic": TOPIC, "producerGroup": "acl_js_pg", "consumerGroup": JS_GROUP,
+            "prefix": "js", "expression": "*", "logDir": str(acl_cluster.group.base_dir / "logs")}
+    good = run_script("node", "alions_roundtrip", dict(base, count=5, timeoutMs=60_000, accessKeyId=JS[0],
+                                                       accessKeySecret=JS[1]), timeout_s=120)
+    assert "fatal" not in good and not good["sendErrors"], good
+    assert [s["status"] for s in good["sent"]] == ["SEND_OK"] * 5
+    assert good["met"] and sorted(r["seq"] for r in good["received"]) == list(range(5)), good["errors"][:5]
+    bad = run_script("node", "alions_roundtrip", dict(base, count=2, timeoutMs=20_000, accessKeyId=JS[0],
+                                                      accessKeySecret="notTheSecret"), timeout_s=120)
+    assert bad.get("sent", []) == [] and len(bad.get("sendErrors", [])) == 2, bad
+    assert "signature check failed for AccessKey aclJsUser1" in bad["errors"], bad["errors"][:3]

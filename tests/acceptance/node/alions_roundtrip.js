@@ -1,7 +1,8 @@
 'use strict';
 // Drives the npm ali-ons client against ferrymq: produce N messages, then consume them with a push
 // consumer (clustering). Run by tests/acceptance/test_alions.py with one JSON argument:
-//   {namesrv, topic, producerGroup, consumerGroup, count, prefix, expression, timeoutMs, logDir}
+//   {namesrv, topic, producerGroup, consumerGroup, count, prefix, expression, timeoutMs, logDir,
+//    accessKeyId?, accessKeySecret?} (ACL credentials: ali-ons then signs every request)
 // Prints one JSON summary line on stdout: {sent:[{seq, msgId, status, queueId}], sendErrors:[...],
 // received:[{seq, body, tags, keys, prop, msgId, queueId, queueOffset}], met, errors:[...]}.
 // Bodies/keys/tags follow the same pattern as the C++ scripts (see cpp_scripts/_cpp_common.py).
@@ -48,7 +49,8 @@ function withTimeout(promise, ms, what) {
 
 async function main() {
   const deadline = Date.now() + (args.timeoutMs || 120000);
-  const common = { httpclient, nameSrv: args.namesrv, logger, accessKeyId: '', accessKeySecret: '' };
+  const common = { httpclient, nameSrv: args.namesrv, logger, accessKeyId: args.accessKeyId || '',
+    accessKeySecret: args.accessKeySecret || '' };
   const result = { sent: [], sendErrors: [], received: [], met: false, errors };
 
   const producer = new Producer(Object.assign({ producerGroup: args.producerGroup }, common));
