@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from ha_store_support import open_store, put_n
 
+from ferrymq.common.tls import ClientAuth, TlsClientSettings, TlsMode, TlsServerSettings
 from ferrymq.ha.auto_client import AutoSwitchHAClient
 from ferrymq.ha.auto_master import AutoSwitchHAMaster
 from ferrymq.ha.client import HAClient
 from ferrymq.ha.epoch import EpochFile
 from ferrymq.ha.service import HAService
-from ferrymq.remoting.tls import ClientAuth, TlsClientSettings, TlsMode, TlsServerSettings
 from ferrymq.store.config import BrokerRole
 from support.aio import wait_for
 from support.certs import CertSet, make_certs

@@ -166,7 +166,7 @@ class BrokerController:
             self.acl_guard = AclGuard(config.acl_path)
             self.acl_guard.install(self.dispatcher)
 
-        # TLS (remoting/tls.py): certificates are loaded now, so a bad path stops the start with its key
+        # TLS (common/tls.py): certificates are loaded now, so a bad path stops the start with its key
         self.tls_server = config.tls_server
         self.tls_server.context()
         tls_client = config.tls_client

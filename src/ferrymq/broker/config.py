@@ -17,6 +17,9 @@ from dataclasses import dataclass, field, fields
 from enum import Enum, StrEnum
 from typing import Any
 
+from ferrymq.common.tls import TLS_KEYS, TlsClientSettings, TlsServerSettings
+from ferrymq.common.tls import client_settings as tls_client_settings
+from ferrymq.common.tls import server_settings as tls_server_settings
 from ferrymq.errors import ConfigError
 from ferrymq.remoting.limits import (
     DEFAULT_FRAME_DEADLINE_MS,
@@ -28,9 +31,6 @@ from ferrymq.remoting.limits import (
     DEFAULT_WRITE_HIGH_WATER_BYTES,
     ServerLimits,
 )
-from ferrymq.remoting.tls import TLS_KEYS, TlsClientSettings, TlsServerSettings
-from ferrymq.remoting.tls import client_settings as tls_client_settings
-from ferrymq.remoting.tls import server_settings as tls_server_settings
 from ferrymq.store.config import COMMIT_LOG_PREALLOCATION_MODES
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class BrokerConfig:
         "reloaded when it changes"))
     # ---- derived, not read from the file ----
     warnings: list[str] = field(default_factory=list, metadata={"derived": True})
-    #: the TLS keys as written (remoting/tls.py reads them: tlsServerMode, tls.server.*, tlsEnable, tls.client.*)
+    #: the TLS keys as written (common/tls.py reads them: tlsServerMode, tls.server.*, tlsEnable, tls.client.*)
     tls_props: dict[str, str] = field(default_factory=dict, metadata={"derived": True})
     #: directory of the broker.conf this config came from ("" when built in code)
     source_dir: str = field(default="", metadata={"derived": True})

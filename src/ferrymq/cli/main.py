@@ -73,8 +73,8 @@ def cli(access_key: str, secret_key: str, use_tls: bool, tls_trust_cert: str, tl
 
         set_default_credentials(access_key, secret_key)
     if use_tls or tls_trust_cert or tls_cert:
+        from ferrymq.common.tls import TlsClientSettings, set_default_client_tls
         from ferrymq.errors import ConfigError
-        from ferrymq.remoting.tls import TlsClientSettings, set_default_client_tls
 
         try:
             set_default_client_tls(TlsClientSettings(trust_cert_path=tls_trust_cert, cert_path=tls_cert,

@@ -20,9 +20,9 @@ import click
 
 from ferrymq.common import logthrottle
 from ferrymq.common.properties import parse_bool, parse_int, read_properties
+from ferrymq.common.tls import TLS_KEYS
+from ferrymq.common.tls import server_settings as tls_server_settings
 from ferrymq.errors import ConfigError, FerryError
-from ferrymq.remoting.tls import TLS_KEYS
-from ferrymq.remoting.tls import server_settings as tls_server_settings
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
 DEFAULT_HOST = "127.0.0.1"
@@ -60,7 +60,7 @@ class NamesrvFileConfig:
         self.port = parse_int("listenPort", props["listenPort"], minimum=0, maximum=65535) \
             if "listenPort" in props else None
         self.kv_config_path = props.get("kvConfigPath", "").strip() or None
-        #: tlsServerMode and tls.server.* (remoting/tls.py), relative paths from namesrv.conf's directory
+        #: tlsServerMode and tls.server.* (common/tls.py), relative paths from namesrv.conf's directory
         self.tls = tls_server_settings(props, base_dir)
         self.tls.context()
         #: aclEnable: PUT/DELETE_KV_CONFIG, DELETE_TOPIC_IN_NAMESRV, wipe/add write perm and config updates need

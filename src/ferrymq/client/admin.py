@@ -14,12 +14,12 @@ from ferrymq.client.instance import ClientInstance
 from ferrymq.client.jsonmq import mq_keyed_map
 from ferrymq.common.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MessageExt, decode_offset_msg_id
 from ferrymq.common.route import MASTER_ID, MessageQueue, TopicRouteData
+from ferrymq.common.tls import TlsClientSettings
 from ferrymq.common.topic import PERM_READ, PERM_WRITE, validate_topic
 from ferrymq.errors import BrokerError, ClientError, FerryError, ProtocolError, TopicNotExistError
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
-from ferrymq.remoting.tls import TlsClientSettings
 
 #: timeout of a QUERY_MESSAGE call (the broker walks index files)
 QUERY_MESSAGE_TIMEOUT_MS = 15_000

@@ -7,7 +7,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from ferrymq.remoting.tls import TlsClientSettings
+from ferrymq.common.tls import TlsClientSettings
 
 #: Java client default for the route refresh period.
 POLL_NAME_SERVER_INTERVAL_MS = 30_000

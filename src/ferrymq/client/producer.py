@@ -58,6 +58,7 @@ from ferrymq.common.message import (
     reply_topic,
 )
 from ferrymq.common.route import MessageQueue, TopicRouteData
+from ferrymq.common.tls import TlsClientSettings
 from ferrymq.common.topic import (
     DEFAULT_TOPIC,
     NOT_ALLOWED_SEND_TOPICS,
@@ -74,7 +75,6 @@ from ferrymq.errors import (
 )
 from ferrymq.remoting.codec import FLAG_ONEWAY, RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
-from ferrymq.remoting.tls import TlsClientSettings
 
 log = logging.getLogger(__name__)
 

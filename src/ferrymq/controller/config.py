@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ferrymq.common.properties import parse_bool, parse_int, read_properties
+from ferrymq.common.tls import TLS_KEYS, TlsServerSettings
+from ferrymq.common.tls import server_settings as tls_server_settings
 from ferrymq.errors import ConfigError
-from ferrymq.remoting.tls import TLS_KEYS, TlsServerSettings
-from ferrymq.remoting.tls import server_settings as tls_server_settings
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.common import tls
 from ferrymq.errors import ProtocolError
 from ferrymq.ha import auto_codec as codec
 from ferrymq.ha.epoch import EpochFile
-from ferrymq.remoting import tls
 
 __all__ = ["AutoSwitchHAClient", "StaleEpochError"]
 
@@ -51,7 +51,7 @@ class AutoSwitchHAClient:
                  reconnect_interval_ms: int = DEFAULT_RECONNECT_INTERVAL_MS,
                  read_timeout_ms: int = DEFAULT_READ_TIMEOUT_MS,
                  ssl_context: ssl.SSLContext | None = None) -> None:
-        #: TLS to the master's HA port (tlsEnable and tls.client.*, remoting/tls.py)
+        #: TLS to the master's HA port (tlsEnable and tls.client.*, common/tls.py)
         self.ssl_context = ssl_context
         self.store = store
         self.epoch_file = epoch_file

@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.common.tls import SILENT_MEANS_PLAIN_MS, Listener, TlsServerSettings
 from ferrymq.errors import ProtocolError
 from ferrymq.ha import auto_codec as codec
 from ferrymq.ha.epoch import EpochFile, find_common_point
-from ferrymq.remoting.tls import SILENT_MEANS_PLAIN_MS, Listener, TlsServerSettings
 
 __all__ = ["AutoSwitchHAMaster"]
 
@@ -104,7 +104,7 @@ class AutoSwitchHAMaster:
                  on_slave_caught_up: Callable[[int], None] | None = None,
                  on_slave_lagging: Callable[[int], None] | None = None,
                  tls: TlsServerSettings | None = None) -> None:
-        #: TLS of the HA port (tlsServerMode and tls.server.*, remoting/tls.py)
+        #: TLS of the HA port (tlsServerMode and tls.server.*, common/tls.py)
         self.tls = tls
         self.store = store
         self.epoch_file = epoch_file

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.common import tls
 from ferrymq.ha import auth
 from ferrymq.ha.config import (
     DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -43,7 +44,6 @@ from ferrymq.ha.config import (
 )
 from ferrymq.ha.slave_conn import Appended, CloseConnection, SendBytes, SlaveConnection, SlaveState
 from ferrymq.ha.store_view import StoreView
-from ferrymq.remoting import tls
 
 __all__ = ["HAClient", "parse_addr"]
 
@@ -87,7 +87,7 @@ class HAClient:
         #: haSecret: prove group membership to the master before replicating (ha/auth.py)
         self.ha_secret = ha_secret
         self.broker_name = broker_name
-        #: TLS to the master's HA port (tlsEnable and tls.client.*, remoting/tls.py)
+        #: TLS to the master's HA port (tlsEnable and tls.client.*, common/tls.py)
         self.ssl_context = ssl_context
         self._config = HAConfig(
             heartbeat_interval_ms=heartbeat_interval_ms,

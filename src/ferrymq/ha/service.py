@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.common.tls import SILENT_MEANS_PLAIN_MS, Listener, TlsServerSettings
 from ferrymq.ha import auth
 from ferrymq.ha.config import (
     DEFAULT_DIFF_LOG_INTERVAL_MS,
@@ -35,7 +36,6 @@ from ferrymq.ha.config import (
 )
 from ferrymq.ha.master_conn import AckReceived, CloseConnection, MasterConnection, SendBytes
 from ferrymq.ha.store_view import StoreView
-from ferrymq.remoting.tls import SILENT_MEANS_PLAIN_MS, Listener, TlsServerSettings
 
 __all__ = ["HAService"]
 
@@ -372,7 +372,7 @@ class HAService:
         self._clock_ms = clock_ms
         self._links: set[_SlaveLink] = set()
         self._server: Listener | None = None
-        #: TLS of the HA port (tlsServerMode and tls.server.*, remoting/tls.py)
+        #: TLS of the HA port (tlsServerMode and tls.server.*, common/tls.py)
         self.tls = tls
         self._diff_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ferrymq.acl.checker import NAMESRV_GUARDED_CODES
 from ferrymq.acl.guard import AclGuard
+from ferrymq.common.tls import TlsServerSettings
 from ferrymq.namesrv.kv_config import KVConfigManager
 from ferrymq.namesrv.metrics import namesrv_metrics_server
 from ferrymq.namesrv.processors import NamesrvProcessors
@@ -23,7 +24,6 @@ from ferrymq.namesrv.route_table import (
 )
 from ferrymq.remoting.connection import Connection, Dispatcher
 from ferrymq.remoting.server import RemotingServer
-from ferrymq.remoting.tls import TlsServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class NameServer:
         acl_path: str | None = None,
     ) -> None:
         self.host = host
-        #: TLS of the remoting port (remoting/tls.py); certificates load now, a bad path is a ConfigError
+        #: TLS of the remoting port (common/tls.py); certificates load now, a bad path is a ConfigError
         self.tls = tls or TlsServerSettings()
         self.tls.context()
         self._port = port

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ferrymq.common import tls
 from ferrymq.errors import (
     ConnectError,
     ConnectionClosedError,
@@ -30,7 +31,6 @@ from ferrymq.errors import (
     ProtocolError,
     RemotingTimeoutError,
 )
-from ferrymq.remoting import tls
 from ferrymq.remoting.codec import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
@@ -468,7 +468,7 @@ async def connect(
     ssl_context: ssl.SSLContext | None = None,
 ) -> Connection:
     """Open a connection to ``"host:port"``, with TLS when ``ssl_context`` is given or the process has a default
-    client context (remoting/tls.py)."""
+    client context (common/tls.py)."""
     host, port = split_addr(addr)
     loop = asyncio.get_running_loop()
     ctx = ssl_context or tls.default_client_context()

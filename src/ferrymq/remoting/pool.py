@@ -32,7 +32,7 @@ class ConnectionPool:
         self._conns: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Future[Connection]] = {}
         self._on_close = on_close
-        #: TLS for every connection of the pool (None: the process default, remoting/tls.py)
+        #: TLS for every connection of the pool (None: the process default, common/tls.py)
         self.ssl_context = ssl_context
         self.closed = False
 

@@ -7,10 +7,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from ferrymq.common.tls import Listener, TlsServerSettings
 from ferrymq.remoting.codec import MAX_FRAME_BYTES
 from ferrymq.remoting.connection import Connection, Dispatcher
 from ferrymq.remoting.limits import ServerBudget, ServerLimits
-from ferrymq.remoting.tls import Listener, TlsServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class RemotingServer:
         self._max_frame_bytes = max_frame_bytes
         self._idle_timeout_s = idle_timeout_s
         self.budget = ServerBudget(limits or ServerLimits())
-        #: the TLS mode (remoting/tls.py); its certificates are loaded here, so a bad file fails construction
+        #: the TLS mode (common/tls.py); its certificates are loaded here, so a bad file fails construction
         self.tls = tls or TlsServerSettings()
         self._server = Listener(self._factory, host, port, self.tls)
         self._idle_task: asyncio.Task[None] | None = None

@@ -12,10 +12,10 @@ from ferrymq.client.instance import ClientInstance
 from ferrymq.client.selectors import MessageSelector, as_message_selector
 from ferrymq.client.values import PullResult
 from ferrymq.common.route import MessageQueue
+from ferrymq.common.tls import TlsClientSettings
 from ferrymq.common.topic import retry_topic
 from ferrymq.errors import ClientError
 from ferrymq.remoting.codes import RequestCode
-from ferrymq.remoting.tls import TlsClientSettings
 
 #: Default request timeout of a non-blocking pull.
 PULL_TIMEOUT_MS = 10_000

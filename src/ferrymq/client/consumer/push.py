@@ -53,10 +53,10 @@ from ferrymq.common.message import (
     MessageExt,
 )
 from ferrymq.common.route import MessageQueue
+from ferrymq.common.tls import TlsClientSettings
 from ferrymq.common.topic import RETRY_GROUP_TOPIC_PREFIX, retry_topic
 from ferrymq.errors import ClientError, TopicNotExistError
 from ferrymq.remoting.codes import RequestCode
-from ferrymq.remoting.tls import TlsClientSettings
 
 log = logging.getLogger(__name__)
 

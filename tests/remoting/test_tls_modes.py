@@ -1,4 +1,4 @@
-"""TLS on a remoting server (remoting/tls.py) over real loopback sockets: the three server modes, client
+"""TLS on a remoting server (common/tls.py, remoting/server.py) over real loopback sockets: the three server modes, client
 authentication, wrong certificates on either side, a silent peer in permissive mode, and the settings' errors."""
 
 from __future__ import annotations
@@ -10,12 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ferrymq.errors import ConfigError, ConnectError, ConnectionClosedError, RemotingTimeoutError
-from ferrymq.remoting.codec import RemotingCommand
-from ferrymq.remoting.codes import ResponseCode
-from ferrymq.remoting.connection import Connection, Dispatcher, connect
-from ferrymq.remoting.server import RemotingServer
-from ferrymq.remoting.tls import (
+from ferrymq.common.tls import (
     ClientAuth,
     Listener,
     TlsClientSettings,
@@ -24,6 +19,11 @@ from ferrymq.remoting.tls import (
     client_settings,
     server_settings,
 )
+from ferrymq.errors import ConfigError, ConnectError, ConnectionClosedError, RemotingTimeoutError
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import ResponseCode
+from ferrymq.remoting.connection import Connection, Dispatcher, connect
+from ferrymq.remoting.server import RemotingServer
 from support.aio import wait_for
 from support.certs import CertSet, make_certs
 

@@ -28,9 +28,9 @@ from procs import (
 
 from ferrymq.client import Message, Producer
 from ferrymq.client.consumer.pull import PullConsumer
+from ferrymq.common import tls
 from ferrymq.common.route import MessageQueue
-from ferrymq.remoting import tls
-from ferrymq.remoting.tls import TlsClientSettings
+from ferrymq.common.tls import TlsClientSettings
 from support.certs import CertSet, make_certs
 
 pytestmark = pytest.mark.acceptance
