@@ -224,6 +224,9 @@ class BrokerConfig:
         "backlog is disconnected past it"))
     # ---- derived, not read from the file ----
     warnings: list[str] = field(default_factory=list, metadata={"derived": True})
+    #: the .properties file the broker was started with (``ferry broker -c``); runtime config updates
+    #: (UPDATE_BROKER_CONFIG) are written back to it; empty for a broker built in-process
+    config_path: str = field(default="", metadata={"derived": True})
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -475,7 +478,9 @@ def load_config(path: str, overrides: dict[str, str] | None = None) -> BrokerCon
     if not any(key in props for key in REQUIRED_ANY_KEYS):
         raise ConfigError("-c", f"{path} sets none of {', '.join(REQUIRED_ANY_KEYS)}: not a broker config")
     props.update(overrides or {})
-    return from_properties(props)
+    cfg = from_properties(props)
+    cfg.config_path = os.path.abspath(path)
+    return cfg
 
 
 def config_table() -> list[tuple[str, str, str]]:
