@@ -168,7 +168,7 @@ class OpsProcessor:
         if info is None:
             return 0
         told = 0
-        fields = {k: header[k] for k in ("topic", "group", "timestamp", "isForce") if k in header}
+        fields: dict[str, Any] = {k: header[k] for k in ("topic", "group", "timestamp", "isForce") if k in header}
         for ch in list(info.channels.values()):
             if getattr(ch.conn, "closed", True):
                 continue
