@@ -3,7 +3,7 @@ and the update of the keys that are safe to change while the broker runs.
 
 | key (runtime-safe)                    | takes effect                                           |
 |---------------------------------------|--------------------------------------------------------|
-| brokerPermission                      | next send / pull (6 = RW, 4 = read only, 2 = write only) |
+| brokerPermission                      | at once: re-registered with every topic's perm masked (6 = RW, 4 = read only) |
 | maxMessageSize                        | next send (broker check and store check)               |
 | flushIntervalCommitLog                | next ASYNC_FLUSH round                                 |
 | syncFlushTimeout, slaveTimeout        | next SYNC_FLUSH / SYNC_MASTER wait                     |
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.config import FIELDS, BrokerConfig, _convert
 from ferrymq.broker.transaction import TransactionConfig
+from ferrymq.common.topic import PERM_READ, PERM_WRITE
 from ferrymq.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -75,13 +76,38 @@ def _channel_expiry(ctl: BrokerController, value: Any) -> None:
     ctl.producers.channel_expired_ms = value
 
 
+def _broker_permission(ctl: BrokerController, _value: Any) -> None:
+    """As RocketMQ: the permission masks every topic's perm in the registration, and the broker registers
+    at once with a new data version, so the name servers route (or stop routing) writes to it."""
+    registrar = ctl.registrar
+    if registrar is None:
+        return
+    registrar._topic_wrapper = lambda: masked_topic_wrapper(ctl)  # noqa: SLF001 - the registration body source
+    ctl.topics.data_version.next_version(ctl.clock_ms())
+    registrar.trigger()
+
+
+def masked_topic_wrapper(ctl: BrokerController) -> dict[str, Any]:
+    """The registration's TopicConfigSerializeWrapper with each perm ANDed with brokerPermission."""
+    obj = ctl.topics.encode()
+    perm = ctl.config.broker_permission
+    if perm & FULL_PERM == FULL_PERM:
+        return obj
+    table = obj.get("topicConfigTable") or {}
+    obj["topicConfigTable"] = {name: {**tc, "perm": int(tc.get("perm", FULL_PERM)) & perm} for name, tc in table.items()}
+    return obj
+
+
 def _config_only(_ctl: BrokerController, _value: Any) -> None:
     """The broker reads the key from its BrokerConfig on every use."""
 
 
+#: read and write permission bits
+FULL_PERM = PERM_READ | PERM_WRITE
+
 #: runtime-safe key -> what else to update once BrokerConfig holds the new value
 RUNTIME_KEYS: dict[str, Callable[[BrokerController, Any], None]] = {
-    "brokerPermission": _config_only,
+    "brokerPermission": _broker_permission,
     "maxMessageSize": _store("max_message_size"),
     "flushIntervalCommitLog": _flush_interval,
     "syncFlushTimeout": _store("sync_flush_timeout_ms"),
