@@ -42,10 +42,12 @@ from ferrymq.broker.metrics import broker_metrics_server
 from ferrymq.broker.offset_manager import ConsumerOffsetManager
 from ferrymq.broker.processors.acl_admin import AclAdminProcessor
 from ferrymq.broker.processors.admin import AdminProcessor
+from ferrymq.broker.processors.broker_config import BrokerConfigProcessor
 from ferrymq.broker.processors.client_manage import ClientManageProcessor
 from ferrymq.broker.processors.consumer_manage import ConsumerManageProcessor
 from ferrymq.broker.processors.end_transaction import EndTransactionProcessor
 from ferrymq.broker.processors.lock import LockProcessor
+from ferrymq.broker.processors.ops import OpsProcessor
 from ferrymq.broker.processors.pull import PullProcessor
 from ferrymq.broker.processors.query import QueryProcessor
 from ferrymq.broker.processors.reply import ReplyProcessor
@@ -158,6 +160,8 @@ class BrokerController:
             proc.register(self.dispatcher)
         ReplyProcessor(self).register(self.dispatcher)
         AclAdminProcessor(self).register(self.dispatcher)
+        OpsProcessor(self).register(self.dispatcher)
+        BrokerConfigProcessor(self).register(self.dispatcher)
         self.long_polling = PullRequestHoldService(self.pull_processor.rerun, self.store.get_max_offset_in_queue)
         self.metrics_server = broker_metrics_server(self)  # None when metricsPort = -1
         #: the ACL check (None when aclEnable is false); every request passes it first, nothing is wrapped when off

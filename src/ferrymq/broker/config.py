@@ -236,6 +236,9 @@ class BrokerConfig:
     tls_props: dict[str, str] = field(default_factory=dict, metadata={"derived": True})
     #: directory of the broker.conf this config came from ("" when built in code)
     source_dir: str = field(default="", metadata={"derived": True})
+    #: the .properties file the broker was started with (``ferry broker -c``); runtime config updates
+    #: (UPDATE_BROKER_CONFIG) are written back to it; empty for a broker built in-process
+    config_path: str = field(default="", metadata={"derived": True})
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -512,6 +515,7 @@ def load_config(path: str, overrides: dict[str, str] | None = None) -> BrokerCon
     props.update(overrides or {})
     cfg = from_properties(props)
     cfg.source_dir = os.path.dirname(os.path.abspath(path))
+    cfg.config_path = os.path.abspath(path)
     return cfg
 
 

@@ -1,4 +1,7 @@
-"""``ferry broker -c broker.conf [-n "127.0.0.1:9876;127.0.0.1:9877"]``: run one broker in the foreground."""
+"""``ferry broker -c broker.conf [-n "127.0.0.1:9876;127.0.0.1:9877"]``: run one broker in the foreground.
+
+The operations verbs on running brokers (``ferry broker config get|set``, ``wipe-write-perm``, ...) are
+subcommands of the same group (cli/broker_ops.py)."""
 
 from __future__ import annotations
 
@@ -58,13 +61,18 @@ async def _run(config_path: str, namesrv: str | None) -> None:
         await ctl.stop()
 
 
-@click.command("broker")
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="broker .properties file (RocketMQ key names)")
+@click.group("broker", invoke_without_command=True)
+@click.option("-c", "--config", "config_path", default=None, type=click.Path(dir_okay=False),
+              help="broker .properties file (RocketMQ key names); required to run a broker")
 @click.option("-n", "--namesrv", default=None, help='name servers, e.g. "127.0.0.1:9876;127.0.0.1:9877"')
 @click.option("--log-level", default="INFO", show_default=True)
-def command(config_path: str, namesrv: str | None, log_level: str) -> None:
-    """Run a broker until SIGINT/SIGTERM."""
+@click.pass_context
+def command(ctx: click.Context, config_path: str | None, namesrv: str | None, log_level: str) -> None:
+    """Run a broker until SIGINT/SIGTERM (``-c broker.conf``), or operate running brokers (subcommands)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if config_path is None:
+        raise click.UsageError("Missing option '-c' / '--config' (or give a subcommand)")
     if log_level.upper() not in LOG_LEVELS:
         click.echo(f"config error: --log-level: expected one of {', '.join(LOG_LEVELS)}, got {log_level!r}",
                    err=True)
@@ -84,3 +92,13 @@ def command(config_path: str, namesrv: str | None, log_level: str) -> None:
     except OSError as exc:
         click.echo(f"broker failed: {exc}", err=True)
         sys.exit(1)
+
+
+def _add_ops_verbs() -> None:
+    from ferrymq.cli import broker_ops
+
+    for verb in broker_ops.VERBS:
+        command.add_command(verb)
+
+
+_add_ops_verbs()

@@ -29,3 +29,13 @@ def progress(namesrv: str, group: str, topic: str | None, as_json: bool) -> None
              "consumerOffset": c, "lag": lag} for mq, b, c, lag in run(go())]
     emit(rows, ["topic", "brokerName", "queueId", "brokerOffset", "consumerOffset", "lag"], as_json=as_json,
          title=f"group {group}, total lag {sum(r['lag'] for r in rows)}")
+
+
+def _add_ops_verbs() -> None:
+    from ferrymq.cli import consumer_ops
+
+    for verb in consumer_ops.CONSUMER_VERBS:
+        command.add_command(verb)
+
+
+_add_ops_verbs()

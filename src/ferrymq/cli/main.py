@@ -16,6 +16,7 @@ COMMANDS = {
     "topic": "topic",
     "cluster": "cluster",
     "consumer": "consumer",
+    "producer": "producer",
     "message": "message",
     "produce": "produce",
     "consume": "consume",

@@ -93,3 +93,13 @@ def delete(namesrv: str, topic: str, cluster: str | None) -> None:
             await admin.delete_topic(topic, cluster)
     run(go())
     click.echo(f"deleted {topic}")
+
+
+def _add_ops_verbs() -> None:
+    from ferrymq.cli import consumer_ops
+
+    for verb in consumer_ops.TOPIC_VERBS:
+        command.add_command(verb)
+
+
+_add_ops_verbs()

@@ -1,0 +1,245 @@
+"""Operations codes: who is connected, who consumes what, offsets reset and cloned, manual cleanup, stats.
+
+| code | request                       | header in                          | answer                                           |
+|------|-------------------------------|------------------------------------|--------------------------------------------------|
+| 13   | QUERY_BROKER_OFFSET           |                                    | header minOffset, maxOffset (commit log phy offsets), offset = maxOffset |
+| 22   | GET_TOPIC_CONFIG_LIST         |                                    | TopicConfigSerializeWrapper JSON (as 21)         |
+| 204  | GET_PRODUCER_CONNECTION_LIST  | producerGroup                      | {"connectionSet":[{clientId,clientAddr,language,version}]} |
+| 222  | INVOKE_BROKER_TO_RESET_OFFSET | topic, group, timestamp, isForce   | {"offsetTable":{MQ:offset}}; stored offsets set, live clients told (220) |
+| 300  | QUERY_TOPIC_CONSUME_BY_WHO    | topic                              | {"groupList":[...]}                              |
+| 314  | CLONE_GROUP_OFFSET            | srcGroup, destGroup, topic, offline | SUCCESS, header clonedQueues                    |
+| 315  | VIEW_BROKER_STATS_DATA        | statsName, statsKey                | BrokerStatsData {statsMinute,statsHour,statsDay: {sum,tps,avgpt}} |
+| 317  | GET_BROKER_CONSUME_STATS      | isOrder                            | {"brokerAddr","totalDiff","consumeStatsList":[{group:[ConsumeStats]}]} |
+| 329  | DELETE_EXPIRED_COMMITLOG      |                                    | SUCCESS, header deletedFiles                     |
+| 343  | QUERY_TOPICS_BY_CONSUMER      | group                              | {"topicList":[...],"brokerAddr":s}               |
+
+INVOKE_BROKER_TO_RESET_OFFSET, per queue of the topic: the target is the first message stored at or after
+``timestamp`` (the consume queue's time lookup), or the queue's max offset for ``timestamp`` = -1 (skip the
+backlog). With ``isForce`` the target replaces the committed offset; without, only when it is smaller (a
+rewind). Unlike RocketMQ, whose broker only forwards the table to the live consumers, the broker also commits
+the new offsets itself, so a reset works with no consumer online; the live consumers of the group get
+RESET_CONSUMER_CLIENT_OFFSET (220) with the same table (our client and Java's drop their queues, store the
+offsets and rebalance).
+
+QUERY_TOPIC_CONSUME_BY_WHO: the groups with committed offsets for the topic and the online groups
+subscribing to it. QUERY_TOPICS_BY_CONSUMER: the topics the group has committed offsets for, and those its
+online consumers subscribe to.
+
+VIEW_BROKER_STATS_DATA knows TOPIC_PUT_NUMS / TOPIC_PUT_SIZE (key: topic) and BROKER_PUT_NUMS /
+BROKER_GET_NUMS (key: cluster name): ``sum`` is the count since start (RocketMQ: in the last minute/hour/day;
+ferrymq keeps totals and broker-wide rates only), ``tps`` the broker-wide 10 s / 1 min / 10 min rate for the
+BROKER_* names and 0 otherwise, ``avgpt`` 0. Other names: SYSTEM_ERROR naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ferrymq.broker.headers import get_int, get_str
+from ferrymq.common.topic import is_sys_topic
+from ferrymq.errors import ProtocolError
+from ferrymq.remoting import jsonx
+from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.codes import ResponseCode as R
+
+if TYPE_CHECKING:
+    from ferrymq.broker.app import BrokerController
+
+log = logging.getLogger(__name__)
+
+#: the timestamp of INVOKE_BROKER_TO_RESET_OFFSET meaning "the queue's max offset" (skip the backlog)
+RESET_TO_MAX_TIMESTAMP = -1
+#: remark of an offset change asked of a slave
+SLAVE_OFFSETS_REMARK = "consumer offsets are changed on the master broker, not on a slave"
+#: VIEW_BROKER_STATS_DATA names served
+STATS_TOPIC_PUT_NUMS = "TOPIC_PUT_NUMS"
+STATS_TOPIC_PUT_SIZE = "TOPIC_PUT_SIZE"
+STATS_BROKER_PUT_NUMS = "BROKER_PUT_NUMS"
+STATS_BROKER_GET_NUMS = "BROKER_GET_NUMS"
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("true", "1")
+
+
+class OpsProcessor:
+    def __init__(self, ctx: BrokerController) -> None:
+        self.ctx = ctx
+
+    def register(self, d: Any) -> None:
+        C = RequestCode
+        for code, fn in (
+            (C.QUERY_BROKER_OFFSET, self.broker_offset), (C.GET_TOPIC_CONFIG_LIST, self.topic_config_list),
+            (C.GET_PRODUCER_CONNECTION_LIST, self.producer_connections),
+            (C.INVOKE_BROKER_TO_RESET_OFFSET, self.reset_offset),
+            (C.QUERY_TOPIC_CONSUME_BY_WHO, self.consumed_by_who), (C.CLONE_GROUP_OFFSET, self.clone_offset),
+            (C.VIEW_BROKER_STATS_DATA, self.stats_data), (C.GET_BROKER_CONSUME_STATS, self.broker_consume_stats),
+            (C.DELETE_EXPIRED_COMMITLOG, self.delete_expired_commitlog),
+            (C.QUERY_TOPICS_BY_CONSUMER, self.topics_by_consumer),
+        ):
+            d.register(code, fn)
+
+    def _mq(self, topic: str, qid: int) -> dict[str, Any]:
+        return {"brokerName": self.ctx.config.broker_name, "queueId": qid, "topic": topic}
+
+    # ---- broker ------------------------------------------------------------------------------------
+    def broker_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        store = self.ctx.store
+        hi = store.max_phy_offset
+        return cmd.response(R.SUCCESS, {"offset": hi, "maxOffset": hi, "minOffset": store.min_phy_offset})
+
+    def topic_config_list(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.topics.encode()))
+
+    def delete_expired_commitlog(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        deleted = self.ctx.store.delete_expired_files()
+        log.info("DELETE_EXPIRED_COMMITLOG from %s: %d segment(s) deleted", getattr(conn, "peer_addr", "?"),
+                 deleted)
+        return cmd.response(R.SUCCESS, {"deletedFiles": deleted})
+
+    # ---- connections --------------------------------------------------------------------------------
+    def producer_connections(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        group = cmd.ext_fields.get("producerGroup") or ""
+        channels = self.ctx.producers.channels(group)
+        if not channels:
+            return cmd.response(R.SYSTEM_ERROR, remark=f"the producer group[{group}] not exist")
+        body = {"connectionSet": [{"clientId": ch.client_id, "clientAddr": getattr(ch.conn, "peer_addr", ""),
+                                   "language": ch.language, "version": ch.version} for ch in channels]}
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(body))
+
+    # ---- who consumes what ----------------------------------------------------------------------------
+    def consumed_by_who(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            topic = get_str(cmd, "topic")
+        except ProtocolError as exc:
+            return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
+        groups = self.ctx.offsets.groups_of_topic(topic) | set(self.ctx.consumers.groups_subscribing(topic))
+        return cmd.response(R.SUCCESS, body=jsonx.dumps({"groupList": sorted(groups)}))
+
+    def topics_by_consumer(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            group = get_str(cmd, "group")
+        except ProtocolError as exc:
+            return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
+        topics = set(self.ctx.offsets.topics_of_group(group))
+        info = self.ctx.consumers.get(group)
+        if info is not None:
+            topics |= set(info.subscriptions)
+        return cmd.response(R.SUCCESS, body=jsonx.dumps({"topicList": sorted(topics),
+                                                         "brokerAddr": self.ctx.broker_addr}))
+
+    # ---- offsets ------------------------------------------------------------------------------------
+    def reset_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        ctx = self.ctx
+        if ctx.config.is_slave:
+            return cmd.response(R.SYSTEM_ERROR, remark=SLAVE_OFFSETS_REMARK)
+        try:
+            topic = get_str(cmd, "topic")
+            group = get_str(cmd, "group")
+            timestamp = get_int(cmd, "timestamp")
+        except ProtocolError as exc:
+            return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
+        force = _true(cmd.ext_fields.get("isForce"))
+        tc = ctx.topics.get(topic)
+        if tc is None:
+            return cmd.response(R.TOPIC_NOT_EXIST, remark=f"topic[{topic}] not exist")
+        store = ctx.store
+        table: list[tuple[dict[str, Any], int]] = []
+        for qid in range(max(tc.read_queue_nums, tc.write_queue_nums)):
+            committed = ctx.offsets.query(group, topic, qid)
+            if timestamp == RESET_TO_MAX_TIMESTAMP:
+                target = store.get_max_offset_in_queue(topic, qid)
+            else:
+                target = store.get_offset_in_queue_by_time(topic, qid, timestamp)
+            new = target if force or committed < 0 or target < committed else committed
+            ctx.offsets.commit(group, topic, qid, new)
+            table.append((self._mq(topic, qid), new))
+        ctx.offsets.persist()
+        body = jsonx.dumps({"offsetTable": jsonx.object_keyed(table)})
+        told = self._tell_clients(group, cmd.ext_fields, body)
+        log.info("offsets of %s on %s reset to timestamp %d (force=%s) from %s; %d client(s) told", group, topic,
+                 timestamp, force, getattr(conn, "peer_addr", "?"), told)
+        return cmd.response(R.SUCCESS, {"clientsNotified": told}, body=body)
+
+    def _tell_clients(self, group: str, header: dict[str, str], body: bytes) -> int:
+        info = self.ctx.consumers.get(group)
+        if info is None:
+            return 0
+        told = 0
+        fields: dict[str, Any] = {k: header[k] for k in ("topic", "group", "timestamp", "isForce") if k in header}
+        for ch in list(info.channels.values()):
+            if getattr(ch.conn, "closed", True):
+                continue
+            try:
+                ch.conn.invoke_oneway(RemotingCommand.request(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, fields,
+                                                              body))
+                told += 1
+            except Exception as exc:
+                log.warning("RESET_CONSUMER_CLIENT_OFFSET to %s failed: %s", ch.client_id, exc)
+        return told
+
+    def clone_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        ctx = self.ctx
+        if ctx.config.is_slave:
+            return cmd.response(R.SYSTEM_ERROR, remark=SLAVE_OFFSETS_REMARK)
+        try:
+            src = get_str(cmd, "srcGroup")
+            dest = get_str(cmd, "destGroup")
+        except ProtocolError as exc:
+            return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
+        only = cmd.ext_fields.get("topic") or ""
+        topics = [only] if only else sorted(ctx.offsets.topics_of_group(src))
+        cloned = 0
+        for topic in topics:
+            for qid, offset in sorted(ctx.offsets.table.get(ctx.offsets.key(topic, src), {}).items()):
+                ctx.offsets.commit(dest, topic, qid, offset)
+                cloned += 1
+        ctx.offsets.persist()
+        log.info("offsets of %s cloned to %s (%d queue(s))", src, dest, cloned)
+        return cmd.response(R.SUCCESS, {"clonedQueues": cloned})
+
+    # ---- stats --------------------------------------------------------------------------------------
+    def stats_data(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        name = cmd.ext_fields.get("statsName") or ""
+        key = cmd.ext_fields.get("statsKey") or ""
+        stats = self.ctx.stats
+        rates: tuple[float, ...] = (0.0, 0.0, 0.0)
+        if name == STATS_TOPIC_PUT_NUMS and key in stats.put_msgs_by_topic:
+            total = stats.put_msgs_by_topic[key]
+        elif name == STATS_TOPIC_PUT_SIZE and key in stats.put_bytes_by_topic:
+            total = stats.put_bytes_by_topic[key]
+        elif name == STATS_BROKER_PUT_NUMS and key == self.ctx.config.broker_cluster_name:
+            total, rates = stats.put_msgs_total, stats.put_tps()
+        elif name == STATS_BROKER_GET_NUMS and key == self.ctx.config.broker_cluster_name:
+            total, rates = stats.get_msgs_total, stats.get_tps()
+        else:
+            return cmd.response(R.SYSTEM_ERROR, remark=f"The stats <{name}> <{key}> not exist")
+        body = {period: {"sum": total, "tps": round(rate, 2), "avgpt": 0.0}
+                for period, rate in zip(("statsMinute", "statsHour", "statsDay"), rates, strict=True)}
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(body))
+
+    def broker_consume_stats(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        ctx = self.ctx
+        only_order = _true(cmd.ext_fields.get("isOrder"))
+        store = ctx.store
+        per_group: dict[str, list[tuple[dict[str, Any], dict[str, int]]]] = {}
+        total_diff = 0
+        for key, queues in sorted(ctx.offsets.table.items()):
+            topic, _, group = key.partition("@")
+            tc = ctx.topics.get(topic)
+            if tc is None or is_sys_topic(topic) or (only_order and not tc.order):
+                continue
+            rows = per_group.setdefault(group, [])
+            for qid in sorted(queues):
+                broker_off = max(0, store.get_max_offset_in_queue(topic, qid))
+                consumer_off = max(0, queues[qid])
+                last = store.get_message_store_timestamp(topic, qid, consumer_off - 1) if consumer_off > 0 else 0
+                total_diff += max(0, broker_off - consumer_off)
+                rows.append((self._mq(topic, qid), {"brokerOffset": broker_off, "consumerOffset": consumer_off,
+                                                    "lastTimestamp": max(0, last)}))
+        stats_list = [{group: [{"consumeTps": 0.0, "offsetTable": jsonx.object_keyed(rows)}]}
+                      for group, rows in per_group.items()]
+        body = {"brokerAddr": ctx.broker_addr, "totalDiff": total_diff, "consumeStatsList": stats_list}
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(body))
