@@ -78,6 +78,9 @@ BROKER_ADMIN_REQUESTS: list[tuple[int, dict[str, str]]] = [
     (RequestCode.GET_BROKER_CLUSTER_ACL_INFO, {}),
     (RequestCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG, {"globalWhiteAddrs": "10.255.255.*"}),
     (RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG, {}),
+    (RequestCode.UPDATE_BROKER_CONFIG, {}),
+    (222, {"topic": "AclTopic", "group": "AclGroup", "timestamp": "0", "isForce": "true"}),  # reset offsets
+    (329, {}),  # DELETE_EXPIRED_COMMITLOG
 ]
 
 
@@ -164,7 +167,8 @@ def test_our_client_per_permission(acl_cluster: Cluster) -> None:
 
 @pytest.mark.parametrize(("code", "fields"), BROKER_ADMIN_REQUESTS)
 def test_admin_codes_need_admin(acl_cluster: Cluster, code: int, fields: dict[str, str]) -> None:
-    body = b'{"groupName":"AclScratchGroup"}' if code == RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP else b""
+    body = {RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: b'{"groupName":"AclScratchGroup"}',
+            RequestCode.UPDATE_BROKER_CONFIG: b"brokerPermission=6\n"}.get(code, b"")
     for keys in (PUB, SUB):
         resp = signed_request(acl_cluster.broker_addr, code, fields, keys, body)
         assert resp.code == ResponseCode.NO_PERMISSION, (code, keys, resp.code, resp.remark)
