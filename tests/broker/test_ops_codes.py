@@ -10,9 +10,10 @@ from pathlib import Path
 
 from broker_helpers import Client, send_v1, wait_for
 
-from ferrymq.broker.runtime_config import RUNTIME_KEYS, write_back
+from ferrymq.broker.runtime_config import RUNTIME_KEYS
 from ferrymq.client.jsonmq import loads_mq_keys, mq_keyed_map
 from ferrymq.common.properties import parse_properties
+from ferrymq.common.properties import update_properties_file as write_back
 from ferrymq.common.route import MessageQueue
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand

@@ -44,6 +44,7 @@ from ferrymq.broker.processors.acl_admin import AclAdminProcessor
 from ferrymq.broker.processors.admin import AdminProcessor
 from ferrymq.broker.processors.broker_config import BrokerConfigProcessor
 from ferrymq.broker.processors.client_manage import ClientManageProcessor
+from ferrymq.broker.processors.client_query import ClientQueryProcessor
 from ferrymq.broker.processors.consumer_manage import ConsumerManageProcessor
 from ferrymq.broker.processors.end_transaction import EndTransactionProcessor
 from ferrymq.broker.processors.lock import LockProcessor
@@ -161,6 +162,7 @@ class BrokerController:
         ReplyProcessor(self).register(self.dispatcher)
         AclAdminProcessor(self).register(self.dispatcher)
         OpsProcessor(self).register(self.dispatcher)
+        ClientQueryProcessor(self).register(self.dispatcher)
         BrokerConfigProcessor(self).register(self.dispatcher)
         self.long_polling = PullRequestHoldService(self.pull_processor.rerun, self.store.get_max_offset_in_queue)
         self.metrics_server = broker_metrics_server(self)  # None when metricsPort = -1

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.config import FIELDS, BrokerConfig, _convert
 from ferrymq.broker.transaction import TransactionConfig
+from ferrymq.common.properties import update_properties_file
 from ferrymq.common.topic import PERM_READ, PERM_WRITE
 from ferrymq.errors import ConfigError
 
@@ -201,45 +201,8 @@ def apply_update(ctl: BrokerController, props: dict[str, str]) -> UpdateResult:
     log.info("broker config updated at runtime: %s", ", ".join(f"{k}={v}" for k, v in result.applied.items()))
     if cfg.config_path:
         try:
-            write_back(cfg.config_path, result.applied)
+            update_properties_file(cfg.config_path, result.applied)
             result.persisted_to = cfg.config_path
         except OSError as exc:
             log.error("runtime config update applied but not written to %s: %s", cfg.config_path, exc)
     return result
-
-
-def write_back(path: str, updates: dict[str, str]) -> None:
-    """Replace the lines setting ``updates``' keys in the properties file ``path`` (the last one of a key
-    that appears twice; earlier ones are dropped), append the keys it lacks; written to a temporary file and
-    renamed over the old one."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except FileNotFoundError:
-        lines = []
-    last_line: dict[str, int] = {}
-    for i, line in enumerate(lines):
-        key = _line_key(line)
-        if key in updates:
-            last_line[key] = i
-    out: list[str] = []
-    for i, line in enumerate(lines):
-        key = _line_key(line)
-        if key in updates:
-            if last_line[key] == i:
-                out.append(f"{key}={updates[key]}")
-            continue
-        out.append(line)
-    out.extend(f"{k}={v}" for k, v in updates.items() if k not in last_line)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(out) + "\n")
-    os.replace(tmp, path)
-
-
-def _line_key(line: str) -> str | None:
-    s = line.strip()
-    if not s or s[0] in "#!":
-        return None
-    idx = min((i for i in (s.find("="), s.find(":")) if i >= 0), default=-1)
-    return (s if idx < 0 else s[:idx]).strip()

@@ -1,4 +1,4 @@
-"""``ferry cluster list``."""
+"""``ferry cluster list|clean-expired|clean-unused-topic``."""
 
 from __future__ import annotations
 
@@ -37,3 +37,29 @@ def list_(namesrv: str, cluster: str | None, as_json: bool) -> None:
         flat.append({"cluster": r["cluster"], "brokerName": r["brokerName"], "brokerId": r["brokerId"],
                      "addr": r["addr"], **{k: rt.get(k, r.get("error", "")) for k in SHOWN_KEYS}})
     emit(flat, ["cluster", "brokerName", "brokerId", "addr", *SHOWN_KEYS], as_json=False)
+
+
+def _cleanup_verb(name: str, fn_name: str, count_field: str, doc: str) -> click.Command:
+    @click.command(name, help=doc)
+    @namesrv_option
+    @click.option("-c", "--cluster", default=None, help="Every broker of this cluster [default: every cluster]")
+    @click.option("-b", "--broker-addr", default=None, help="This broker only")
+    @json_option
+    def verb(namesrv: str, cluster: str | None, broker_addr: str | None, as_json: bool) -> None:
+        from ferrymq.client import ops_more
+
+        async def go() -> list[dict[str, Any]]:
+            async with Admin(namesrv) as admin:
+                rows: list[dict[str, Any]] = await getattr(ops_more, fn_name)(admin, cluster, broker_addr)
+                return rows
+        emit(run(go()), ["brokerName", "addr", count_field], as_json=as_json)
+    return verb
+
+
+command.add_command(_cleanup_verb(
+    "clean-expired", "clean_expired_consume_queues", "deletedFiles",
+    "Delete consume-queue and index files that only point below each broker's commit log (mqadmin "
+    "cleanExpiredCQ)."))
+command.add_command(_cleanup_verb(
+    "clean-unused-topic", "clean_unused_topics", "deletedTopics",
+    "Delete the consume queues of topics a broker no longer has a config for (mqadmin cleanUnusedTopic)."))

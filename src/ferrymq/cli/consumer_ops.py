@@ -168,6 +168,59 @@ def producer_connection(namesrv: str, group: str, as_json: bool) -> None:
          title=f"producer group {group}")
 
 
+@click.command("status")
+@namesrv_option
+@click.option("-g", "--group", required=True)
+@click.option("-t", "--topic", default=None, help="Each live consumer's own offsets of this topic (223)")
+@click.option("-i", "--client-id", default=None, help="This consumer's running info instead (307)")
+@json_option
+def consumer_status(namesrv: str, group: str, topic: str | None, client_id: str | None, as_json: bool) -> None:
+    """Ask the consumers themselves: their offsets of a topic (mqadmin getConsumerStatus), or one client's
+    running info (mqadmin consumerStatus -i)."""
+    from ferrymq.client import Admin, ops_more
+
+    if (topic is None) == (client_id is None):
+        raise click.UsageError("give exactly one of --topic or --client-id")
+    if client_id is not None:
+        async def info() -> dict[str, Any]:
+            async with Admin(namesrv) as admin:
+                return await ops_more.consumer_running_info(admin, group, client_id)
+        got = run(info())
+        if as_json:
+            click.echo(json.dumps(got, default=str))
+            return
+        props = got.get("properties") or {}
+        emit([{"key": k, "value": v} for k, v in sorted(props.items())], ["key", "value"], as_json=False,
+             title=f"{client_id} ({got.get('broker')})")
+        emit([{"queue": q, **{k: v for k, v in (st or {}).items() if not isinstance(v, (dict, list))}}
+              for q, st in sorted((got.get("mqTable") or {}).items())],
+             ["queue", "commitOffset", "cachedMsgCount", "cachedMsgMinOffset", "cachedMsgMaxOffset"], as_json=False,
+             title="queues")
+        return
+    assert topic is not None
+
+    async def offsets() -> list[dict[str, Any]]:
+        async with Admin(namesrv) as admin:
+            return await ops_more.consumer_status(admin, group, topic)
+    emit(run(offsets()), ["clientId", "brokerName", "queueId", "offset"], as_json=as_json,
+         title=f"group {group} on {topic}")
+
+
+@click.command("all")
+@namesrv_option
+@click.option("-b", "--broker-addr", required=True)
+@json_option
+def all_producers(namesrv: str, broker_addr: str, as_json: bool) -> None:
+    """Every producer connected to a broker, by group (GET_ALL_PRODUCER_INFO)."""
+    from ferrymq.client import Admin, ops_more
+
+    async def go() -> list[dict[str, Any]]:
+        async with Admin(namesrv) as admin:
+            return await ops_more.all_producers(admin, broker_addr)
+    emit(run(go()), ["group", "clientId", "remoteIP", "language", "version", "lastUpdateTimestamp"],
+         as_json=as_json)
+
+
 CONSUMER_VERBS: tuple[click.Command, ...] = (reset_offset, skip_backlog, clone_offset, consumer_connection,
-                                             group_topics)
+                                             group_topics, consumer_status)
 TOPIC_VERBS: tuple[click.Command, ...] = (who_consumes,)

@@ -23,6 +23,9 @@ COMMANDS = {
     "ha": "ha",
     "controller": "controller",
     "acl": "acl",
+    "group": "group",
+    "kv": "kv",
+    "namesrv-config": "namesrv_config",
     "bench": "bench",
 }
 

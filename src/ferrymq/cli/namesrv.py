@@ -53,8 +53,12 @@ def parse_listen(value: str) -> tuple[str, int]:
 class NamesrvFileConfig:
     """What a namesrv.conf says (None: not set)."""
 
-    def __init__(self, props: dict[str, str], base_dir: str = "") -> None:
+    def __init__(self, props: dict[str, str], base_dir: str = "", path: str | None = None) -> None:
         from ferrymq.controller.config import ControllerConfig, from_properties
+
+        #: the file and its keys (GET_NAMESRV_CONFIG shows them; UPDATE_NAMESRV_CONFIG writes back to it)
+        self.path = path
+        self.props = dict(props)
 
         self.host = props.get("listenHost", "").strip() or None
         self.port = parse_int("listenPort", props["listenPort"], minimum=0, maximum=65535) \
@@ -81,7 +85,9 @@ async def _serve(host: str, port: int, kv_config_path: str | None, metrics_port:
     controller_cfg = file_cfg.controller if file_cfg is not None else None
     server = NameServer(host, port, kv_config_path=kv_config_path, metrics_port=metrics_port,
                         tls=file_cfg.tls if file_cfg is not None else None,
-                        acl_path=file_cfg.acl_path if file_cfg is not None else None)
+                        acl_path=file_cfg.acl_path if file_cfg is not None else None,
+                        config_path=file_cfg.path if file_cfg is not None else None,
+                        file_props=file_cfg.props if file_cfg is not None else None)
     controller = None
     if controller_cfg is not None:
         from ferrymq.controller.server import ControllerServer
@@ -136,7 +142,8 @@ def command(config_path: str | None, listen: str | None, kv_config_path: str | N
     if config_path is not None:
         try:
             file_cfg = NamesrvFileConfig(read_properties(config_path),
-                                         os.path.dirname(os.path.abspath(config_path)))
+                                         os.path.dirname(os.path.abspath(config_path)),
+                                         os.path.abspath(config_path))
         except ConfigError as exc:
             click.echo(f"Error: {exc}", err=True)
             sys.exit(EXIT_USAGE)

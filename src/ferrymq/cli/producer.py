@@ -1,10 +1,10 @@
-"""``ferry producer connection``."""
+"""``ferry producer connection|all``."""
 
 from __future__ import annotations
 
 import click
 
-from ferrymq.cli.consumer_ops import producer_connection
+from ferrymq.cli.consumer_ops import all_producers, producer_connection
 
 
 @click.group("producer")
@@ -13,3 +13,4 @@ def command() -> None:
 
 
 command.add_command(producer_connection)
+command.add_command(all_producers)

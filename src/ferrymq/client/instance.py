@@ -29,7 +29,7 @@ from ferrymq.client.jsonmq import dumps_mq_keys
 from ferrymq.client.request_reply import ReplyWaiters
 from ferrymq.common.route import MASTER_ID, MessageQueue, TopicRouteData
 from ferrymq.errors import ClientError, ConnectError, RemotingError, TopicNotExistError
-from ferrymq.remoting import signature
+from ferrymq.remoting import jsonx, signature
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Connection
@@ -129,6 +129,7 @@ class ClientInstance:
         d.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
         d.register(RequestCode.GET_CONSUMER_RUNNING_INFO, self._on_running_info)
         d.register(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, self._on_reset_offset)
+        d.register(RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT, self._on_consumer_status)
         #: requests of ``Producer.request`` waiting for their reply
         self.replies = ReplyWaiters()
         d.register(RequestCode.PUSH_REPLY_MESSAGE_TO_CLIENT, self.replies.on_push)
@@ -384,6 +385,18 @@ class ClientInstance:
             return cmd.response(ResponseCode.SYSTEM_ERROR,
                                 remark=f"The Consumer Group <{cmd.get_str('consumerGroup')}> not exist in this consumer")
         return cmd.response(ResponseCode.SUCCESS, body=dumps_mq_keys(consumer.running_info()))
+
+    def _on_consumer_status(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """GET_CONSUMER_STATUS_FROM_CLIENT (221): this consumer's offsets of the topic, as it holds them now."""
+        group = cmd.get_str("group") or ""
+        consumer = self.consumers.get(group)
+        if consumer is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"no consumer of group {group} in this client")
+        offsets = getattr(consumer, "offsets_of", None)
+        table = offsets(cmd.get_str("topic") or "") if offsets is not None else {}
+        # a list (the C++ client's offset-table shape), so the broker can read it as plain JSON
+        rows = [dict(mq.to_json(), offset=offset) for mq, offset in table.items()]
+        return cmd.response(ResponseCode.SUCCESS, body=jsonx.dumps({"messageQueueTable": rows}))
 
     async def _on_reset_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         group = cmd.get_str("group") or ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ferrymq.errors import ConfigError
 
 
@@ -51,3 +53,40 @@ def parse_int(key: str, raw: str, *, minimum: int | None = None, maximum: int | 
     if maximum is not None and value > maximum:
         raise ConfigError(key, f"must be <= {maximum}, got {value}")
     return value
+
+
+def update_properties_file(path: str, updates: dict[str, str]) -> None:
+    """Replace the lines setting ``updates``' keys in the properties file ``path`` (the last one of a key
+    that appears twice; earlier ones are dropped), append the keys it lacks; written to a temporary file and
+    renamed over the old one."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        lines = []
+    last_line: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        key = _line_key(line)
+        if key in updates:
+            last_line[key] = i
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        key = _line_key(line)
+        if key in updates:
+            if last_line[key] == i:
+                out.append(f"{key}={updates[key]}")
+            continue
+        out.append(line)
+    out.extend(f"{k}={v}" for k, v in updates.items() if k not in last_line)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(out) + "\n")
+    os.replace(tmp, path)
+
+
+def _line_key(line: str) -> str | None:
+    s = line.strip()
+    if not s or s[0] in "#!":
+        return None
+    idx = min((i for i in (s.find("="), s.find(":")) if i >= 0), default=-1)
+    return (s if idx < 0 else s[:idx]).strip()

@@ -10,6 +10,7 @@ from pathlib import Path
 from ferrymq.acl.checker import NAMESRV_GUARDED_CODES
 from ferrymq.acl.guard import AclGuard
 from ferrymq.common.tls import TlsServerSettings
+from ferrymq.namesrv.config_processor import NamesrvConfigProcessor
 from ferrymq.namesrv.kv_config import KVConfigManager
 from ferrymq.namesrv.metrics import namesrv_metrics_server
 from ferrymq.namesrv.processors import NamesrvProcessors
@@ -44,8 +45,14 @@ class NameServer:
         metrics_port: int = -1,
         tls: TlsServerSettings | None = None,
         acl_path: str | None = None,
+        config_path: str | None = None,
+        file_props: dict[str, str] | None = None,
     ) -> None:
         self.host = host
+        #: the namesrv.conf it was started with (UPDATE_NAMESRV_CONFIG writes accepted keys back) and its keys
+        self.config_path = config_path
+        self.file_props = dict(file_props or {})
+        self.kv_config_path = kv_config_path
         #: TLS of the remoting port (common/tls.py); certificates load now, a bad path is a ConfigError
         self.tls = tls or TlsServerSettings()
         self.tls.context()
@@ -55,9 +62,11 @@ class NameServer:
         self.processors = NamesrvProcessors(self.routes, self.kv)
         self.dispatcher = Dispatcher()
         self.processors.register_all(self.dispatcher)
+        NamesrvConfigProcessor(self).register(self.dispatcher)
         if acl_path is not None:  # aclEnable: the write operations need a signed admin account (acl/guard.py)
             AclGuard(acl_path).install(self.dispatcher, only=NAMESRV_GUARDED_CODES)
-        self._scan_interval_ms = scan_interval_ms
+        #: ms between broker-expiry scans (scanNotActiveBrokerInterval, runtime-safe)
+        self.scan_interval_ms = scan_interval_ms
         self._scan_first_delay_ms = scan_first_delay_ms
         self._server: RemotingServer | None = None
         self._scan_task: asyncio.Task[None] | None = None
@@ -123,4 +132,4 @@ class NameServer:
                 self.scan_not_active_brokers()
             except Exception:  # the scan must keep running
                 log.exception("broker expiry scan failed")
-            await asyncio.sleep(self._scan_interval_ms / 1000)
+            await asyncio.sleep(self.scan_interval_ms / 1000)

@@ -500,6 +500,15 @@ class MessageStore:
         log.info("deleted %d expired commit log segment(s); min phy offset now %d", count, min_phy)
         return count
 
+    def clean_expired_consume_queues(self) -> int:
+        """Delete consume-queue and index files whose every entry points below the commit log's first byte
+        (CLEAN_EXPIRED_CONSUMEQUEUE); the number of files deleted."""
+        min_phy = self.commit_log.min_offset
+        count = self.queues.delete_expired(min_phy)
+        if self.index is not None:
+            count += self.index.delete_expired(min_phy)
+        return count
+
     def runtime_info(self) -> dict[str, str]:
         cl = self.commit_log
         try:

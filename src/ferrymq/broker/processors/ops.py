@@ -10,6 +10,8 @@
 | 314  | CLONE_GROUP_OFFSET            | srcGroup, destGroup, topic, offline | SUCCESS, header clonedQueues                    |
 | 315  | VIEW_BROKER_STATS_DATA        | statsName, statsKey                | BrokerStatsData {statsMinute,statsHour,statsDay: {sum,tps,avgpt}} |
 | 317  | GET_BROKER_CONSUME_STATS      | isOrder                            | {"brokerAddr","totalDiff","consumeStatsList":[{group:[ConsumeStats]}]} |
+| 306  | CLEAN_EXPIRED_CONSUMEQUEUE    |                                    | SUCCESS, header deletedFiles (consume queue and index files below the commit log) |
+| 316  | CLEAN_UNUSED_TOPIC            |                                    | SUCCESS, header deletedTopics (consume queues of topics no longer configured) |
 | 329  | DELETE_EXPIRED_COMMITLOG      |                                    | SUCCESS, header deletedFiles                     |
 | 343  | QUERY_TOPICS_BY_CONSUMER      | group                              | {"topicList":[...],"brokerAddr":s}               |
 
@@ -77,6 +79,8 @@ class OpsProcessor:
             (C.QUERY_TOPIC_CONSUME_BY_WHO, self.consumed_by_who), (C.CLONE_GROUP_OFFSET, self.clone_offset),
             (C.VIEW_BROKER_STATS_DATA, self.stats_data), (C.GET_BROKER_CONSUME_STATS, self.broker_consume_stats),
             (C.DELETE_EXPIRED_COMMITLOG, self.delete_expired_commitlog),
+            (C.CLEAN_EXPIRED_CONSUMEQUEUE, self.clean_expired_consume_queues),
+            (C.CLEAN_UNUSED_TOPIC, self.clean_unused_topics),
             (C.QUERY_TOPICS_BY_CONSUMER, self.topics_by_consumer),
         ):
             d.register(code, fn)
@@ -98,6 +102,21 @@ class OpsProcessor:
         log.info("DELETE_EXPIRED_COMMITLOG from %s: %d segment(s) deleted", getattr(conn, "peer_addr", "?"),
                  deleted)
         return cmd.response(R.SUCCESS, {"deletedFiles": deleted})
+
+    def clean_expired_consume_queues(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        deleted = self.ctx.store.clean_expired_consume_queues()
+        log.info("CLEAN_EXPIRED_CONSUMEQUEUE from %s: %d file(s) deleted", getattr(conn, "peer_addr", "?"), deleted)
+        return cmd.response(R.SUCCESS, {"deletedFiles": deleted})
+
+    def clean_unused_topics(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        """Consume queues of topics this broker no longer has a config for (deleted topics whose files stayed,
+        e.g. deleted while the broker was a slave); system and retry/DLQ topics are kept."""
+        stale = [t for t in self.ctx.store.topic_queue_ids()
+                 if self.ctx.topics.get(t) is None and not is_sys_topic(t) and not t.startswith(("%", "RMQ_SYS_"))]
+        for topic in stale:
+            self.ctx.store.delete_topic(topic)
+            log.info("CLEAN_UNUSED_TOPIC: consume queues of %s deleted", topic)
+        return cmd.response(R.SUCCESS, {"deletedTopics": len(stale)})
 
     # ---- connections --------------------------------------------------------------------------------
     def producer_connections(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:

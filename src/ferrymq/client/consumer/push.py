@@ -297,6 +297,10 @@ class PushConsumer(ConsumerBase):
             "jstack": "",
         }
 
+    def offsets_of(self, topic: str) -> dict[MessageQueue, int]:
+        """The offsets held for the queues of ``topic`` this consumer owns (GET_CONSUMER_STATUS_FROM_CLIENT)."""
+        return {mq: self.offset_store.read_memory(mq) for mq in sorted(self.process_queues) if mq.topic == topic}
+
     def process_queue_info(self, mq: MessageQueue, pq: ProcessQueue) -> dict[str, Any]:
         """Java's ProcessQueueInfo of one queue (timestamps in epoch ms, 0 = never)."""
         offsets = list(pq.msgs)
