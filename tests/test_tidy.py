@@ -37,7 +37,9 @@ ALLOWED: dict[str, set[str]] = {
     "controller": {"common", "remoting"},
     "client": {"common", "remoting"},
     "spark": {"common", "remoting", "client"},
-    "cli": {"common", "remoting", "store", "ha", "acl", "namesrv", "broker", "controller", "client", "spark"},
+    "console": {"common", "remoting", "client"},
+    "cli": {"common", "remoting", "store", "ha", "acl", "namesrv", "broker", "controller", "client", "spark",
+            "console"},
 }
 #: stdlib/third-party modules that mean I/O or an event loop
 NETWORK_OR_LOOP = {"asyncio", "socket", "selectors", "ssl", "uvloop", "socketserver", "http", "urllib"}

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,7 +25,7 @@ READY_RX = re.compile(
     r"quickstart ready: namesrv (127\.0\.0\.1:\d+), master (127\.0\.0\.1:\d+), "
     r"slave (127\.0\.0\.1:\d+) \(Ctrl-C to stop\)"
 )
-CHILD_RX = re.compile(r"started (namesrv|master|slave)\s+pid (\d+)")
+CHILD_RX = re.compile(r"started (namesrv|master|slave|console)\s+pid (\d+)")
 DEMO_MESSAGES = 5
 
 
@@ -102,7 +103,7 @@ def test_quickstart_round_trip_replication_and_clean_stop(quickstart: StartQuick
     ns_addr, master_addr, slave_addr = m.group(1), m.group(2), m.group(3)
     out = qs.log_text()
     child_pids = _child_pids(qs)
-    assert sorted(n for n, _ in CHILD_RX.findall(out)) == ["master", "namesrv", "slave"], out
+    assert sorted(n for n, _ in CHILD_RX.findall(out)) == ["console", "master", "namesrv", "slave"], out
     assert len({ns_addr, master_addr, slave_addr}) == 3
     # three separate processes, all alive while serving
     assert all(_alive(p) for p in child_pids), out
@@ -130,13 +131,25 @@ def test_quickstart_round_trip_replication_and_clean_stop(quickstart: StartQuick
     assert int(sm.group(2)) == master_max and int(sm.group(3)) == 0
     assert ready_s < READY_TIMEOUT_S
 
+    # the printed Prometheus endpoints and the console answer
+    metrics = dict(re.findall(r"^metrics\s+(\w+)\s+(http://\S+/metrics)$", out, re.M))
+    assert sorted(metrics) == ["master", "namesrv", "slave"], out
+    for url in metrics.values():
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            assert resp.status == 200 and b"# TYPE" in resp.read()
+    console = re.search(r"^console\s+(http://\S+/)$", out, re.M)
+    assert console is not None, out
+    with urllib.request.urlopen(console.group(1), timeout=10) as resp:
+        page = resp.read().decode()
+    assert master_addr in page and slave_addr in page and "SYNC_MASTER" in page
+
     # Ctrl-C: exit 0, every child stopped
     qs.signal(signal.SIGINT)
     code = qs.wait_exit(SHUTDOWN_TIMEOUT_S)
     assert code == 0, qs.tail()
     _assert_children_gone(child_pids, data_dir)
     stopped = qs.log_text()
-    for name in ("slave", "master", "namesrv"):
+    for name in ("console", "slave", "master", "namesrv"):
         assert re.search(rf"stopped {name} \(pid \d+, exit code 0\)", stopped), stopped
 
 

@@ -26,6 +26,7 @@ COMMANDS = {
     "group": "group",
     "kv": "kv",
     "namesrv-config": "namesrv_config",
+    "console": "console",
     "bench": "bench",
 }
 

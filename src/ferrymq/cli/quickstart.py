@@ -10,7 +10,10 @@ free 127.0.0.1 ports, a send/consume round trip, the replication status, then se
 | 5    | send ``DEMO_MESSAGES`` (ferrymq.client Producer, else raw SEND_MESSAGE)   | every send answered SEND_OK                  |
 | 6    | consume them (ferrymq.client PushConsumer, else raw PULL_MESSAGE)         | every body of this run received              |
 | 7    | replication status from the master's GET_BROKER_RUNTIME_INFO              | the slave's commit log reached the master's  |
-| 8    | print the ``quickstart ready: ...`` line, wait for SIGINT/SIGTERM         |                                              |
+| 8    | ``python -m ferrymq.cli console`` (the web console)                       | its port answers                             |
+| 9    | print the Prometheus and console URLs and the ``quickstart ready: ...`` line, wait for SIGINT/SIGTERM | |
+
+The name server and both brokers serve Prometheus metrics (``metricsPort``, docs/metrics.md) on free ports.
 
 Layout of the data directory::
 
@@ -188,6 +191,11 @@ class Stack:
     namesrv_port: int = 0
     master_port: int = 0
     slave_port: int = 0
+    #: Prometheus ports of the name server, master and slave, and the console's port
+    namesrv_metrics_port: int = 0
+    master_metrics_port: int = 0
+    slave_metrics_port: int = 0
+    console_port: int = 0
     children: list[Child] = field(default_factory=list)
 
     @property
@@ -248,6 +256,7 @@ def broker_conf(stack: Stack, *, role: str, broker_id: int, port: int, store_dir
         "flushDiskType": "ASYNC_FLUSH",
         "haSendHeartbeatInterval": str(HA_HEARTBEAT_INTERVAL_MS),
         "autoCreateTopicEnable": "true",
+        "metricsPort": str(stack.slave_metrics_port if role == "SLAVE" else stack.master_metrics_port),
     }
     if role == "SLAVE":
         props["haMasterAddress"] = stack.master_ha_addr
@@ -334,8 +343,13 @@ async def start_stack(stack: Stack) -> None:
     stack.namesrv_port = free_port(taken)
     stack.master_port = free_port(taken, with_next=True)
     stack.slave_port = free_port(taken, with_next=True)
+    stack.namesrv_metrics_port = free_port(taken)
+    stack.master_metrics_port = free_port(taken)
+    stack.slave_metrics_port = free_port(taken)
+    stack.console_port = free_port(taken)
 
-    stack.spawn("namesrv", "namesrv", "--listen", stack.namesrv_addr, "--log-level", "WARNING")
+    stack.spawn("namesrv", "namesrv", "--listen", stack.namesrv_addr, "--log-level", "WARNING",
+                "--metrics-port", str(stack.namesrv_metrics_port))
 
     async def namesrv_up() -> bool:
         resp = await request(stack.namesrv_addr, RequestCode.GET_BROKER_CLUSTER_INFO)
@@ -634,6 +648,20 @@ async def _setup(stack: Stack) -> None:
         click.echo("ferrymq.client is not importable; using raw remoting for the demo")
         await demo_raw(stack, run_id)
     await replication_status(stack)
+    await start_console(stack)
+
+
+async def start_console(stack: Stack) -> None:
+    stack.spawn("console", "console", "-n", stack.namesrv_addr, "--listen", f"{LOOPBACK}:{stack.console_port}")
+
+    async def listening() -> bool:
+        return not _port_free(stack.console_port)
+
+    await wait_until(stack, listening, timeout_s=NAMESRV_START_TIMEOUT_S, what="the console")
+    for name, port in (("namesrv", stack.namesrv_metrics_port), ("master", stack.master_metrics_port),
+                       ("slave", stack.slave_metrics_port)):
+        click.echo(f"metrics       {name:<8} http://{LOOPBACK}:{port}/metrics")
+    click.echo(f"console       http://{LOOPBACK}:{stack.console_port}/")
 
 
 async def _watch_children(stack: Stack) -> None:
