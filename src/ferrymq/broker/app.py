@@ -495,4 +495,31 @@ class BrokerController:
             info["masterHaAddr"] = self.master_ha_addr or ""
         info.update(self.stats.runtime_info())
         info.setdefault("earliestMessageTimeStamp", "0")
+        info.update(_exporter_fixed_keys(self.start_ms, self.clock_ms()))
         return info
+
+
+#: RocketMQ's put-latency buckets of putMessageDistributeTime
+PUT_LATENCY_BUCKETS = ("<=0ms", "0~10ms", "10~50ms", "50~100ms", "100~200ms", "200~500ms", "500ms~1s", "1~2s",
+                       "2~3s", "3~4s", "4~5s", "5~10s", "10s~")
+#: runtime-info keys about Java's thread pools, page-cache lock and transient store pool, which this broker does
+#: not have: always 0, so tools that parse every key (rocketmq-exporter) keep working
+NO_JAVA_PARTS_KEYS = ("sendThreadPoolQueueSize", "sendThreadPoolQueueCapacity", "sendThreadPoolQueueHeadWaitTimeMills",
+                      "pullThreadPoolQueueSize", "pullThreadPoolQueueCapacity", "pullThreadPoolQueueHeadWaitTimeMills",
+                      "queryThreadPoolQueueSize", "queryThreadPoolQueueCapacity",
+                      "queryThreadPoolQueueHeadWaitTimeMills", "pageCacheLockTimeMills",
+                      "remainTransientStoreBufferNumbs", "dispatchMaxBuffer", "getMessageEntireTimeMax",
+                      "putMessageEntireTimeMax")
+
+
+def _exporter_fixed_keys(start_ms: int, now_ms: int) -> dict[str, str]:
+    """The runtime-info keys RocketMQ's tools parse that have no measured value here (see docs/metrics.md)."""
+    up_s = max(now_ms - start_ms, 0) // 1000
+    days, rest = divmod(up_s, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, seconds = divmod(rest, 60)
+    out = {key: "0" for key in NO_JAVA_PARTS_KEYS}
+    out["runtime"] = f"[ {days} days, {hours} hours, {minutes} minutes, {seconds} seconds ]"
+    out["startAcceptSendRequestTimeStamp"] = str(start_ms)
+    out["putMessageDistributeTime"] = " ".join(f"[{b}]:0" for b in PUT_LATENCY_BUCKETS)
+    return out

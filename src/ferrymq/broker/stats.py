@@ -75,6 +75,8 @@ class BrokerStats:
         self.get_msgs_total = 0
         self.get_bytes_total = 0
         self.pull_requests_total = 0
+        #: answered PULLs that found no message (RocketMQ's getMissTps counts these)
+        self.pull_misses_total = 0
         self.put_msgs_by_topic: dict[str, int] = {}
         self.put_bytes_by_topic: dict[str, int] = {}
         self.get_msgs_by_topic: dict[str, int] = {}
@@ -87,7 +89,7 @@ class BrokerStats:
         #: PutMessageStatus name -> sends answered with it (FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE)
         self.replica_failures: dict[str, int] = dict.fromkeys(sorted(REPLICA_FAILURE_STATUSES), 0)
         #: (time_ms, put total, get total, pull requests)
-        self._samples: deque[tuple[int, int, int, int]] = deque()
+        self._samples: deque[tuple[int, int, int, int, int]] = deque()
         now = clock_ms()
         self._day_start_ms = local_midnight_ms(now)
         self._put_at_today_morning = 0
@@ -121,7 +123,7 @@ class BrokerStats:
         now = self.clock_ms() if now_ms is None else now_ms
         self._roll_day(now)
         s = self._samples
-        s.append((now, self.put_msgs_total, self.get_msgs_total, self.pull_requests_total))
+        s.append((now, self.put_msgs_total, self.get_msgs_total, self.pull_requests_total, self.pull_misses_total))
         horizon = now - TPS_WINDOWS_MS[-1] - SAMPLE_SLACK_MS
         while len(s) > 1 and s[1][0] <= horizon:
             s.popleft()
@@ -146,7 +148,8 @@ class BrokerStats:
         elapsed_ms = now_ms - base[0]
         if elapsed_ms <= 0:
             return 0.0
-        current = (now_ms, self.put_msgs_total, self.get_msgs_total, self.pull_requests_total)[index]
+        current = (now_ms, self.put_msgs_total, self.get_msgs_total, self.pull_requests_total,
+                   self.pull_misses_total)[index]
         return (current - base[index]) * 1000.0 / elapsed_ms
 
     def tps(self, index: int, now_ms: int | None = None) -> tuple[float, ...]:
@@ -172,6 +175,7 @@ class BrokerStats:
             "getTransferedTps": get_tps,
             "getFoundTps": get_tps,
             "getTotalTps": fmt(self.tps(3, now)),
+            "getMissTps": fmt(self.tps(4, now)),
             "msgPutTotalTodayNow": str(self.put_msgs_total - self._put_at_today_morning),
             "msgGetTotalTodayNow": str(self.get_msgs_total - self._get_at_today_morning),
             "msgPutTotalTodayMorning": str(self._put_at_today_morning),

@@ -514,8 +514,16 @@ class MessageStore:
         try:
             usage = shutil.disk_usage(self.config.store_path_commit_log)
             disk_ratio = f"{usage.used / usage.total:.4f}" if usage.total else "0"
+            capacity = f"Total : {human_bytes(usage.total)}, Free : {human_bytes(usage.free)}."
         except OSError:
             disk_ratio = "-1"
+            capacity = "Total : 0 B, Free : 0 B."
+        try:
+            cq_usage = shutil.disk_usage(self.config.store_path_consume_queue)
+            cq_ratio = f"{cq_usage.used / cq_usage.total:.4f}" if cq_usage.total else "0"
+        except OSError:
+            cq_ratio = "-1"
+        puts = cl.put_message_times_total
         earliest = self.reader.store_timestamp_at(self.min_phy_offset) if cl.mfq.files else None
         return {
             "bootTimestamp": str(self.boot_timestamp),
@@ -528,6 +536,10 @@ class MessageStore:
             "putMessageTotal": str(cl.put_message_times_total),
             "putMessageTimesTotal": str(cl.put_message_times_total),
             "putMessageSizeTotal": str(cl.put_message_size_total),
+            "putMessageAverageSize": f"{cl.put_message_size_total / puts if puts else 0.0:.2f}",
+            "consumeQueueDiskRatio": cq_ratio,
+            "commitLogDirCapacity": capacity,
+            "remainHowManyDataToFlush": human_bytes(max(self.max_phy_offset - self.flushed_phy_offset, 0)),
             "dispatchTotal": str(self.dispatcher.dispatched_total),
             "getMessageTimesTotalFound": str(self.reader.get_found_total),
             "getMessageTimesTotalMiss": str(self.reader.get_miss_total),
@@ -537,3 +549,19 @@ class MessageStore:
             "earliestMessageTimeStamp": str(earliest if earliest is not None else -1),
             "lastStartAbnormal": str(self.last_start_was_abnormal).lower(),
         }
+
+
+#: binary unit prefixes of ``human_bytes`` (as RocketMQ's humanReadableByteCount: 1.5 KiB, 2.0 GiB)
+_BYTE_UNITS = "KMGTPE"
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes as ``"<value> <unit>"``: ``"512 B"``, ``"1.5 KiB"``, ``"2.0 GiB"``."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for prefix in _BYTE_UNITS:
+        value /= 1024
+        if value < 1024 or prefix == _BYTE_UNITS[-1]:
+            return f"{value:.1f} {prefix}iB"
+    raise AssertionError("unreachable")

@@ -115,6 +115,8 @@ class PullProcessor:
         stats.pull_requests_total += 1
         if code == R.SUCCESS:
             stats.on_get(h.topic, result.message_count, result.buffer_total_size)
+        else:
+            stats.pull_misses_total += 1
         body = result.body() if code == R.SUCCESS else b""
         return cmd.response(code, header, body, remark=result.status.name)
 
