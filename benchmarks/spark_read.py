@@ -77,7 +77,7 @@ def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
 class LocalCluster:
     """namesrv + ``brokers`` masters as subprocesses in a temp dir; always stopped by ``close``."""
 
-    def __init__(self, brokers: int, base: Path) -> None:
+    def __init__(self, brokers: int, base: Path, broker_conf: list[str] | None = None) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.base = base
         ns_port = free_port()
@@ -104,6 +104,7 @@ class LocalCluster:
                         "flushDiskType=ASYNC_FLUSH",
                         "brokerRole=ASYNC_MASTER",
                         "autoCreateTopicEnable=true",
+                        *(broker_conf or []),
                     ]
                 )
                 + "\n"
@@ -211,6 +212,10 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=None, help="minPartitions")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds of every pipeline (best shown)")
+    parser.add_argument("--broker-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra broker.conf line of the started brokers (repeatable)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra option of the rocketmq source (repeatable), e.g. pullBatchSize=1024")
     args = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="ferrymq-spark-bench-"))
@@ -220,7 +225,7 @@ def main() -> int:
         if args.name_server:
             ns_addr = args.name_server
         else:
-            cluster = LocalCluster(args.brokers, base)
+            cluster = LocalCluster(args.brokers, base, args.broker_conf)
             ns_addr = cluster.ns_addr
         topic = args.topic or f"SparkBench{int(time.time())}"
         if cluster is not None:
@@ -243,6 +248,9 @@ def main() -> int:
         opts = {"nameServer": ns_addr, "subscribe": topic}
         if args.partitions:
             opts["minPartitions"] = str(args.partitions)
+        for item in args.option:
+            key, _, value = item.partition("=")
+            opts[key] = value
 
         spark.read.format("rocketmq").options(**opts).load().limit(10).collect()  # start the workers
         results: list[tuple[str, int, list[float]]] = []

@@ -26,12 +26,16 @@ Source options (names follow Spark's Kafka source, queue identity follows Rocket
 | pullPipelineDepth      | 32                                        | both   | concurrent PULL requests per task               |
 | readFromSlave          | whenMasterDown                            | both   | never, whenMasterDown, prefer                   |
 | group                  | ``spark-ferrymq-source``                  | both   | consumer group named in PULL requests           |
+| accessKey, secretKey   |                                           | both   | ACL credentials: every request is signed        |
+| tls                    | false (true when a tls*Path is set)       | both   | TLS to name servers and brokers                 |
+| tlsTrustCertPath       |                                           | both   | CA file the servers' certificates must chain to |
+| tlsCertPath, tlsKeyPath|                                           | both   | client certificate (mutual TLS)                 |
 
 Offsets JSON: ``{"topic": {"brokerName:queueId": offset}}`` (also accepted: the old connector's nested
 ``{"topic": {"brokerName": {"queueId": offset}}}``); -2 = earliest, -1 = latest.
 
 Sink options: nameServer (required), topic (wins over the column), group (producer group),
-sendTimeoutMs, sendPipelineDepth.
+sendTimeoutMs, sendPipelineDepth, and the same accessKey/secretKey/tls* options.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferrymq.common.sql92 import EXPRESSION_TYPE_SQL92, EXPRESSION_TYPE_TAG, SqlParseError, compile_selector
+from ferrymq.common.tls import TlsClientSettings
 from ferrymq.errors import ConfigError
 
 EARLIEST = -2
@@ -62,13 +67,15 @@ MAX_SEND_PIPELINE_DEPTH = 4096
 
 READ_FROM_SLAVE_CHOICES = ("never", "whenMasterDown", "prefer")
 
+#: ACL credentials and TLS, for the source and the sink (``ClientSecurity``)
+SECURITY_OPTION_NAMES = ("accessKey", "secretKey", "tls", "tlsTrustCertPath", "tlsCertPath", "tlsKeyPath")
 SOURCE_OPTION_NAMES = (
     "nameServer", "subscribe", "topic", "subscribePattern", "assign", "startingOffsets", "endingOffsets",
     "startingTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
     "failOnDataLoss", "subExpression", "pullBatchSize", "pullTimeoutMs", "pullPipelineDepth", "readFromSlave",
-    "group", "expressionType",
+    "group", "expressionType", *SECURITY_OPTION_NAMES,
 )  # fmt: skip
-SINK_OPTION_NAMES = ("nameServer", "topic", "group", "sendTimeoutMs", "sendPipelineDepth")
+SINK_OPTION_NAMES = ("nameServer", "topic", "group", "sendTimeoutMs", "sendPipelineDepth", *SECURITY_OPTION_NAMES)
 #: Options Spark itself may pass along (streaming sinks get checkpointLocation, file-like calls a path).
 SPARK_OPTION_NAMES = ("path", "checkpointLocation", "queryName")
 SOURCE_OPTIONS = frozenset(k.lower() for k in SOURCE_OPTION_NAMES + SPARK_OPTION_NAMES)
@@ -255,6 +262,52 @@ def parse_assign(raw: str) -> Assignment:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientSecurity:
+    """ACL credentials and TLS of the connector's clients (options accessKey, secretKey, tls, tlsTrustCertPath,
+    tlsCertPath, tlsKeyPath; docs/security.md). Picklable: executors build their own SSL contexts."""
+
+    access_key: str = ""
+    secret_key: str = ""
+    tls: bool = False
+    tls_trust_cert_path: str = ""
+    tls_cert_path: str = ""
+    tls_key_path: str = ""
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of a ferrymq client (Producer, PullConsumer)."""
+        tls = None
+        if self.tls:
+            tls = TlsClientSettings(trust_cert_path=self.tls_trust_cert_path, cert_path=self.tls_cert_path,
+                                    key_path=self.tls_key_path)
+        return {"access_key": self.access_key, "secret_key": self.secret_key, "tls": tls}
+
+
+def parse_security(options: Mapping[str, str]) -> ClientSecurity:
+    access_key = (_get(options, "accessKey") or "").strip()
+    secret_key = (_get(options, "secretKey") or "").strip()
+    if bool(access_key) != bool(secret_key):
+        raise ConfigError("secretKey" if access_key else "accessKey", "accessKey and secretKey go together")
+    paths = {name: (_get(options, name) or "").strip() for name in ("tlsTrustCertPath", "tlsCertPath", "tlsKeyPath")}
+    tls = _bool(options, "tls", any(paths.values()))
+    if not tls and any(paths.values()):
+        raise ConfigError("tls", "is false but a tls*Path option is set")
+    if bool(paths["tlsCertPath"]) != bool(paths["tlsKeyPath"]):
+        raise ConfigError("tlsKeyPath" if paths["tlsCertPath"] else "tlsCertPath",
+                          "tlsCertPath and tlsKeyPath go together")
+    security = ClientSecurity(access_key, secret_key, tls, paths["tlsTrustCertPath"], paths["tlsCertPath"],
+                              paths["tlsKeyPath"])
+    if tls:
+        kwargs = security.client_kwargs()
+        try:
+            kwargs["tls"].context()  # unreadable certificate files fail at load(), naming the option
+        except ConfigError as exc:
+            option = {"tls.client.trustCertPath": "tlsTrustCertPath", "tls.client.certPath": "tlsCertPath",
+                      "tls.client.keyPath": "tlsKeyPath"}.get(exc.key, "tls")
+            raise ConfigError(option, str(exc).split(": ", 1)[-1]) from None
+    return security
+
+
+@dataclass(frozen=True, slots=True)
 class SourceOptions:
     name_server: str
     topics: tuple[str, ...] = ()
@@ -276,6 +329,7 @@ class SourceOptions:
     group: str = DEFAULT_SOURCE_GROUP
     streaming: bool = False
     expression_type: str = EXPRESSION_TYPE_TAG
+    security: ClientSecurity = ClientSecurity()
 
     @property
     def tag_set(self) -> frozenset[str] | None:
@@ -293,6 +347,7 @@ class SourceOptions:
             pull_pipeline_depth=self.pull_pipeline_depth,
             fail_on_data_loss=self.fail_on_data_loss,
             expression_type=self.expression_type,
+            security=self.security,
         )
 
 
@@ -309,10 +364,11 @@ class ExecutorOptions:
     pull_pipeline_depth: int
     fail_on_data_loss: bool
     expression_type: str = EXPRESSION_TYPE_TAG
+    security: ClientSecurity = ClientSecurity()
 
     @property
-    def client_key(self) -> tuple[str, str, str, int]:
-        return (self.name_server, self.group, self.read_from_slave, self.pull_timeout_ms)
+    def client_key(self) -> tuple[str, str, str, int, ClientSecurity]:
+        return (self.name_server, self.group, self.read_from_slave, self.pull_timeout_ms, self.security)
 
 
 def parse_sub_expression(expr: str) -> frozenset[str] | None:
@@ -440,6 +496,7 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         group=group,
         streaming=streaming,
         expression_type=_expression_type(options),
+        security=parse_security(options),
     )
 
 
@@ -466,10 +523,11 @@ class SinkOptions:
     group: str = DEFAULT_SINK_GROUP
     send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS
     send_pipeline_depth: int = DEFAULT_SEND_PIPELINE_DEPTH
+    security: ClientSecurity = ClientSecurity()
 
     @property
-    def producer_key(self) -> tuple[str, str, int]:
-        return (self.name_server, self.group, self.send_timeout_ms)
+    def producer_key(self) -> tuple[str, str, int, ClientSecurity]:
+        return (self.name_server, self.group, self.send_timeout_ms, self.security)
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -492,4 +550,5 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
             options, "sendPipelineDepth", DEFAULT_SEND_PIPELINE_DEPTH, 1, MAX_SEND_PIPELINE_DEPTH
         )
         or DEFAULT_SEND_PIPELINE_DEPTH,
+        security=parse_security(options),
     )

@@ -87,6 +87,7 @@ async def _started_consumer(opts: ExecutorOptions) -> PullConsumer:
             opts.group,
             read_from_slave=opts.read_from_slave,
             pull_timeout_ms=opts.pull_timeout_ms,
+            **opts.security.client_kwargs(),
         )
         await consumer.start()
         _consumers[key] = consumer
@@ -101,7 +102,8 @@ async def started_producer(opts: SinkOptions) -> Producer:
     key = opts.producer_key
     producer = _producers.get(key)
     if producer is None:
-        producer = Producer(opts.name_server, opts.group, send_timeout_ms=opts.send_timeout_ms)
+        producer = Producer(opts.name_server, opts.group, send_timeout_ms=opts.send_timeout_ms,
+                            **opts.security.client_kwargs())
         await producer.start()
         _producers[key] = producer
     return producer
