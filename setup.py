@@ -1,8 +1,8 @@
-"""Build hook for the optional C extension; the project metadata lives in pyproject.toml.
+"""Build hook for the optional C extensions; the project metadata lives in pyproject.toml.
 
-``ferrymq.store._speedups`` speeds up reput and batch puts (see
-``ferrymq.store.speedups``). It is optional: without a
-compiler the build warns and the install goes on with the pure-Python store code.
+``ferrymq.store._speedups`` speeds up reput and batch puts (see ``ferrymq.store.speedups``);
+``ferrymq.common._records`` walks PULL bodies for the Spark source (see ``ferrymq.common.records``). Both are
+optional: without a compiler the build warns and the install goes on with the pure-Python code.
 """
 
 from setuptools import Extension, setup
@@ -15,6 +15,12 @@ setup(
             extra_compile_args=["-O2"],
             libraries=["z"],  # crc32 of batch bodies (put_batch), the same zlib as Python's zlib module
             optional=True,
-        )
+        ),
+        Extension(
+            "ferrymq.common._records",
+            sources=["src/ferrymq/common/_records.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ],
 )

@@ -40,6 +40,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 #: Messages per SEND_BATCH_MESSAGE while filling the topic.
 PRODUCE_BATCH = 256
 PRODUCE_CONCURRENCY = 16
+PRODUCE_SEND_TIMEOUT_MS = 30_000
 QUEUES_PER_BROKER = 4
 START_TIMEOUT_S = 60.0
 
@@ -173,7 +174,9 @@ async def produce(ns_addr: str, topic: str, count: int, size: int) -> float:
     from ferrymq.client.producer import Producer
     from ferrymq.client.values import SendStatus, new_message
 
-    producer = Producer(ns_addr, "bench-spark-producer")
+    # a fresh broker may take seconds to answer the first batches (its first commit log segment is being
+    # allocated), which is not what this benchmark measures
+    producer = Producer(ns_addr, "bench-spark-producer", send_timeout_ms=PRODUCE_SEND_TIMEOUT_MS)
     await producer.start()
     sem = asyncio.Semaphore(PRODUCE_CONCURRENCY)
     body = b"x" * size
@@ -191,6 +194,41 @@ async def produce(ns_addr: str, topic: str, count: int, size: int) -> float:
     finally:
         await producer.close()
     return time.perf_counter() - started
+
+
+def stage_breakdown(opts: dict[str, str]) -> tuple[int, float, float]:
+    """The connector's own work without Spark, in this process: (rows, seconds pulling and decoding every
+    planned range one after the other, seconds of the decoding alone on the same raw PULL bodies)."""
+    from ferrymq.spark import fetch, runtime
+    from ferrymq.spark.arrow import BatchBuilder
+    from ferrymq.spark.options import parse_source_options
+    from ferrymq.spark.reader import _metadata, plan_batch
+
+    source = parse_source_options(opts, False)
+    ranges = plan_batch(_metadata(source), source)
+    exec_opts = source.executor_options()
+    started = time.perf_counter()
+    rows = sum(b.num_rows for r in ranges for b in fetch.read_range(r, exec_opts))
+    total_s = time.perf_counter() - started
+
+    async def raw_bodies() -> list[tuple[str, int, int, list[bytes]]]:
+        consumer = await runtime._started_consumer(exec_opts)
+        out = []
+        for r in ranges:
+            chunk = await fetch.pull_chunk(consumer, r.queue, r.start, r.end, exec_opts)
+            out.append((r.broker_name, r.start, r.end, chunk.bodies))
+        return out
+
+    bodies = runtime.run(raw_bodies())
+    started = time.perf_counter()
+    builder = BatchBuilder()
+    for broker, lo, hi, raws in bodies:
+        for raw in raws:
+            builder.append_raw(raw, broker, lo, hi)
+            if len(builder) >= fetch.ARROW_BATCH_ROWS:
+                builder.flush()
+    builder.flush()
+    return rows, total_s, time.perf_counter() - started
 
 
 def timed(fn: object) -> float:
@@ -306,6 +344,17 @@ def main() -> int:
         for name, n, times in results:
             rounds = ", ".join(f"{n / t:,.0f}" for t in times)
             print(f"{name:<28} {n:>11,} {min(times):>8.2f} {n / min(times):>10,.0f}   {rounds}")
+        best = {name: n / min(times) for name, n, times in results}
+        print(f"ratio batch  rocketmq/parquet: {best['rocketmq batch  -> parquet'] / best['parquet  batch  -> parquet']:.2f}x"
+              f"   stream: {best['rocketmq stream -> parquet'] / best['parquet  stream -> parquet']:.2f}x")
+        stages = [stage_breakdown(opts) for _ in range(args.rounds)]
+        rows, pull_decode_s, decode_s = min(stages, key=lambda st: st[1])
+        batch_s = rows / best["rocketmq batch  -> parquet"]
+        print(f"\nstages of the batch read ({rows:,} rows; the connector without Spark, one range after the other):")
+        print(f"  pull + decode   {pull_decode_s:6.2f} s   {rows / pull_decode_s:>10,.0f} rows/s")
+        print(f"  decode alone    {decode_s:6.2f} s   {rows / decode_s:>10,.0f} rows/s")
+        print(f"  pull (the rest) {pull_decode_s - decode_s:6.2f} s")
+        print(f"  Spark pipeline  {batch_s:6.2f} s   (hand-off to the JVM, parquet write, scheduling: the rest)")
         return 0
     finally:
         if spark is not None:

@@ -17,17 +17,17 @@ Source row schema (Spark DDL ``SOURCE_SCHEMA_DDL``; Arrow form ``ARROW_SCHEMA`` 
 | storeTimestamp | timestamp           | timestamp[us, UTC]    | STORETIMESTAMP (ms)                           |
 | properties     | map<string,string>  | map<string, string>   | all properties                                |
 
-``BatchBuilder`` (the fast path) does one ``struct.unpack_from`` per record in Python and builds every
+``BatchBuilder`` (the fast path) walks each PULL body once in C (``common.records``) and builds every
 column with Arrow kernels over the concatenated PULL bodies; ``RowBuilder`` decodes record by record
 (IPv6 hosts, compressed bodies, repeated property names, invalid UTF-8).
 """
 
 from __future__ import annotations
 
+import sys
 import zlib
 from array import array
 from collections.abc import Iterable
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,6 +43,7 @@ from ferrymq.common.message import (
     string_to_properties,
 )
 from ferrymq.common.message_codec import HEAD_V4, MESSAGE_MAGIC_CODE, RecordFormatError, decode_record
+from ferrymq.common.records import scan_pull_body
 
 SOURCE_SCHEMA_DDL = (
     "key string, value binary, topic string, brokerName string, queueId int, queueOffset bigint, "
@@ -287,16 +288,18 @@ def _has_repeated_names(offsets: pa.Array, keys: pa.Array) -> bool:
 class BatchBuilder:
     """Accumulates the raw PULL bodies of one Spark task; ``flush()`` returns a RecordBatch.
 
-    The per-record Python work is one ``struct.unpack_from`` of the fixed 88-byte head plus the
-    topic-length byte. Each record is cut into six contiguous segments (head, body, topic length,
-    topic, properties length, properties) whose boundaries, together with the concatenated bodies,
-    form one zero-copy Arrow binary array; ``flush`` then builds every column with Arrow kernels
-    (``take`` of the body / topic / properties segments, vectorised properties parsing,
-    ``map_lookup`` for KEYS / TAGS / UNIQ_KEY). Records with IPv6 hosts or compressed bodies, and
-    properties with repeated names, switch the builder to ``RowBuilder`` until the next flush.
+    Each PULL body is walked once by ``common.records.scan_pull_body`` (C when built, no Python per
+    record): it gives the fixed fields as packed arrays and cuts every record into six contiguous segments
+    (head, body, topic length, topic, properties length, properties) whose boundaries, together with the
+    concatenated bodies, form one zero-copy Arrow binary array; ``flush`` then builds every column with
+    Arrow kernels (``take`` of the body / topic / properties segments, vectorised properties parsing,
+    ``map_lookup`` for KEYS / TAGS / UNIQ_KEY). With a tag filter the TAGS of each record are read in
+    Python. Records with IPv6 hosts or compressed bodies, and properties with repeated names, switch the
+    builder to ``RowBuilder`` until the next flush.
     """
 
-    __slots__ = ("_bufs", "_size", "_heads", "_segs", "_drops", "_brokers", "_calls", "_rows")
+    __slots__ = ("_bufs", "_size", "_n", "_segs", "_qid", "_qoff", "_phy", "_born", "_store", "_hosts",
+                 "_drops", "_brokers", "_calls", "_rows")  # fmt: skip
 
     def __init__(self) -> None:
         self._reset()
@@ -304,8 +307,14 @@ class BatchBuilder:
     def _reset(self) -> None:
         self._bufs: list[bytes] = []
         self._size = 0
-        self._heads: list[tuple[Any, ...]] = []
-        self._segs: list[int] = []
+        self._n = 0
+        self._segs = array("q")
+        self._qid = array("i")
+        self._qoff = array("q")
+        self._phy = array("q")
+        self._born = array("q")
+        self._store = array("q")
+        self._hosts = bytearray()
         self._drops: list[int] = []
         self._brokers: list[tuple[str, int]] = []
         self._calls: list[tuple[bytes, str, int, int, frozenset[str] | None]] = []
@@ -314,7 +323,7 @@ class BatchBuilder:
     def __len__(self) -> int:
         if self._rows is not None:
             return len(self._rows)
-        return len(self._heads) - len(self._drops)
+        return self._n - len(self._drops)
 
     @property
     def nbytes(self) -> int:
@@ -336,59 +345,42 @@ class BatchBuilder:
         self._calls.append((raw, broker_name, start, end, tags))
         if self._rows is not None:
             return self._rows.append_raw(raw, broker_name, start, end, tags)
-        heads = self._heads
-        segs = self._segs
-        drops = self._drops
-        first = len(heads)
-        n_segs = len(segs)
-        n_drops = len(drops)
-        base = self._size
-        unpack = HEAD_V4.unpack_from
-        size = len(raw)
-        pos = 0
-        while pos < size:
-            if pos + _HEAD_SIZE > size:
-                raise RecordFormatError(f"truncated record header at {pos} of a {size}-byte pull body")
-            head = unpack(raw, pos)
-            total = head[0]
-            record_end = pos + total
-            if head[1] != MESSAGE_MAGIC_CODE or total < _HEAD_SIZE or record_end > size:
-                raise RecordFormatError(
-                    f"bad record at {pos} of a pull body (magic {head[1] & 0xFFFFFFFF:#x}, size {total})"
-                )
-            if head[7] & _SLOW_FLAGS:
-                del heads[first:], segs[n_segs:], drops[n_drops:]
-                return self._to_rows()
-            body_end = pos + _HEAD_SIZE + head[14]
-            if head[14] < 0 or body_end >= record_end:
-                raise RecordFormatError(f"record at {pos}: TOTALSIZE {total} does not match its fields")
-            topic_end = body_end + 1 + raw[body_end]
-            props_start = topic_end + 2
-            if props_start > record_end:
-                raise RecordFormatError(f"record at {pos}: TOTALSIZE {total} does not match its fields")
-            b = base + pos
-            segs.extend((b, b + _HEAD_SIZE, base + body_end, base + body_end + 1, base + topic_end,
-                         base + props_start))  # fmt: skip
-            queue_offset = head[5]
-            if not start <= queue_offset < end or (
-                tags is not None
-                and string_to_properties(raw[props_start:record_end].decode("utf-8", "replace")).get(
-                    PROPERTY_TAGS
-                )
-                not in tags
-            ):
-                drops.append(len(heads))
-            heads.append(head)
-            pos = record_end
-        count = len(heads) - first
-        if count:
-            self._bufs.append(raw)
-            self._size += size
-            if self._brokers and self._brokers[-1][0] == broker_name:
-                self._brokers[-1] = (broker_name, self._brokers[-1][1] + count)
-            else:
-                self._brokers.append((broker_name, count))
-        return count - (len(drops) - n_drops)
+        scan = scan_pull_body(raw, self._size, start, end)
+        if scan is None:
+            return self._to_rows()
+        count = scan.records
+        if not count:
+            return 0
+        first = self._n
+        n_drops = len(self._drops)
+        keep = scan.keep
+        if keep.count(0):
+            self._drops.extend(first + i for i, k in enumerate(keep) if not k)
+        if tags is not None:
+            segs = array("q", scan.segs)
+            base = self._size
+            for i in range(count):
+                if keep[i]:
+                    props = raw[segs[i * _SEGMENTS + _SEG_PROPS] - base:
+                                (segs[(i + 1) * _SEGMENTS] - base) if i + 1 < count else len(raw)]
+                    if string_to_properties(props.decode("utf-8", "replace")).get(PROPERTY_TAGS) not in tags:
+                        self._drops.append(first + i)
+            self._drops.sort()
+        self._segs.frombytes(scan.segs)
+        self._qid.frombytes(scan.queue_ids)
+        self._qoff.frombytes(scan.queue_offsets)
+        self._phy.frombytes(scan.phy_offsets)
+        self._born.frombytes(scan.born_ms)
+        self._store.frombytes(scan.store_ms)
+        self._hosts += scan.store_hosts
+        self._n += count
+        self._bufs.append(raw)
+        self._size += len(raw)
+        if self._brokers and self._brokers[-1][0] == broker_name:
+            self._brokers[-1] = (broker_name, self._brokers[-1][1] + count)
+        else:
+            self._brokers.append((broker_name, count))
+        return count - (len(self._drops) - n_drops)
 
     def _to_rows(self) -> int:
         """Switch to the row decoder: replay every body since the last flush; return the last's count."""
@@ -421,27 +413,24 @@ class BatchBuilder:
             self._reset()
 
     def _columnar(self) -> pa.RecordBatch:
-        n = len(self._heads)
+        n = self._n
         if n == 0:
             return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
         segs = self._segs
         segs.append(self._size)
         data = self._bufs[0] if len(self._bufs) == 1 else b"".join(self._bufs)
-        cut = pa.Array.from_buffers(
-            pa.large_binary(), _SEGMENTS * n, [None, pa.py_buffer(array("q", segs)), pa.py_buffer(data)]
-        )
+        cut = pa.Array.from_buffers(pa.large_binary(), _SEGMENTS * n, [None, pa.py_buffer(segs), pa.py_buffer(data)])
         first = _stride(n)
         value = pc.take(cut, pc.add(first, _SEG_BODY)).cast(pa.binary())
         topic = pc.take(cut, pc.add(first, _SEG_TOPIC)).cast(pa.string())
         props = _properties_map(pc.take(cut, pc.add(first, _SEG_PROPS)).cast(pa.string()))
-        (_total, _magic, _crc, queue_id, _flag, queue_offset, phy_offset, _sys_flag, born_ms, _born_host,
-         store_ms, store_host, _reconsume, _prepared, _body_len) = zip(*self._heads, strict=True)  # fmt: skip
         uniq = pc.map_lookup(props, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "last")
         if uniq.null_count or not pc.all(pc.greater(pc.binary_length(uniq), 0)).as_py():
             ids = uniq.to_pylist()
+            hosts, phys = self._hosts, self._phy
             for i, v in enumerate(ids):
                 if not v:  # no UNIQ_KEY: the offset msgId (store host + commit log offset, §4.5)
-                    ids[i] = (store_host[i] + phy_offset[i].to_bytes(8, "big", signed=True)).hex().upper()
+                    ids[i] = (bytes(hosts[i * 8:i * 8 + 8]) + phys[i].to_bytes(8, "big", signed=True)).hex().upper()
             uniq = pa.array(ids, pa.string())
         if len(self._brokers) == 1:
             broker = pa.repeat(pa.scalar(self._brokers[0][0], pa.string()), n)
@@ -453,12 +442,12 @@ class BatchBuilder:
                 value,
                 topic,
                 broker,
-                pa.array(queue_id, pa.int32()),
-                pa.array(queue_offset, pa.int64()),
+                _native_array(pa.int32(), n, self._qid),
+                _native_array(pa.int64(), n, self._qoff),
                 pc.map_lookup(props, PROPERTY_TAGS, "last"),
                 uniq,
-                pc.multiply(pa.array(born_ms, pa.int64()), _US_PER_MS).view(_TS),
-                pc.multiply(pa.array(store_ms, pa.int64()), _US_PER_MS).view(_TS),
+                pc.multiply(_native_array(pa.int64(), n, self._born), _US_PER_MS).view(_TS),
+                pc.multiply(_native_array(pa.int64(), n, self._store), _US_PER_MS).view(_TS),
                 props,
             ],
             schema=ARROW_SCHEMA,
@@ -469,6 +458,13 @@ class BatchBuilder:
                 keep[i] = False
             batch = batch.filter(pa.array(keep, pa.bool_()))
         return batch
+
+
+def _native_array(kind: pa.DataType, n: int, values: array) -> pa.Array:  # type: ignore[type-arg]
+    """An Arrow array over a packed ``array`` (Arrow is little-endian; a big-endian host copies)."""
+    if sys.byteorder == "little":
+        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(values)])
+    return pa.array(values.tolist(), kind)
 
 
 def batch_from_records(
