@@ -103,16 +103,33 @@ class SparkCluster:
         asyncio.run(go())
         return bodies
 
+    def get_bytes(self, topic: str) -> float:
+        """Bytes the brokers returned by PULL for ``topic`` so far (their ferrymq_get_bytes counters)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        total = 0.0
+        for broker in self.brokers:
+            url = f"http://127.0.0.1:{broker.props['metricsPort']}/metrics"  # type: ignore[attr-defined]
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                text = resp.read().decode()
+            for family in text_string_to_metric_families(text):
+                if family.name == "ferrymq_get_bytes":
+                    total += sum(s.value for s in family.samples if s.labels.get("topic") == topic)
+        return total
+
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    from procs import ProcessGroup, start_broker, start_namesrv
+    from procs import ProcessGroup, free_port, start_broker, start_namesrv
 
     group = ProcessGroup(tmp_path_factory.mktemp("spark-cluster"))
     try:
         ns = start_namesrv(group)
         brokers = [
-            start_broker(group, [ns.addr], name=f"broker-{n}", broker_name=f"broker-{n}") for n in ("a", "b")
+            start_broker(group, [ns.addr], name=f"broker-{n}", broker_name=f"broker-{n}", metricsPort=free_port())
+            for n in ("a", "b")
         ]
         yield SparkCluster(group, ns.addr, brokers)
     except BaseException:

@@ -65,11 +65,6 @@ def test_options_are_case_insensitive_and_typed() -> None:
         ({**NS, "subscribe": "T", "endingOffsets": "earliest"}, False, "endingOffsets"),
         ({**NS, "subscribe": "T", "endingOffsets": '{"T": {"b:0": -2}}'}, False, "endingOffsets"),
         ({**NS, "subscribe": "T", "endingOffsets": "latest"}, True, "endingOffsets"),
-        (
-            {**NS, "subscribe": "T", "startingOffsets": "earliest", "startingTimestamp": "1"},
-            False,
-            "startingTimestamp",
-        ),
         ({**NS, "subscribe": "T", "startingTimestamp": "yesterday"}, False, "startingTimestamp"),
         ({**NS, "subscribe": "T", "maxOffsetsPerTrigger": "0"}, True, "maxOffsetsPerTrigger"),
         ({**NS, "subscribe": "T", "maxOffsetsPerTrigger": "10"}, False, "maxOffsetsPerTrigger"),

@@ -230,3 +230,112 @@ def test_stream_data_loss_both_ways() -> None:
     assert lenient.latest_offsets({A0: 10}, ReadAllAvailable()) == {A0: 100}
     assert lenient.plan({A0: 10}, {A0: 100}) == [QueueRange("T", "broker-a", 0, 40, 100)]
     assert lenient.plan({A0: 10}, {A0: 30}) == []  # the whole range expired
+
+
+# ---- Kafka's timestamp options --------------------------------------------------------------------
+
+
+class TimedMeta(FakeMeta):
+    """Offset i of every queue was stored at ``(i + 1) * 100`` ms; search finds the first at/after a time."""
+
+    def search_offsets(self, queues: Sequence[MessageQueue], timestamp_ms: int) -> OffsetMap:
+        self.searched.append(timestamp_ms)
+        result: OffsetMap = {}
+        for mq in queues:
+            lo, hi = self.bounds[mq]
+            first = max(lo, -(-timestamp_ms // 100) - 1)
+            result[mq] = min(first, hi)
+        return result
+
+
+def test_starting_offsets_by_timestamp_per_queue_and_precedence() -> None:
+    meta = TimedMeta({A0: (0, 10), A1: (0, 10), B0: (0, 10)})
+    by_ts = '{"T": {"broker-a:0": 300, "broker-a:1": 550, "broker-b:0": 100}}'
+    ranges = plan_batch(meta, opts(startingOffsetsByTimestamp=by_ts))
+    assert [(r.broker_name, r.queue_id, r.start) for r in ranges] == [("broker-a", 0, 2), ("broker-a", 1, 5),
+                                                                         ("broker-b", 0, 0)]  # fmt: skip
+    # Kafka's precedence: startingOffsetsByTimestamp over startingOffsets, startingTimestamp over both
+    both = opts(startingOffsetsByTimestamp=by_ts, startingOffsets='{"T": {"broker-a:0": 9}}')
+    assert [r.start for r in plan_batch(meta, both)] == [2, 5, 0]
+    top = opts(startingTimestamp="800", startingOffsetsByTimestamp=by_ts, startingOffsets="earliest")
+    assert [r.start for r in plan_batch(meta, top)] == [7, 7, 7]
+    assert StreamPlanner(opts(True, startingOffsetsByTimestamp=by_ts), meta).initial_offsets() == {A0: 2, A1: 5,
+                                                                                                  B0: 0}  # fmt: skip
+
+
+def test_starting_timestamp_strategy_error_and_latest() -> None:
+    meta = TimedMeta({A0: (0, 10), B0: (0, 4)})
+    # 600 ms: broker-a:0 has offset 5, broker-b:0 (4 messages, stored up to 400 ms) has none
+    with pytest.raises(ConfigError, match=r"^startingTimestamp.*T/broker-b:0.*at or after 600 ms.*=latest"):
+        plan_batch(meta, opts(startingTimestamp="600"))
+    with pytest.raises(ConfigError, match=r"^startingOffsetsByTimestamp.*T/broker-b:0"):
+        plan_batch(meta, opts(startingOffsetsByTimestamp='{"T": {"broker-a:0": 100, "broker-b:0": 900}}'))
+    latest = opts(startingTimestamp="600", startingOffsetsByTimestampStrategy="latest")
+    assert plan_batch(meta, latest) == [QueueRange("T", "broker-a", 0, 5, 10)]  # broker-b:0 starts at its end
+    assert StreamPlanner(opts(True, startingTimestamp="600", startingOffsetsByTimestampStrategy="LATEST"),
+                         meta).initial_offsets() == {A0: 5, B0: 4}  # fmt: skip
+
+
+def test_by_timestamp_must_name_every_queue() -> None:
+    meta = TimedMeta({A0: (0, 10), B0: (0, 10)})
+    with pytest.raises(ConfigError, match=r"^startingOffsetsByTimestamp.*missing T/broker-b:0"):
+        plan_batch(meta, opts(startingOffsetsByTimestamp='{"T": {"broker-a:0": 100}}'))
+    with pytest.raises(ConfigError, match=r"^endingOffsetsByTimestamp.*missing T/broker-a:0"):
+        plan_batch(meta, opts(endingOffsetsByTimestamp='{"T": {"broker-b:0": 100}}'))
+
+
+def test_ending_timestamps_precedence_and_no_match_is_latest() -> None:
+    meta = TimedMeta({A0: (0, 10), B0: (2, 6)})
+    # endingTimestamp 450: offsets stored before it are 0..3 -> end 4 (broker-b:0 from its min 2)
+    assert [(r.start, r.end) for r in plan_batch(meta, opts(endingTimestamp="450"))] == [(0, 4), (2, 4)]
+    by_ts = '{"T": {"broker-a:0": 250, "broker-b:0": 99999}}'
+    assert [(r.start, r.end) for r in plan_batch(meta, opts(endingOffsetsByTimestamp=by_ts))] == [(0, 2), (2, 6)]
+    # endingTimestamp wins over endingOffsetsByTimestamp and endingOffsets
+    top = opts(endingTimestamp="450", endingOffsetsByTimestamp=by_ts, endingOffsets='{"T": {"broker-a:0": 1}}')
+    assert [(r.start, r.end) for r in plan_batch(meta, top)] == [(0, 4), (2, 4)]
+    both = opts(startingTimestamp="300", endingTimestamp="700")
+    assert [(r.start, r.end) for r in plan_batch(meta, both)] == [(2, 6), (2, 6)]
+
+
+def test_timestamp_options_checked_at_load() -> None:
+    for bad, name in (
+        ({"startingOffsetsByTimestamp": "[1]"}, "startingOffsetsByTimestamp"),
+        ({"startingOffsetsByTimestamp": '{"T": {"broker-a:0": -5}}'}, "startingOffsetsByTimestamp"),
+        ({"startingOffsetsByTimestamp": '{"T": {"a0": 5}}'}, "startingOffsetsByTimestamp"),
+        ({"endingOffsetsByTimestamp": '{"T": {"broker-a:0": "soon"}}'}, "endingOffsetsByTimestamp"),
+        ({"startingOffsetsByTimestampStrategy": "earliest"}, "startingOffsetsByTimestampStrategy"),
+        ({"endingTimestamp": "-1"}, "endingTimestamp"),
+        ({"fetchOffset.numRetries": "-1"}, "fetchOffset.numRetries"),
+        ({"fetchOffset.retryIntervalMs": "x"}, "fetchOffset.retryIntervalMs"),
+    ):
+        with pytest.raises(ConfigError, match=f"^{name}"):
+            opts(**bad)
+    for name in ("endingTimestamp", "endingOffsetsByTimestamp"):
+        with pytest.raises(ConfigError, match=f"^{name}.*batch queries only"):
+            opts(True, **{name: '{"T": {"broker-a:0": 1}}' if "By" in name else "1"})
+    o = opts(**{"fetchOffset.numRetries": "5", "fetchOffset.retryIntervalMs": "250"})
+    assert (o.executor_options().fetch_offset_num_retries, o.executor_options().fetch_offset_retry_interval_ms) == (
+        5, 250)  # fmt: skip
+
+
+def test_metadata_lookups_are_retried_then_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ferrymq.errors import FerryError
+    from ferrymq.spark import runtime
+
+    calls: list[int] = []
+
+    def flaky_run(coro: object, timeout_s: float | None = None) -> object:
+        coro.close()  # type: ignore[attr-defined]
+        calls.append(1)
+        if len(calls) < 3:
+            raise FerryError("connection refused")
+        return ["T"]
+
+    monkeypatch.setattr(runtime, "run", flaky_run)
+    meta = runtime.ClusterMetadata(opts(**{"fetchOffset.retryIntervalMs": "1"}).executor_options())
+    assert meta.topics() == ["T"] and len(calls) == 3
+    calls.clear()
+    strict = runtime.ClusterMetadata(opts(**{"fetchOffset.numRetries": "1"}).executor_options())
+    with pytest.raises(FerryError, match="connection refused"):
+        strict.topics()
+    assert len(calls) == 2

@@ -52,6 +52,10 @@ ARROW_BATCH_BYTES = 64 * 1024 * 1024
 RETRY_BACKOFF_S = 0.05
 #: Chunks decoded but not yet consumed, per pipeline slot (bounds executor memory).
 BUFFERED_CHUNKS_PER_SLOT = 2
+#: With a filter (tags or SQL92) a chunk spans at least this many pulls' worth of offsets: the broker skips
+#: unmatched messages and may answer with matches beyond the chunk's end, which the chunk drops, so few long
+#: chunks pull far fewer surplus bytes than many short ones.
+FILTERED_CHUNK_PULLS = 16
 #: How often a paused pipeline checks whether the task thread caught up.
 BACKPRESSURE_POLL_S = 0.002
 
@@ -135,6 +139,8 @@ async def _pipeline(
         consumer = await runtime._started_consumer(opts)
         mq = rng.queue
         step = opts.pull_batch_size
+        if opts.sub_expression.strip() not in ("", "*"):
+            step = max(step * FILTERED_CHUNK_PULLS, -(-rng.size // opts.pull_pipeline_depth))
         max_buffered = opts.pull_pipeline_depth * BUFFERED_CHUNKS_PER_SLOT
         pending: list[asyncio.Task[Chunk]] = []
         lo = rng.start

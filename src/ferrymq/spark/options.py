@@ -13,7 +13,15 @@ Source options (names follow Spark's Kafka source, queue identity follows Rocket
 | assign                 |                                           | both   | JSON ``{"T": [0, "broker-a:1"]}``                |
 | startingOffsets        | earliest (batch) / latest (stream)        | both   | earliest, latest or offsets JSON                |
 | endingOffsets          | latest                                    | batch  | latest or offsets JSON (-1 = latest)            |
-| startingTimestamp      |                                           | both   | ms since epoch; SEARCH_OFFSET_BY_TIMESTAMP       |
+| startingTimestamp      |                                           | both   | ms since epoch, every queue; wins over the two   |
+|                        |                                           |        | options below                                   |
+| startingOffsetsByTimestamp |                                       | both   | JSON of ms per queue (all queues); wins over     |
+|                        |                                           |        | startingOffsets                                 |
+| startingOffsetsByTimestampStrategy | error                         | both   | no message at/after the time: error, or latest  |
+| endingTimestamp        |                                           | batch  | ms since epoch, every queue (exclusive end)      |
+| endingOffsetsByTimestamp |                                         | batch  | JSON of ms per queue (all queues)                |
+| fetchOffset.numRetries | 3                                         | both   | retries of a failed offset/route look-up        |
+| fetchOffset.retryIntervalMs | 10                                   | both   | pause between those retries                     |
 | maxOffsetsPerTrigger   |                                           | stream | row cap per micro-batch, split by lag           |
 | minOffsetsPerTrigger   |                                           | stream | wait for this many rows ...                     |
 | maxTriggerDelay        | 15m                                       | stream | ... but no longer than this                     |
@@ -30,6 +38,11 @@ Source options (names follow Spark's Kafka source, queue identity follows Rocket
 | tls                    | false (true when a tls*Path is set)       | both   | TLS to name servers and brokers                 |
 | tlsTrustCertPath       |                                           | both   | CA file the servers' certificates must chain to |
 | tlsCertPath, tlsKeyPath|                                           | both   | client certificate (mutual TLS)                 |
+
+Timestamps resolve with SEARCH_OFFSET_BY_TIMESTAMP to the first offset stored at or after the time. Starting
+precedence is Kafka's: startingTimestamp, then startingOffsetsByTimestamp, then startingOffsets (a lower one is
+ignored with a log line); ending: endingTimestamp, endingOffsetsByTimestamp, endingOffsets. An ending time
+with no message at or after it ends at the latest offset.
 
 Offsets JSON: ``{"topic": {"brokerName:queueId": offset}}`` (also accepted: the old connector's nested
 ``{"topic": {"brokerName": {"queueId": offset}}}``); -2 = earliest, -1 = latest.
@@ -59,6 +72,9 @@ DEFAULT_PULL_TIMEOUT_MS = 10_000
 DEFAULT_PULL_PIPELINE_DEPTH = 32
 MAX_PULL_PIPELINE_DEPTH = 256
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+DEFAULT_FETCH_OFFSET_NUM_RETRIES = 3
+DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS = 10
+TIMESTAMP_STRATEGIES = ("error", "latest")
 DEFAULT_SOURCE_GROUP = "spark-ferrymq-source"
 DEFAULT_SINK_GROUP = "spark-ferrymq-sink"
 DEFAULT_SEND_TIMEOUT_MS = 10_000
@@ -73,7 +89,9 @@ SOURCE_OPTION_NAMES = (
     "nameServer", "subscribe", "topic", "subscribePattern", "assign", "startingOffsets", "endingOffsets",
     "startingTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
     "failOnDataLoss", "subExpression", "pullBatchSize", "pullTimeoutMs", "pullPipelineDepth", "readFromSlave",
-    "group", "expressionType", *SECURITY_OPTION_NAMES,
+    "group", "expressionType", "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
+    "endingTimestamp", "endingOffsetsByTimestamp", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
+    *SECURITY_OPTION_NAMES,
 )  # fmt: skip
 SINK_OPTION_NAMES = ("nameServer", "topic", "group", "sendTimeoutMs", "sendPipelineDepth", *SECURITY_OPTION_NAMES)
 #: Options Spark itself may pass along (streaming sinks get checkpointLocation, file-like calls a path).
@@ -81,6 +99,7 @@ SPARK_OPTION_NAMES = ("path", "checkpointLocation", "queryName")
 SOURCE_OPTIONS = frozenset(k.lower() for k in SOURCE_OPTION_NAMES + SPARK_OPTION_NAMES)
 SINK_OPTIONS = frozenset(k.lower() for k in SINK_OPTION_NAMES + SPARK_OPTION_NAMES)
 STREAM_ONLY_OPTIONS = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
+BATCH_ONLY_OPTIONS = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -225,6 +244,25 @@ def _offset_value(name: str, value: Any, allow_earliest: bool, allow_latest: boo
     return value
 
 
+def parse_timestamps(name: str, raw: str) -> OffsetsMap:
+    """``{"topic": {"brokerName:queueId": ms}}``: a time (ms since the epoch, >= 0) per queue."""
+    obj = _json(name, raw.strip())
+    if not isinstance(obj, dict) or not obj:
+        raise ConfigError(name, 'must be JSON like {"topic": {"broker-a:0": 1700000000000}}')
+    result: OffsetsMap = {}
+    for topic, queues in obj.items():
+        if not isinstance(queues, dict) or not queues:
+            raise ConfigError(name, f"topic {topic!r} must map to an object of queue timestamps")
+        flat: dict[str, int] = {}
+        for key, value in queues.items():
+            broker, qid = parse_queue_key(name, str(key))
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(name, f"timestamps must be integers >= 0 (ms since the epoch), got {value!r}")
+            flat[queue_key(broker, qid)] = value
+        result[str(topic)] = flat
+    return result
+
+
 # ---- source --------------------------------------------------------------------------------------
 
 
@@ -316,6 +354,12 @@ class SourceOptions:
     starting: OffsetSpec = OffsetSpec("earliest")
     ending: OffsetSpec = OffsetSpec("latest")
     starting_timestamp_ms: int | None = None
+    starting_by_timestamp: OffsetsMap | None = None
+    starting_timestamp_strategy: str = "error"
+    ending_timestamp_ms: int | None = None
+    ending_by_timestamp: OffsetsMap | None = None
+    fetch_offset_num_retries: int = DEFAULT_FETCH_OFFSET_NUM_RETRIES
+    fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
     max_offsets_per_trigger: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
@@ -348,6 +392,8 @@ class SourceOptions:
             fail_on_data_loss=self.fail_on_data_loss,
             expression_type=self.expression_type,
             security=self.security,
+            fetch_offset_num_retries=self.fetch_offset_num_retries,
+            fetch_offset_retry_interval_ms=self.fetch_offset_retry_interval_ms,
         )
 
 
@@ -365,6 +411,8 @@ class ExecutorOptions:
     fail_on_data_loss: bool
     expression_type: str = EXPRESSION_TYPE_TAG
     security: ClientSecurity = ClientSecurity()
+    fetch_offset_num_retries: int = DEFAULT_FETCH_OFFSET_NUM_RETRIES
+    fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
 
     @property
     def client_key(self) -> tuple[str, str, str, int, ClientSecurity]:
@@ -422,9 +470,6 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
     assignment = parse_assign(assign_raw) if assign_raw else None
 
     starting_raw = _get(options, "startingOffsets")
-    starting_ts_raw = _get(options, "startingTimestamp")
-    if starting_raw is not None and starting_ts_raw is not None:
-        raise ConfigError("startingTimestamp", "conflicts with startingOffsets; set only one of them")
     if starting_raw is not None:
         starting = parse_offsets("startingOffsets", starting_raw, allow_latest=streaming)
         if not streaming and starting.kind == "latest":
@@ -432,14 +477,29 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
     else:
         starting = OffsetSpec("latest" if streaming else "earliest")
     starting_ts = _int(options, "startingTimestamp", None, 0)
+    starting_by_ts_raw = _get(options, "startingOffsetsByTimestamp")
+    starting_by_ts = (
+        parse_timestamps("startingOffsetsByTimestamp", starting_by_ts_raw) if starting_by_ts_raw is not None else None
+    )
+    strategy = (_get(options, "startingOffsetsByTimestampStrategy") or "error").strip().lower()
+    if strategy not in TIMESTAMP_STRATEGIES:
+        raise ConfigError("startingOffsetsByTimestampStrategy",
+                          f"must be one of {', '.join(TIMESTAMP_STRATEGIES)}, got {strategy!r}")
 
+    if streaming:
+        for name in BATCH_ONLY_OPTIONS:
+            if _get(options, name) is not None:
+                raise ConfigError(name, "is for batch queries only")
     ending_raw = _get(options, "endingOffsets")
-    if ending_raw is not None and streaming:
-        raise ConfigError("endingOffsets", "is for batch queries only")
     ending = (
         parse_offsets("endingOffsets", ending_raw, allow_earliest=False)
         if ending_raw is not None
         else OffsetSpec("latest")
+    )
+    ending_ts = _int(options, "endingTimestamp", None, 0)
+    ending_by_ts_raw = _get(options, "endingOffsetsByTimestamp")
+    ending_by_ts = (
+        parse_timestamps("endingOffsetsByTimestamp", ending_by_ts_raw) if ending_by_ts_raw is not None else None
     )
 
     max_per_trigger = _int(options, "maxOffsetsPerTrigger", None, 1)
@@ -479,6 +539,14 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         starting=starting,
         ending=ending,
         starting_timestamp_ms=starting_ts,
+        starting_by_timestamp=starting_by_ts,
+        starting_timestamp_strategy=strategy,
+        ending_timestamp_ms=ending_ts,
+        ending_by_timestamp=ending_by_ts,
+        fetch_offset_num_retries=_int(options, "fetchOffset.numRetries", DEFAULT_FETCH_OFFSET_NUM_RETRIES, 0, 1000)
+        or 0,
+        fetch_offset_retry_interval_ms=_int(options, "fetchOffset.retryIntervalMs",
+                                            DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS, 0, 3_600_000) or 0,
         max_offsets_per_trigger=max_per_trigger,
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_ms=max_delay_ms,

@@ -142,16 +142,95 @@ def resolve_spec(
     return result
 
 
+def _timestamps_per_queue(
+    option: str, single_ms: int | None, by_queue: Mapping[str, Mapping[str, int]] | None,
+    queues: Sequence[MessageQueue],
+) -> dict[MessageQueue, int]:
+    """The time each queue is resolved at: one for all, or the JSON's, which must name every queue (as Kafka)."""
+    if single_ms is not None:
+        return {mq: single_ms for mq in queues}
+    assert by_queue is not None
+    result: dict[MessageQueue, int] = {}
+    missing: list[str] = []
+    for mq in queues:
+        ts = by_queue.get(mq.topic, {}).get(queue_key(mq.broker_name, mq.queue_id))
+        if ts is None:
+            missing.append(f"{mq.topic}/{queue_key(mq.broker_name, mq.queue_id)}")
+        else:
+            result[mq] = ts
+    if missing:
+        raise ConfigError(option, f"must name every queue of the subscription; missing {', '.join(missing)} "
+                                  "(or use one time for all queues)")
+    return result
+
+
+def search_by_timestamps(meta: Metadata, per_queue: Mapping[MessageQueue, int]) -> OffsetMap:
+    """SEARCH_OFFSET_BY_TIMESTAMP for each queue at its own time (one bulk call per distinct time)."""
+    by_time: dict[int, list[MessageQueue]] = {}
+    for mq, ts in per_queue.items():
+        by_time.setdefault(ts, []).append(mq)
+    found: OffsetMap = {}
+    for ts, group in sorted(by_time.items()):
+        found.update(meta.search_offsets(group, ts))
+    return found
+
+
+def resolve_starting_offsets(
+    meta: Metadata, opts: SourceOptions, queues: Sequence[MessageQueue],
+    mins: Mapping[MessageQueue, int], maxs: Mapping[MessageQueue, int],
+) -> OffsetMap:
+    """Starting offsets by Kafka's precedence: startingTimestamp, startingOffsetsByTimestamp, startingOffsets.
+
+    A time resolves to the first offset stored at or after it. When a queue holds no such message, the
+    strategy decides: ``error`` fails the query naming the queue, ``latest`` starts at the queue's max offset.
+    """
+    if opts.starting_timestamp_ms is None and opts.starting_by_timestamp is None:
+        return resolve_spec(opts.starting, queues, mins, maxs, EARLIEST)
+    option = "startingTimestamp" if opts.starting_timestamp_ms is not None else "startingOffsetsByTimestamp"
+    if opts.starting.kind != ("latest" if opts.streaming else "earliest") or (
+        option == "startingTimestamp" and opts.starting_by_timestamp is not None
+    ):
+        log.info("rocketmq source: %s takes precedence over the other starting options", option)
+    per_queue = _timestamps_per_queue(option, opts.starting_timestamp_ms, opts.starting_by_timestamp, queues)
+    found = search_by_timestamps(meta, per_queue)
+    result: OffsetMap = {}
+    for mq in queues:
+        offset = found[mq]
+        if offset >= maxs[mq]:  # no message stored at or after the time
+            if opts.starting_timestamp_strategy == "error":
+                raise ConfigError(
+                    option,
+                    f"no message of {mq.topic}/{queue_key(mq.broker_name, mq.queue_id)} was stored at or after "
+                    f"{per_queue[mq]} ms (set startingOffsetsByTimestampStrategy=latest to start at the latest "
+                    "offset instead)",
+                )
+            offset = maxs[mq]
+        result[mq] = min(max(offset, mins[mq]), maxs[mq])
+    return result
+
+
+def resolve_ending_offsets(
+    meta: Metadata, opts: SourceOptions, queues: Sequence[MessageQueue],
+    mins: Mapping[MessageQueue, int], maxs: Mapping[MessageQueue, int],
+) -> OffsetMap:
+    """Ending offsets (exclusive) by precedence: endingTimestamp, endingOffsetsByTimestamp, endingOffsets.
+
+    A time ends each queue before the first message stored at or after it, or at the latest offset when
+    there is none (as Kafka).
+    """
+    if opts.ending_timestamp_ms is None and opts.ending_by_timestamp is None:
+        return resolve_spec(opts.ending, queues, mins, maxs, LATEST)
+    option = "endingTimestamp" if opts.ending_timestamp_ms is not None else "endingOffsetsByTimestamp"
+    per_queue = _timestamps_per_queue(option, opts.ending_timestamp_ms, opts.ending_by_timestamp, queues)
+    found = search_by_timestamps(meta, per_queue)
+    return {mq: min(max(found[mq], mins[mq]), maxs[mq]) for mq in queues}
+
+
 def resolve_starting(meta: Metadata, opts: SourceOptions, queues: Sequence[MessageQueue]) -> OffsetMap:
     """Starting offsets of a new query (batch, or the first micro-batch of a stream)."""
     if not queues:
         return {}
-    mins = meta.min_offsets(queues)
-    maxs = meta.max_offsets(queues)
-    if opts.starting_timestamp_ms is not None:
-        found = meta.search_offsets(queues, opts.starting_timestamp_ms)
-        return {mq: min(max(found[mq], mins[mq]), maxs[mq]) for mq in queues}
-    return resolve_spec(opts.starting, queues, mins, maxs, EARLIEST)
+    return resolve_starting_offsets(meta, opts, queues, meta.min_offsets(queues), meta.max_offsets(queues))
 
 
 def clamp_to_available(

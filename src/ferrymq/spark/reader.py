@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Filter, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
 from ferrymq.common.route import MessageQueue
 from ferrymq.errors import ConfigError
 from ferrymq.spark import fetch
-from ferrymq.spark.options import EARLIEST, LATEST, ExecutorOptions, SourceOptions
+from ferrymq.spark.options import ExecutorOptions, SourceOptions
 from ferrymq.spark.planning import (
     Metadata,
     OffsetMap,
@@ -48,12 +48,14 @@ from ferrymq.spark.planning import (
     offsets_to_json,
     ranges_between,
     report_data_loss,
-    resolve_spec,
+    resolve_ending_offsets,
     resolve_starting,
+    resolve_starting_offsets,
     split_by_lag,
     split_ranges,
     total_lag,
 )
+from ferrymq.spark.pushdown import PushedFilters, push
 
 log = logging.getLogger("ferrymq.spark")
 
@@ -78,7 +80,10 @@ def _metadata(opts: SourceOptions) -> Metadata:
 
 
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    assert isinstance(partition, QueueRangePartition), partition
+    if not isinstance(partition, QueueRangePartition):  # no range planned: PySpark hands one empty partition
+        if getattr(partition, "value", None) is None:
+            return iter(())
+        raise TypeError(f"not a rocketmq partition: {partition!r}")
     return fetch.read_range(partition.rng, partition.opts)
 
 
@@ -90,8 +95,8 @@ def to_partitions(ranges: Sequence[QueueRange], opts: SourceOptions) -> list[Que
 # ---- batch ---------------------------------------------------------------------------------------
 
 
-def plan_batch(meta: Metadata, opts: SourceOptions) -> list[QueueRange]:
-    """Ranges of a batch query: [startingOffsets | startingTimestamp, endingOffsets) per queue."""
+def plan_batch(meta: Metadata, opts: SourceOptions, pushed: PushedFilters | None = None) -> list[QueueRange]:
+    """Ranges of a batch query: [starting, ending) per queue, narrowed by pushed filters."""
     check_spec_topics("startingOffsets", opts.starting, opts)
     check_spec_topics("endingOffsets", opts.ending, opts)
     queues = discover_queues(meta, opts)
@@ -107,12 +112,8 @@ def plan_batch(meta: Metadata, opts: SourceOptions) -> list[QueueRange]:
         return []
     mins = meta.min_offsets(queues)
     maxs = meta.max_offsets(queues)
-    if opts.starting_timestamp_ms is not None:
-        found = meta.search_offsets(queues, opts.starting_timestamp_ms)
-        start = {mq: min(max(found[mq], mins[mq]), maxs[mq]) for mq in queues}
-    else:
-        start = resolve_spec(opts.starting, queues, mins, maxs, default=EARLIEST)
-    end = resolve_spec(opts.ending, queues, mins, maxs, default=LATEST)
+    start = resolve_starting_offsets(meta, opts, queues, mins, maxs)
+    end = resolve_ending_offsets(meta, opts, queues, mins, maxs)
     for mq in queues:
         if end[mq] > maxs[mq]:
             log.warning("endingOffsets %d for %s is beyond the queue's max offset %d; reading to %d",
@@ -124,18 +125,52 @@ def plan_batch(meta: Metadata, opts: SourceOptions) -> list[QueueRange]:
                 f"start {start[mq]} of {mq.topic}/{mq.broker_name}:{mq.queue_id} is after its end {end[mq]}",
             )
     start = clamp_to_available(start, mins, maxs, opts.fail_on_data_loss)
-    return ranges_between(start, end)
+    ranges = ranges_between(start, end)
+    return ranges if pushed is None else narrow_ranges(meta, ranges, pushed)
+
+
+def narrow_ranges(meta: Metadata, ranges: list[QueueRange], pushed: PushedFilters) -> list[QueueRange]:
+    """Drop the ranges of pruned queues; cut each range to the pushed store-time bounds."""
+    if pushed.empty:
+        return []
+    kept = [r for r in ranges if pushed.selects(r.topic, r.broker_name, r.queue_id)]
+    if not kept or (pushed.store_from_ms is None and pushed.store_to_ms is None):
+        return kept
+    queues = [r.queue for r in kept]
+    lo = meta.search_offsets(queues, pushed.store_from_ms) if pushed.store_from_ms is not None else {}
+    hi = meta.search_offsets(queues, pushed.store_to_ms) if pushed.store_to_ms is not None else {}
+    result: list[QueueRange] = []
+    for r in kept:
+        start = max(r.start, lo.get(r.queue, r.start))
+        end = min(r.end, hi.get(r.queue, r.end))
+        if end > start:
+            result.append(QueueRange(r.topic, r.broker_name, r.queue_id, start, end))
+    return result
 
 
 class RocketMQBatchReader(DataSourceReader):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
+        self.pushed: PushedFilters | None = None
 
     def partitions(self) -> Sequence[InputPartition]:
-        return to_partitions(plan_batch(_metadata(self.opts), self.opts), self.opts)
+        opts = self.opts if self.pushed is None else self.pushed.apply_tags(self.opts)
+        return to_partitions(plan_batch(_metadata(opts), opts, self.pushed), opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return _read(partition)
+
+
+class RocketMQFilteringBatchReader(RocketMQBatchReader):
+    """The batch reader with ``pushFilters`` (see ``spark.pushdown``). PySpark refuses a reader that defines
+    ``pushFilters`` while ``spark.sql.python.filterPushdown.enabled`` is false, so the data source hands this
+    one out only to PySpark's filter-pushdown step, which runs only when that setting is true."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # type: ignore[override]
+        self.pushed, remaining = push(filters, self.opts)
+        if self.pushed == PushedFilters():
+            self.pushed = None
+        return remaining
 
 
 # ---- streaming -----------------------------------------------------------------------------------

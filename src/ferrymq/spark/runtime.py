@@ -20,7 +20,8 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Coroutine, Sequence
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from ferrymq.client.consumer.pull import PullConsumer
@@ -159,8 +160,20 @@ class ClusterMetadata:
         self.opts = opts
         self.timeout_s = opts.pull_timeout_ms / 1000 + RUN_GRACE_S
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return run(coro, self.timeout_s)
+    def _run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run a look-up, retried ``fetchOffset.numRetries`` times ``fetchOffset.retryIntervalMs`` apart when
+        it fails on the network or the broker (a restart, a master failover while routes catch up)."""
+        attempts = self.opts.fetch_offset_num_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return run(make(), self.timeout_s)
+            except (FerryError, OSError, TimeoutError) as exc:
+                if attempt >= attempts:
+                    raise
+                log.warning("rocketmq source: metadata look-up failed (attempt %d of %d): %s; retrying in %d ms",
+                            attempt, attempts, exc, self.opts.fetch_offset_retry_interval_ms)
+                time.sleep(self.opts.fetch_offset_retry_interval_ms / 1000)
+        raise AssertionError("unreachable")
 
     async def _consumer(self) -> PullConsumer:
         return await _started_consumer(self.opts)
@@ -175,7 +188,7 @@ class ClusterMetadata:
             body = jsonx.loads(resp.body) if resp.body else {}
             return sorted(str(t) for t in body.get("topicList") or [])
 
-        return self._run(go())
+        return self._run(go)
 
     def queues(self, topic: str) -> list[MessageQueue]:
         """Readable queues of ``topic``; [] when the topic does not exist (yet)."""
@@ -189,7 +202,7 @@ class ClusterMetadata:
                     return []
                 raise
 
-        return self._run(go())
+        return self._run(go)
 
     def _offsets(self, queues: Sequence[MessageQueue], kind: str, timestamp_ms: int = 0) -> OffsetMap:
         async def go() -> OffsetMap:
@@ -203,7 +216,7 @@ class ClusterMetadata:
             values = await _gather_limited(coros)
             return dict(zip(queues, values, strict=True))
 
-        return self._run(go())
+        return self._run(go)
 
     def min_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
         return self._offsets(queues, "min")

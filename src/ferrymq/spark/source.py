@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from types import FrameType
+
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -44,6 +48,27 @@ def source_schema() -> StructType:
     )
 
 
+#: PySpark's worker that calls ``pushFilters`` (it runs only when spark.sql.python.filterPushdown.enabled=true),
+#: by module name or, when started with ``python -m``, by file name.
+PUSHDOWN_WORKER_MODULE = "pyspark.sql.worker.data_source_pushdown_filters"
+#: Caller frames looked at for it.
+CALLER_FRAMES = 4
+
+
+def _called_from(module: str) -> bool:
+    """True when a caller a few frames up lives in ``module``. Used to hand the pushdown-capable reader only
+    to PySpark's pushdown step: on any other path (or a PySpark that moved the step) reads work unfiltered."""
+    file_name = module.rsplit(".", 1)[-1] + ".py"
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(CALLER_FRAMES):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__") == module or os.path.basename(frame.f_code.co_filename) == file_name:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _check_user_schema(schema: StructType) -> None:
     if schema is not None and [(f.name, f.dataType) for f in schema.fields] != [
         (f.name, f.dataType) for f in source_schema().fields
@@ -70,10 +95,13 @@ class RocketMQDataSource(DataSource):
         return source_schema()
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from ferrymq.spark.reader import RocketMQBatchReader
+        from ferrymq.spark.reader import RocketMQBatchReader, RocketMQFilteringBatchReader
 
         _check_user_schema(schema)
-        return RocketMQBatchReader(parse_source_options(self.options, streaming=False))
+        opts = parse_source_options(self.options, streaming=False)
+        if _called_from(PUSHDOWN_WORKER_MODULE):
+            return RocketMQFilteringBatchReader(opts)
+        return RocketMQBatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from ferrymq.spark.reader import RocketMQStreamReader

@@ -9,11 +9,19 @@ Input columns (validated on the driver from the DataFrame's schema; other column
 | key        | string                       | no       | KEYS (space-separated keys are indexed separately)  |
 | tags       | string                       | no       | TAGS                                                |
 | properties | map<string,string>           | no       | user properties                                     |
-| queueId    | int or bigint                | no       | target queue (else the producer picks one)          |
+| queueId    | int or bigint                | no       | target queue (else: by key, or round robin)         |
 | brokerName | string                       | no       | with queueId: the queue's broker                    |
 
-Sends run pipelined (``sendPipelineDepth`` in flight) on the process's loop thread, through a producer
-cached per executor process. A send that raises, or answers anything but SEND_OK, fails the task
+Queue of a row: its ``queueId`` (with ``brokerName``) when set; else, when it has a key, the queue at
+``abs(Java String.hashCode(key)) % len(queues)`` of the topic's writable queues in (brokerName, queueId) order
+(RocketMQ's SelectMessageQueueByHash with the key as argument: same key, same queue, so per-key order holds, as
+Kafka's default partitioner); else round robin. Rows of one target queue go out together as
+SEND_BATCH_MESSAGE requests of at most ``SINK_BATCH_MAX_MESSAGES`` messages and ``SINK_BATCH_MAX_BYTES`` of
+bodies (rows with a delay level are sent one by one: the broker does not batch them).
+
+Queues are written concurrently (``sendPipelineDepth`` requests in flight), each queue's requests one after the
+other so rows keep their order within a queue. They run on the process's loop thread, through a producer
+cached per executor process. A request that raises, or answers anything but SEND_OK, fails the task
 with the broker's error (at-least-once: Spark retries the task, earlier rows may be sent twice).
 """
 
@@ -41,14 +49,20 @@ from pyspark.sql.types import (
 )
 
 from ferrymq.client.producer import Producer
+from ferrymq.client.selectors import RoundRobin, select_by_hash
 from ferrymq.client.values import SendResult, SendStatus, new_message
-from ferrymq.common.message import Message
+from ferrymq.common.message import PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, Message
 from ferrymq.common.route import MessageQueue
 from ferrymq.errors import ClientError, ConfigError, FerryError
 from ferrymq.spark import runtime
 from ferrymq.spark.options import SinkOptions
 
 log = logging.getLogger("ferrymq.spark")
+
+#: Messages per SEND_BATCH_MESSAGE request of the sink.
+SINK_BATCH_MAX_MESSAGES = 512
+#: Body bytes per SEND_BATCH_MESSAGE request (well under the broker's 4 MiB maxMessageSize with the headers).
+SINK_BATCH_MAX_BYTES = 1024 * 1024
 
 
 class SendFailedError(FerryError):
@@ -144,20 +158,20 @@ def build_messages(
     return result
 
 
-async def _target_queue(
-    producer: Producer,
-    topic: str,
-    queue_id: int | None,
-    broker: str | None,
-    cache: dict[str, list[MessageQueue]],
-) -> MessageQueue | None:
-    if queue_id is None:
-        return None
+async def _topic_queues(producer: Producer, topic: str, cache: dict[str, list[MessageQueue]]) -> list[MessageQueue]:
+    if topic not in cache:
+        cache[topic] = sorted(await producer.fetch_publish_message_queues(topic))
+        if not cache[topic]:
+            raise SendFailedError(f"topic {topic} has no writable queue")
+    return cache[topic]
+
+
+async def _explicit_queue(
+    producer: Producer, topic: str, queue_id: int, broker: str | None, cache: dict[str, list[MessageQueue]]
+) -> MessageQueue:
     if broker is not None:
         return MessageQueue(topic, broker, int(queue_id))
-    if topic not in cache:
-        cache[topic] = await producer.fetch_publish_message_queues(topic)
-    matches = [mq for mq in cache[topic] if mq.queue_id == queue_id]
+    matches = [mq for mq in await _topic_queues(producer, topic, cache) if mq.queue_id == queue_id]
     if len(matches) != 1:
         where = ", ".join(sorted({mq.broker_name for mq in matches})) or "no broker"
         raise SendFailedError(
@@ -166,26 +180,76 @@ async def _target_queue(
     return matches[0]
 
 
+class QueuePlanner:
+    """Target queue per row: explicit queueId, else hash of the key, else round robin (per writer task)."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+        self.cache: dict[str, list[MessageQueue]] = {}
+        self.round_robin = RoundRobin()
+
+    async def target(self, msg: Message, queue_id: int | None, broker: str | None) -> MessageQueue:
+        if queue_id is not None:
+            return await _explicit_queue(self.producer, msg.topic, queue_id, broker, self.cache)
+        queues = await _topic_queues(self.producer, msg.topic, self.cache)
+        key = msg.properties.get(PROPERTY_KEYS)
+        if key:
+            return select_by_hash(queues, msg, key)
+        return self.round_robin(queues)
+
+
+def _batches(msgs: list[Message]) -> list[list[Message]]:
+    """Consecutive runs of at most SINK_BATCH_MAX_MESSAGES messages / SINK_BATCH_MAX_BYTES of bodies."""
+    result: list[list[Message]] = []
+    current: list[Message] = []
+    size = 0
+    for msg in msgs:
+        if current and (len(current) >= SINK_BATCH_MAX_MESSAGES or size + len(msg.body) > SINK_BATCH_MAX_BYTES):
+            result.append(current)
+            current, size = [], 0
+        current.append(msg)
+        size += len(msg.body)
+    if current:
+        result.append(current)
+    return result
+
+
 async def send_all(opts: SinkOptions, rows: list[tuple[Message, int | None, str | None]]) -> int:
-    """Send with at most ``send_pipeline_depth`` in flight; raise on the first failed send."""
+    """Group rows by target queue and send them as SEND_BATCH requests, at most ``send_pipeline_depth`` in
+    flight; raise on the first failed request."""
     producer = await runtime.started_producer(opts)
+    planner = QueuePlanner(producer)
+    per_queue: dict[MessageQueue, list[Message]] = {}
+    singles: list[tuple[Message, MessageQueue]] = []
+    for msg, queue_id, broker in rows:
+        mq = await planner.target(msg, queue_id, broker)
+        if msg.delay_level or PROPERTY_DELAY_TIME_LEVEL in msg.properties:
+            singles.append((msg, mq))
+        else:
+            per_queue.setdefault(mq, []).append(msg)
     sem = asyncio.Semaphore(opts.send_pipeline_depth)
-    queues: dict[str, list[MessageQueue]] = {}
 
-    async def one(msg: Message, queue_id: int | None, broker: str | None) -> SendResult:
+    def check(result: SendResult, mq: MessageQueue) -> None:
+        if result.status is not SendStatus.SEND_OK:
+            raise SendFailedError(f"send to {result.message_queue or mq} answered {result.status.name} "
+                                  f"(msgId {result.msg_id})")
+
+    async def request(msgs: list[Message], mq: MessageQueue) -> None:
         async with sem:
-            mq = await _target_queue(producer, msg.topic, queue_id, broker, queues)
             try:
-                result = await producer.send(msg, queue=mq)
+                result = await producer.send_batch(msgs, queue=mq) if len(msgs) > 1 else await producer.send(
+                    msgs[0], queue=mq)
             except (FerryError, ClientError) as exc:
-                raise SendFailedError(f"send to topic {msg.topic} failed: {exc}") from exc
-            if result.status is not SendStatus.SEND_OK:
-                raise SendFailedError(
-                    f"send to {result.message_queue} answered {result.status.name} (msgId {result.msg_id})"
-                )
-            return result
+                raise SendFailedError(f"send of {len(msgs)} message(s) to {mq} failed: {exc}") from exc
+            check(result, mq)
 
-    tasks = [asyncio.ensure_future(one(*row)) for row in rows]
+    async def one_queue(mq: MessageQueue, msgs: list[Message]) -> None:
+        for chunk in _batches(msgs):  # one request at a time per queue: rows keep their order in the queue
+            await request(chunk, mq)
+
+    jobs = [one_queue(mq, msgs) for mq, msgs in per_queue.items()]
+    jobs += [request([msg], mq) for msg, mq in singles]
+    tasks = [asyncio.ensure_future(job) for job in jobs]
     try:
         await asyncio.gather(*tasks)
     finally:
