@@ -16,6 +16,7 @@ advance. Outcomes of one PULL:
 | FOUND           | keep records in [lo, hi) whose TAGS match (the broker filters by hash only)      |
 | NO_MATCHED_MSG  | nothing matched; continue at nextBeginOffset (retry later if it did not advance) |
 | NO_NEW_MSG      | offset not readable yet (slave behind): retry until pullTimeoutMs passes         |
+| network error   | retry (another member of the broker group when the address failed) until pullTimeoutMs |
 | OFFSET_ILLEGAL  | below the queue minimum → data loss (fail, or skip to the minimum); beyond max   |
 |                 | → data loss (the planned end no longer exists)                                   |
 """
@@ -36,6 +37,7 @@ from ferrymq.client.selectors import MessageSelector
 from ferrymq.client.values import PullStatus
 from ferrymq.common.route import MessageQueue
 from ferrymq.common.sql92 import EXPRESSION_TYPE_TAG
+from ferrymq.errors import RemotingError
 from ferrymq.spark import runtime
 from ferrymq.spark.arrow import BatchBuilder
 from ferrymq.spark.options import ExecutorOptions, parse_sub_expression, queue_key
@@ -80,11 +82,19 @@ async def pull_chunk(
     deadline = time.monotonic() + opts.pull_timeout_ms / 1000
     where = f"{mq.topic}/{queue_key(mq.broker_name, mq.queue_id)}"
     while offset < hi:
-        result = await consumer.pull(
-            mq, offset, min(hi - offset, opts.pull_batch_size),
-            sub_expression=MessageSelector(opts.sub_expression, opts.expression_type),
-            timeout_ms=opts.pull_timeout_ms, decode=False,
-        )  # fmt: skip
+        try:
+            result = await consumer.pull(
+                mq, offset, min(hi - offset, opts.pull_batch_size),
+                sub_expression=MessageSelector(opts.sub_expression, opts.expression_type),
+                timeout_ms=opts.pull_timeout_ms, decode=False,
+            )  # fmt: skip
+        except RemotingError as exc:  # the broker died or restarts: the next try avoids the failed address
+            if time.monotonic() > deadline:
+                raise PullStalledError(f"{where}: no broker of the group answered at offset {offset} for "
+                                       f"{opts.pull_timeout_ms} ms: {exc}") from exc
+            log.info("%s: pull at %d failed (%s); retrying", where, offset, exc)
+            await asyncio.sleep(RETRY_BACKOFF_S)
+            continue
         status = result.status
         if status is PullStatus.FOUND:
             if result.raw_body:
