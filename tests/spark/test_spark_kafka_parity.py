@@ -153,7 +153,8 @@ def test_sink_places_rows_by_key_hash_and_round_robin(spark: Any, cluster: Any) 
     df = spark.createDataFrame(rows, "key string, value string").coalesce(1)  # one task: one order per write
     for _ in range(2):  # same key -> same queue across two writes
         df.write.format("rocketmq").options(nameServer=cluster.ns_addr, topic=topic).mode("append").save()
-    spark.createDataFrame([(f"nokey{i}",) for i in range(40)], "value string").write.format("rocketmq").options(
+    unkeyed_rows = [(f"nokey{i}", "t1" if i % 2 else None) for i in range(40)]
+    spark.createDataFrame(unkeyed_rows, "value string, tags string").write.format("rocketmq").options(
         nameServer=cluster.ns_addr, topic=topic).mode("append").save()  # fmt: skip
     back = spark.read.format("rocketmq").options(nameServer=cluster.ns_addr, subscribe=topic).load().collect()
     assert len(back) == 280
@@ -165,6 +166,11 @@ def test_sink_places_rows_by_key_hash_and_round_robin(spark: Any, cluster: Any) 
     for key, where in placed.items():
         expected = select_by_hash(queues, None, key)  # type: ignore[arg-type]
         assert where == {(expected.broker_name, expected.queue_id)}, key
+    assert sorted((bytes(r.value).decode(), r.tags) for r in back if not r.key) == sorted(unkeyed_rows)
+    assert sorted((r.key, r.tags, bytes(r.value).decode()) for r in back if r.key) == sorted(
+        (k, None, v) for k, v in rows * 2)  # fmt: skip
+    assert len({r.msgId for r in back}) == 280  # a UNIQ_KEY each
+    assert {frozenset(r.properties) - {"CLUSTER"} for r in back if r.key} == {frozenset({"KEYS", "UNIQ_KEY"})}
     unkeyed = {(r.brokerName, r.queueId) for r in back if not r.key}
     assert len(unkeyed) == 4  # round robin reaches every queue
     # rows of one key keep their order within the queue (one request at a time per queue)

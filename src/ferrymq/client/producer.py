@@ -456,6 +456,26 @@ class Producer:
 
         return await self._send_with_retries(topic, build, uniq, queue, None, timeout_ms)
 
+    async def send_batch_encoded(self, topic: str, body: bytes, uniq_keys: Sequence[str], *,
+                                 queue: MessageQueue | None = None, timeout_ms: int | None = None) -> SendResult:
+        """Send a SEND_BATCH_MESSAGE body the caller encoded (``message_codec.encode_batch_columns``), for callers
+        that build batches column by column. The caller vouches for the entries (non-empty bodies, none above
+        ``max_message_size_bytes``, no delay level, a UNIQ_KEY property each, listed in ``uniq_keys``); the topic
+        and the body's size are checked here."""
+        if not uniq_keys:
+            raise ClientError("batch is empty")
+        self._validate(Message(topic, b"-"))
+        if len(body) > self.max_message_size_bytes:
+            raise ClientError(f"batch body is {len(body)} bytes, above the {self.max_message_size_bytes} limit")
+
+        def build(mq: MessageQueue, via_default: bool) -> Any:
+            return api.build_send(
+                producer_group=self.group, topic=topic, queue_id=mq.queue_id, sys_flag=0,
+                born_timestamp_ms=int(time.time() * 1000), flag=0, properties="", body=body, batch=True,
+                broker_name=mq.broker_name, default_topic_queue_nums=self.default_topic_queue_nums)
+
+        return await self._send_with_retries(topic, build, ",".join(uniq_keys), queue, None, timeout_ms)
+
     def _check_batch(self, msgs: Sequence[Message], topic: str) -> None:
         """The batch checks, message by message (raises the first failure)."""
         for m in msgs:

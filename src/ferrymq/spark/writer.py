@@ -31,6 +31,7 @@ import asyncio
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -48,10 +49,20 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from ferrymq.client.producer import Producer
-from ferrymq.client.selectors import RoundRobin, select_by_hash
+from ferrymq.client.producer import Producer, new_uniq_keys
+from ferrymq.client.selectors import RoundRobin
 from ferrymq.client.values import SendResult, SendStatus, new_message
-from ferrymq.common.message import PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, Message
+from ferrymq.common import message_codec
+from ferrymq.common.message import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_KEYS,
+    PROPERTY_SEPARATOR,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    Message,
+    java_string_hash,
+)
 from ferrymq.common.route import MessageQueue
 from ferrymq.errors import ClientError, ConfigError, FerryError
 from ferrymq.spark import runtime
@@ -189,12 +200,14 @@ class QueuePlanner:
         self.round_robin = RoundRobin()
 
     async def target(self, msg: Message, queue_id: int | None, broker: str | None) -> MessageQueue:
+        return await self.target_of(msg.topic, msg.properties.get(PROPERTY_KEYS), queue_id, broker)
+
+    async def target_of(self, topic: str, key: str | None, queue_id: int | None, broker: str | None) -> MessageQueue:
         if queue_id is not None:
-            return await _explicit_queue(self.producer, msg.topic, queue_id, broker, self.cache)
-        queues = await _topic_queues(self.producer, msg.topic, self.cache)
-        key = msg.properties.get(PROPERTY_KEYS)
+            return await _explicit_queue(self.producer, topic, queue_id, broker, self.cache)
+        queues = self.cache.get(topic) or await _topic_queues(self.producer, topic, self.cache)
         if key:
-            return select_by_hash(queues, msg, key)
+            return queues[abs(java_string_hash(key)) % len(queues)]  # select_by_hash with the key
         return self.round_robin(queues)
 
 
@@ -258,14 +271,95 @@ async def send_all(opts: SinkOptions, rows: list[tuple[Message, int | None, str 
     return len(rows)
 
 
+def _property_texts(keys: list | None, tags: list | None, uniqs: list[str]) -> list[bytes]:
+    """The encoded properties of each row: KEYS and TAGS when set, and the row's UNIQ_KEY."""
+    tail = [f"{PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}{NAME_VALUE_SEPARATOR}{u}" for u in uniqs]
+    if tags is not None:
+        tail = [f"{PROPERTY_TAGS}{NAME_VALUE_SEPARATOR}{t}{PROPERTY_SEPARATOR}{x}" if t else x
+                for t, x in zip(tags, tail, strict=True)]  # fmt: skip
+    if keys is not None:
+        tail = [f"{PROPERTY_KEYS}{NAME_VALUE_SEPARATOR}{k}{PROPERTY_SEPARATOR}{x}" if k else x
+                for k, x in zip(keys, tail, strict=True)]  # fmt: skip
+    return list(map(str.encode, tail))
+
+
+async def send_columns(opts: SinkOptions, batch: pa.RecordBatch, layout: SinkLayout) -> int:
+    """``send_all`` for batches without a properties column, built column by column: no Message per row, the
+    SEND_BATCH bodies encoded in one C-level pass per request (``message_codec.encode_batch_columns``)."""
+    producer = await runtime.started_producer(opts)
+    planner = QueuePlanner(producer)
+    n = batch.num_rows
+    values = _column(batch, "value", True) or []
+    if None in values:
+        raise SendFailedError(f"row {values.index(None)} of the batch has a null value; the rocketmq sink needs a body")
+    bodies: list[bytes] = [v.encode() if isinstance(v, str) else v for v in values]
+    too_big = [i for i, b in enumerate(bodies) if not b or len(b) > producer.max_message_size_bytes]
+    if too_big:
+        i = too_big[0]
+        raise SendFailedError(f"row {i} of the batch has a body of {len(bodies[i])} bytes (1 to "
+                              f"{producer.max_message_size_bytes} allowed)")
+    topics = _column(batch, "topic", layout.has_topic and opts.topic is None)
+    keys = _column(batch, "key", layout.has_key)
+    tags = _column(batch, "tags", layout.has_tags)
+    qids = _column(batch, "queueId", layout.has_queue_id)
+    brokers = _column(batch, "brokerName", layout.has_broker_name)
+    uniqs = new_uniq_keys(n, producer.config.client_ip)
+    props = _property_texts(keys, tags, uniqs)
+    per_queue: dict[MessageQueue, list[int]] = {}
+    for i in range(n):
+        topic = opts.topic if topics is None else topics[i]
+        if not topic:
+            raise SendFailedError(f"row {i} of the batch has a null or empty topic and no topic option is set")
+        mq = await planner.target_of(topic, keys[i] if keys is not None else None,
+                                     qids[i] if qids is not None else None,
+                                     brokers[i] if brokers is not None else None)  # fmt: skip
+        per_queue.setdefault(mq, []).append(i)
+    sem = asyncio.Semaphore(opts.send_pipeline_depth)
+
+    async def request(mq: MessageQueue, rows: list[int]) -> None:
+        try:
+            body = message_codec.encode_batch_columns(repeat(0), [bodies[i] for i in rows], [props[i] for i in rows])
+        except message_codec.RecordFormatError as exc:  # a key or tag of over 32 KiB
+            raise SendFailedError(f"a row for {mq} cannot be sent: {exc}") from exc
+        async with sem:
+            try:
+                result = await producer.send_batch_encoded(mq.topic, body, [uniqs[i] for i in rows], queue=mq)
+            except (FerryError, ClientError) as exc:
+                raise SendFailedError(f"send of {len(rows)} message(s) to {mq} failed: {exc}") from exc
+        if result.status is not SendStatus.SEND_OK:
+            raise SendFailedError(f"send to {result.message_queue or mq} answered {result.status.name}")
+
+    async def one_queue(mq: MessageQueue, rows: list[int]) -> None:
+        start = 0
+        while start < len(rows):  # SEND_BATCH chunks, one at a time per queue (rows keep their order)
+            end, size = start, 0
+            while end < len(rows) and end - start < SINK_BATCH_MAX_MESSAGES and (
+                    end == start or size + len(bodies[rows[end]]) <= SINK_BATCH_MAX_BYTES):
+                size += len(bodies[rows[end]])
+                end += 1
+            await request(mq, rows[start:end])
+            start = end
+
+    tasks = [asyncio.ensure_future(one_queue(mq, rows)) for mq, rows in per_queue.items()]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+    return n
+
+
 def write_batches(iterator: Iterator[pa.RecordBatch], opts: SinkOptions, layout: SinkLayout) -> SentCount:
     total = 0
     timeout_s = opts.send_timeout_ms / 1000 + runtime.RUN_GRACE_S
     for batch in iterator:
         if batch.num_rows == 0:
             continue
-        rows = build_messages(batch, opts, layout)
-        total += runtime.run(send_all(opts, rows), timeout_s + batch.num_rows * 0.01)
+        budget_s = timeout_s + batch.num_rows * 0.01
+        if layout.has_properties:  # user properties (maybe a delay level): message by message
+            total += runtime.run(send_all(opts, build_messages(batch, opts, layout)), budget_s)
+        else:
+            total += runtime.run(send_columns(opts, batch, layout), budget_s)
     return SentCount(total)
 
 
