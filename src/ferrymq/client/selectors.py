@@ -37,6 +37,12 @@ class RoundRobin:
         self._index = (self._index + 1) & 0x7FFFFFFF
         return self._index
 
+    def next_indexes(self, n: int) -> int:
+        """Reserve ``n`` consecutive picks at once; returns the first (as ``n`` calls of ``next_index``)."""
+        first = (self._index + 1) & 0x7FFFFFFF
+        self._index = (self._index + n) & 0x7FFFFFFF
+        return first
+
     def __call__(self, mqs: list[MessageQueue], msg: Message | None = None, arg: Any = None) -> MessageQueue:
         if not mqs:
             raise ValueError("no message queue to select from")

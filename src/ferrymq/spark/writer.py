@@ -199,6 +199,27 @@ class QueuePlanner:
         self.cache: dict[str, list[MessageQueue]] = {}
         self.round_robin = RoundRobin()
 
+    def spread(self, queues: list[MessageQueue], keys: list | None, n: int) -> dict[MessageQueue, list[int]]:
+        """Rows 0..n-1 of one topic by queue: keyed rows by key hash (each distinct key hashed once), the others
+        round robin."""
+        nq = len(queues)
+        result: dict[MessageQueue, list[int]] = {}
+        if keys is None:
+            first = self.round_robin.next_indexes(n)
+            for j in range(min(nq, n)):
+                result[queues[(first + j) % nq]] = list(range(j, n, nq))
+            return result
+        memo: dict[str, MessageQueue] = {}
+        for i, key in enumerate(keys):
+            if key:
+                mq = memo.get(key)
+                if mq is None:
+                    mq = memo[key] = queues[abs(java_string_hash(key)) % nq]
+            else:
+                mq = self.round_robin(queues)
+            result.setdefault(mq, []).append(i)
+        return result
+
     async def target(self, msg: Message, queue_id: int | None, broker: str | None) -> MessageQueue:
         return await self.target_of(msg.topic, msg.properties.get(PROPERTY_KEYS), queue_id, broker)
 
@@ -306,7 +327,10 @@ async def send_columns(opts: SinkOptions, batch: pa.RecordBatch, layout: SinkLay
     uniqs = new_uniq_keys(n, producer.config.client_ip)
     props = _property_texts(keys, tags, uniqs)
     per_queue: dict[MessageQueue, list[int]] = {}
-    for i in range(n):
+    if qids is None and topics is None and opts.topic is not None:  # one topic, no explicit queue: no await per row
+        queues = await _topic_queues(producer, opts.topic, planner.cache)
+        per_queue = planner.spread(queues, keys, n)
+    for i in range(n if not per_queue else 0):
         topic = opts.topic if topics is None else topics[i]
         if not topic:
             raise SendFailedError(f"row {i} of the batch has a null or empty topic and no topic option is set")
