@@ -83,4 +83,32 @@ def test_damaged_bodies_raise_naming_the_position() -> None:
                 walk(raw, 0, 0, 10)
         with pytest.raises(RecordFormatError, match=needle):
             records.scan_pull_body(raw, 0, 0, 10)
-    assert _both(b"", 0, 0, 1) == records.PullScan(0, b"", b"", b"", b"", b"", b"", b"", b"")
+    assert _both(b"", 0, 0, 1) == records.PullScan(0, b"", b"", b"", b"", b"", b"", b"", b"", 0)
+
+
+def _raw_props_record(props: bytes) -> bytes:
+    """A record whose properties text is ``props`` verbatim (duplicates and junk included)."""
+    inner = MessageExtBrokerInner(topic="T", queue_id=0, body=b"b", properties_string="", born_timestamp=1,
+                                  store_host=STORE_HOST)
+    rec = encode_record(inner, queue_offset=0, phy_offset=0, store_timestamp=2)
+    # the record ends with PROPERTIESLENGTH (2 bytes) and the (empty) properties: splice in the text
+    head = rec[:-2]
+    out = head + struct.pack(">h", len(props)) + props
+    return struct.pack(">i", len(out)) + out[4:]
+
+
+@pytest.mark.parametrize(("props", "repeated"), [
+    (b"", 0),
+    (b"TAGS\x01a\x02KEYS\x01b", 0),
+    (b"TAGS\x01a\x02TAGS\x01b", 1),
+    (b"A\x01x\x02B\x01y\x02A\x01z\x02", 1),
+    (b"\x01a\x02\x01b", 0),  # nameless items are dropped, not names
+    (b"junk\x02junk\x02K\x01v", 0),  # items without 0x01 are dropped
+    (b"K\x01v\x02K", 0),
+    (b"K\x01v\x02K\x01", 1),  # an empty value still names K
+    (b"AB\x01v\x02A\x01w\x02ABC\x01u", 0),  # prefixes are other names
+])
+def test_repeated_property_names_are_flagged(props: bytes, repeated: int) -> None:
+    raw = _record(0, b"x", "T", {"TAGS": "t"}) + _raw_props_record(props) + _record(2, b"y", "T", {})
+    scan = _both(raw, 0, 0, 10)
+    assert scan is not None and scan.repeated == repeated

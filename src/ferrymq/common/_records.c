@@ -24,6 +24,10 @@
  *
  * Segment boundaries: six int64 per record (head, body, topic length, topic, properties length, properties
  * start), each plus ``base``; the caller appends the end of the data.
+ *
+ * Properties are ``name 0x01 value`` items joined by 0x02. ``repeated`` (the tenth item of the result) is 1 when
+ * some record names a property twice (items without a name or without 0x01 do not count, as the decoders
+ * drop them): a map column would keep both, so the caller decodes that body row by row.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -48,12 +52,38 @@ static inline int64_t be64(const uint8_t *p) {
 
 static inline uint16_t be16(const uint8_t *p) { return (uint16_t)(((uint16_t)p[0] << 8) | p[1]); }
 
+/* 1 when two named items of the properties text p[0:n] have the same name. */
+static int has_repeated_name(const uint8_t *p, Py_ssize_t n) {
+    Py_ssize_t item = 0;
+    while (item < n) {
+        const uint8_t *end = memchr(p + item, 0x02, (size_t)(n - item));
+        Py_ssize_t item_end = end ? (Py_ssize_t)(end - p) : n;
+        const uint8_t *sep = memchr(p + item, 0x01, (size_t)(item_end - item));
+        if (sep && sep > p + item) {
+            Py_ssize_t name_len = (Py_ssize_t)(sep - (p + item));
+            /* compare with every later named item */
+            Py_ssize_t other = item_end + 1;
+            while (other < n) {
+                const uint8_t *oend = memchr(p + other, 0x02, (size_t)(n - other));
+                Py_ssize_t other_end = oend ? (Py_ssize_t)(oend - p) : n;
+                const uint8_t *osep = memchr(p + other, 0x01, (size_t)(other_end - other));
+                if (osep && (Py_ssize_t)(osep - (p + other)) == name_len && memcmp(p + item, p + other, (size_t)name_len) == 0)
+                    return 1;
+                other = other_end + 1;
+            }
+        }
+        item = item_end + 1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(scan_pull_body_doc,
 "scan_pull_body(raw, base, start, end) -> tuple | None\n\n"
 "Walk the records of a PULL body. Returns None when a record has IPv6 hosts or a compressed body (the\n"
 "caller decodes row by row), else (count, segs, queue_ids, queue_offsets, phy_offsets, born_ms, store_ms,\n"
-"store_hosts, keep): packed native int64 / int32 arrays as bytes, and one byte per record, 1 when\n"
-"start <= queueOffset < end. ValueError names a malformed record.");
+"store_hosts, keep, repeated): packed native int64 / int32 arrays as bytes, one byte per record, 1 when\n"
+"start <= queueOffset < end, and 1 when some record names a property twice. ValueError names a malformed\n"
+"record.");
 
 static PyObject *scan_pull_body(PyObject *self, PyObject *args) {
     Py_buffer view;
@@ -65,6 +95,7 @@ static PyObject *scan_pull_body(PyObject *self, PyObject *args) {
 
     /* first pass: count records and check them */
     Py_ssize_t count = 0, pos = 0;
+    int repeated = 0;
     while (pos < size) {
         if (pos + HEAD_SIZE > size) {
             PyErr_Format(PyExc_ValueError, "truncated record header at %zd of a %zd-byte pull body", pos, size);
@@ -94,6 +125,7 @@ static PyObject *scan_pull_body(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_ValueError, "record at %zd: TOTALSIZE %d does not match its fields", pos, total);
             goto done;
         }
+        if (!repeated) repeated = has_repeated_name(raw + props_start, (Py_ssize_t)be16(raw + props_start - 2));
         count++;
         pos = record_end;
     }
@@ -142,7 +174,7 @@ static PyObject *scan_pull_body(PyObject *self, PyObject *args) {
         kp[i] = (qo[i] >= start && qo[i] < end) ? 1 : 0;
         pos += total;
     }
-    result = Py_BuildValue("(nNNNNNNNN)", count, segs, qids, qoffs, phys, borns, stores, hosts, keep);
+    result = Py_BuildValue("(nNNNNNNNNi)", count, segs, qids, qoffs, phys, borns, stores, hosts, keep, repeated);
 
 done:
     PyBuffer_Release(&view);

@@ -17,6 +17,7 @@ built and ``FERRYMQ_PURE_PYTHON`` is not set; ``_scan_python`` below is the refe
 | store_ms       | int64                 | STORETIMESTAMP                                                      |
 | store_hosts    | 8 bytes               | STOREHOST (IPv4 + port), for the offset msgId                       |
 | keep           | uint8                 | 1 when start <= QUEUEOFFSET < end                                   |
+| repeated       | int (whole body)      | 1 when some record names a property twice (named items only)        |
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class PullScan(NamedTuple):
     store_ms: bytes
     store_hosts: bytes
     keep: bytes
+    repeated: int
 
 
 def _load() -> ModuleType | None:
@@ -75,6 +77,7 @@ def _scan_python(raw: bytes, base: int, start: int, end: int) -> PullScan | None
                                               array("q"))
     hosts = bytearray()
     keep = bytearray()
+    repeated = 0
     unpack = HEAD_V4.unpack_from
     size = len(raw)
     pos = 0
@@ -96,6 +99,8 @@ def _scan_python(raw: bytes, base: int, start: int, end: int) -> PullScan | None
         props_start = topic_end + 2
         if props_start > record_end or props_start + int.from_bytes(raw[topic_end:props_start], "big") > record_end:
             raise RecordFormatError(f"record at {pos}: TOTALSIZE {total} does not match its fields")
+        if not repeated:
+            repeated = _has_repeated_name(raw[props_start:props_start + int.from_bytes(raw[topic_end:props_start], "big")])
         segs.extend((base + pos, base + pos + _HEAD_SIZE, base + body_end, base + body_end + 1, base + topic_end,
                      base + props_start))  # fmt: skip
         qids.append(queue_id)
@@ -107,4 +112,10 @@ def _scan_python(raw: bytes, base: int, start: int, end: int) -> PullScan | None
         keep.append(1 if start <= queue_offset < end else 0)
         pos = record_end
     return PullScan(len(qids), segs.tobytes(), qids.tobytes(), qoffs.tobytes(), phys.tobytes(), borns.tobytes(),
-                    stores.tobytes(), bytes(hosts), bytes(keep))
+                    stores.tobytes(), bytes(hosts), bytes(keep), repeated)
+
+
+def _has_repeated_name(props: bytes) -> int:
+    """1 when two ``name\x01value`` items of a properties text share a name (items without one are skipped)."""
+    names = [item.partition(b"\x01")[0] for item in props.split(b"\x02") if item.find(b"\x01") > 0]
+    return 1 if len(set(names)) != len(names) else 0

@@ -249,16 +249,12 @@ def _stride(n: int) -> pa.Array:
     return cached.slice(0, n)
 
 
-class _OddProperties(Exception):
-    """Properties the vectorised path does not decode exactly like ``string_to_properties``."""
-
-
 def _properties_map(props: pa.Array) -> pa.MapArray:
     """``string_to_properties`` for a whole string column: ``k\\x01v`` items split on ``\\x02``.
 
     Items without a name (``\\x01v``), empty items (a trailing separator) and junk are dropped as in
-    ``string_to_properties``. Raises ``_OddProperties`` when a row repeats a name (a dict keeps only
-    the last value, a map would keep both), so the caller can fall back to the row decoder.
+    ``string_to_properties``. Rows that repeat a name (a dict keeps only the last value, a map would keep
+    both) never get here: ``scan_pull_body`` flags them and the builder decodes those bodies row by row.
     """
     split = pc.split_pattern(props, _PROPERTY_SEPARATOR)
     items = split.flatten()
@@ -272,17 +268,7 @@ def _properties_map(props: pa.Array) -> pa.MapArray:
     pairs = pc.split_pattern(items, _NAME_VALUE_SEPARATOR, max_splits=1)
     keys = pc.list_element(pairs, 0)
     values = pc.list_element(pairs, 1)
-    result = pa.MapArray.from_arrays(offsets, keys, values).cast(_MAP)
-    if len(keys) > len(props) and _has_repeated_names(offsets, keys):
-        raise _OddProperties
-    return result
-
-
-def _has_repeated_names(offsets: pa.Array, keys: pa.Array) -> bool:
-    """True when some row names a property twice: fewer distinct (row, name) pairs than entries."""
-    rows = pc.list_parent_indices(pa.ListArray.from_arrays(offsets, keys))
-    pairs = pa.table({"row": rows, "name": keys})
-    return pairs.group_by(["row", "name"]).aggregate([]).num_rows != len(pairs)
+    return pa.MapArray.from_arrays(offsets, keys, values).cast(_MAP)
 
 
 class BatchBuilder:
@@ -346,7 +332,7 @@ class BatchBuilder:
         if self._rows is not None:
             return self._rows.append_raw(raw, broker_name, start, end, tags)
         scan = scan_pull_body(raw, self._size, start, end)
-        if scan is None:
+        if scan is None or scan.repeated:  # IPv6 hosts, compressed bodies, a property named twice
             return self._to_rows()
         count = scan.records
         if not count:
@@ -404,7 +390,7 @@ class BatchBuilder:
                 return self._rows.flush()
             try:
                 return self._columnar()
-            except (_OddProperties, pa.ArrowInvalid):
+            except pa.ArrowInvalid:
                 # e.g. invalid UTF-8 in a topic or properties: decode like the row path ("replace")
                 self._to_rows()
                 assert self._rows is not None
