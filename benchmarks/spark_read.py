@@ -18,6 +18,10 @@ Every pipeline runs ``--rounds`` times (default 2), alternating, and the best ro
 rounds beside it: the first parquet write of a JVM pays seconds of JIT warm-up, whichever pipeline it is.
 Messages are loaded with SEND_BATCH_MESSAGE (256 per batch, 16 batches in flight).
 
+After the table it prints the stages of the batch read: the connector alone in this process (pull + decode,
+decode alone), and both sources in Spark into a ``noop`` sink (so the rocketmq figure is pull, decode and the
+Arrow hand-off to the JVM, without the parquet writer).
+
 Not a test: it prints a table and exits 0.
 """
 
@@ -347,6 +351,13 @@ def main() -> int:
         best = {name: n / min(times) for name, n, times in results}
         print(f"ratio batch  rocketmq/parquet: {best['rocketmq batch  -> parquet'] / best['parquet  batch  -> parquet']:.2f}x"
               f"   stream: {best['rocketmq stream -> parquet'] / best['parquet  stream -> parquet']:.2f}x")
+        # the sources alone in Spark (no sink work): the rocketmq side includes the Arrow hand-off to the JVM
+        noop: dict[str, list[float]] = {"rocketmq": [], "parquet": []}
+        for _ in range(args.rounds):
+            noop["rocketmq"].append(timed(lambda: spark.read.format("rocketmq").options(**opts).load()
+                                          .write.format("noop").mode("overwrite").save()))  # fmt: skip
+            noop["parquet"].append(timed(lambda: spark.read.parquet(str(base / "rb0"))
+                                         .write.format("noop").mode("overwrite").save()))  # fmt: skip
         stages = [stage_breakdown(opts) for _ in range(args.rounds)]
         rows, pull_decode_s, decode_s = min(stages, key=lambda st: st[1])
         batch_s = rows / best["rocketmq batch  -> parquet"]
@@ -355,6 +366,9 @@ def main() -> int:
         print(f"  decode alone    {decode_s:6.2f} s   {rows / decode_s:>10,.0f} rows/s")
         print(f"  pull (the rest) {pull_decode_s - decode_s:6.2f} s")
         print(f"  Spark pipeline  {batch_s:6.2f} s   (hand-off to the JVM, parquet write, scheduling: the rest)")
+        rows_noop, pq_noop = min(noop["rocketmq"]), min(noop["parquet"])
+        print(f"  Spark source to a noop sink {rows_noop:6.2f} s (pull, decode and hand-off to the JVM on {args.master};"
+              f" parquet source to noop: {pq_noop:.2f} s, {pq_noop / rows_noop:.2f}x)")
         return 0
     finally:
         if spark is not None:
