@@ -338,7 +338,15 @@ class Producer:
 
     # ---- message preparation ---------------------------------------------------------------------------
     def _validate(self, msg: Message) -> None:
-        topic = msg.topic
+        if msg.topic not in self._valid_topics:  # the usual case skips the call (hot path)
+            self._check_topic(msg.topic)
+        if not msg.body:
+            raise ClientError("message body is empty")
+        if len(msg.body) > self.max_message_size_bytes:
+            raise ClientError(f"message body is {len(msg.body)} bytes, above the {self.max_message_size_bytes} limit")
+
+    def _check_topic(self, topic: str) -> None:
+        """A valid topic that may be sent to (cached once checked)."""
         if topic not in self._valid_topics:
             reason = validate_topic(topic)
             if reason:
@@ -348,10 +356,6 @@ class Producer:
             if len(self._valid_topics) >= _CACHE_MAX:
                 self._valid_topics.clear()
             self._valid_topics.add(topic)
-        if not msg.body:
-            raise ClientError("message body is empty")
-        if len(msg.body) > self.max_message_size_bytes:
-            raise ClientError(f"message body is {len(msg.body)} bytes, above the {self.max_message_size_bytes} limit")
 
     def _ensure_uniq_key(self, msg: Message) -> str:
         uniq = msg.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
@@ -445,6 +449,22 @@ class Producer:
             raise ClientError("batch is empty")
         topic = msgs[0].topic
         body, uniq = self._encode_batch(msgs, topic)
+        return await self._send_batch_body(topic, body, uniq, queue, timeout_ms)
+
+    async def send_batch_encoded(self, topic: str, body: bytes, uniq_keys: Sequence[str], *,
+                                 queue: MessageQueue | None = None, timeout_ms: int | None = None) -> SendResult:
+        """Send a SEND_BATCH_MESSAGE body the caller encoded (``message_codec.encode_batch_columns``), for callers
+        that build batches column by column. The caller vouches for the entries (non-empty bodies, none above
+        ``max_message_size_bytes``, no delay level, a UNIQ_KEY property each, listed in ``uniq_keys``); the topic
+        and the body's size are checked here."""
+        if not uniq_keys:
+            raise ClientError("batch is empty")
+        self._check_topic(topic)
+        return await self._send_batch_body(topic, body, ",".join(uniq_keys), queue, timeout_ms)
+
+    async def _send_batch_body(self, topic: str, body: bytes, uniq: str, queue: MessageQueue | None,
+                               timeout_ms: int | None) -> SendResult:
+        """Send an encoded SEND_BATCH_MESSAGE body (its size checked here) with the usual retries."""
         if len(body) > self.max_message_size_bytes:
             raise ClientError(f"batch body is {len(body)} bytes, above the {self.max_message_size_bytes} limit")
 
@@ -455,26 +475,6 @@ class Producer:
                 broker_name=mq.broker_name, default_topic_queue_nums=self.default_topic_queue_nums)
 
         return await self._send_with_retries(topic, build, uniq, queue, None, timeout_ms)
-
-    async def send_batch_encoded(self, topic: str, body: bytes, uniq_keys: Sequence[str], *,
-                                 queue: MessageQueue | None = None, timeout_ms: int | None = None) -> SendResult:
-        """Send a SEND_BATCH_MESSAGE body the caller encoded (``message_codec.encode_batch_columns``), for callers
-        that build batches column by column. The caller vouches for the entries (non-empty bodies, none above
-        ``max_message_size_bytes``, no delay level, a UNIQ_KEY property each, listed in ``uniq_keys``); the topic
-        and the body's size are checked here."""
-        if not uniq_keys:
-            raise ClientError("batch is empty")
-        self._validate(Message(topic, b"-"))
-        if len(body) > self.max_message_size_bytes:
-            raise ClientError(f"batch body is {len(body)} bytes, above the {self.max_message_size_bytes} limit")
-
-        def build(mq: MessageQueue, via_default: bool) -> Any:
-            return api.build_send(
-                producer_group=self.group, topic=topic, queue_id=mq.queue_id, sys_flag=0,
-                born_timestamp_ms=int(time.time() * 1000), flag=0, properties="", body=body, batch=True,
-                broker_name=mq.broker_name, default_topic_queue_nums=self.default_topic_queue_nums)
-
-        return await self._send_with_retries(topic, build, ",".join(uniq_keys), queue, None, timeout_ms)
 
     def _check_batch(self, msgs: Sequence[Message], topic: str) -> None:
         """The batch checks, message by message (raises the first failure)."""
