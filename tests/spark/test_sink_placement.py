@@ -41,4 +41,14 @@ def test_spread_matches_the_row_by_row_choice(keys: list[str | None] | None) -> 
     for mq, rows in spread.items():
         for i in rows:
             if keys and keys[i]:
-                assert select_by_hash(QUEUES, None, keys[i]) == mq  # type: ignore[arg-type]
+                assert select_by_hash(QUEUES, None, keys[i]) == mq
+
+
+def test_send_batches_respect_the_count_and_byte_caps() -> None:
+    from ferrymq.spark.writer import SINK_BATCH_MAX_BYTES, SINK_BATCH_MAX_MESSAGES, _chunks
+
+    assert _chunks([]) == []
+    n = SINK_BATCH_MAX_MESSAGES
+    assert _chunks([1] * (2 * n + 1)) == [(0, n), (n, 2 * n), (2 * n, 2 * n + 1)]
+    half = SINK_BATCH_MAX_BYTES // 2
+    assert _chunks([half, half, 1, SINK_BATCH_MAX_BYTES + 5, 3]) == [(0, 2), (2, 3), (3, 4), (4, 5)]

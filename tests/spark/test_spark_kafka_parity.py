@@ -164,7 +164,7 @@ def test_sink_places_rows_by_key_hash_and_round_robin(spark: Any, cluster: Any) 
             placed.setdefault(r.key, set()).add((r.brokerName, r.queueId))
     queues = sorted(MessageQueue(topic, f"broker-{b}", q) for b in ("a", "b") for q in (0, 1))
     for key, where in placed.items():
-        expected = select_by_hash(queues, None, key)  # type: ignore[arg-type]
+        expected = select_by_hash(queues, None, key)
         assert where == {(expected.broker_name, expected.queue_id)}, key
     assert sorted((bytes(r.value).decode(), r.tags) for r in back if not r.key) == sorted(unkeyed_rows)
     assert sorted((r.key, r.tags, bytes(r.value).decode()) for r in back if r.key) == sorted(

@@ -12,7 +12,7 @@ from ferrymq.common.route import MessageQueue
 from ferrymq.common.sql92 import EXPRESSION_TYPE_SQL92, EXPRESSION_TYPE_TAG, is_tag_type
 
 
-def select_by_hash(mqs: list[MessageQueue], msg: Message, arg: Any) -> MessageQueue:
+def select_by_hash(mqs: list[MessageQueue], msg: Message | None, arg: Any) -> MessageQueue:
     """Same ``arg`` (e.g. an order id) → same queue, so per-key order holds. Stable across processes
     (Java ``String.hashCode`` of ``str(arg)``, or the int itself)."""
     if not mqs:

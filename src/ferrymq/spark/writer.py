@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -50,7 +51,7 @@ from pyspark.sql.types import (
 )
 
 from ferrymq.client.producer import Producer, new_uniq_keys
-from ferrymq.client.selectors import RoundRobin
+from ferrymq.client.selectors import RoundRobin, select_by_hash
 from ferrymq.client.values import SendResult, SendStatus, new_message
 from ferrymq.common import message_codec
 from ferrymq.common.message import (
@@ -61,7 +62,6 @@ from ferrymq.common.message import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     Message,
-    java_string_hash,
 )
 from ferrymq.common.route import MessageQueue
 from ferrymq.errors import ClientError, ConfigError, FerryError
@@ -214,7 +214,7 @@ class QueuePlanner:
             if key:
                 mq = memo.get(key)
                 if mq is None:
-                    mq = memo[key] = queues[abs(java_string_hash(key)) % nq]
+                    mq = memo[key] = select_by_hash(queues, None, key)
             else:
                 mq = self.round_robin(queues)
             result.setdefault(mq, []).append(i)
@@ -228,24 +228,39 @@ class QueuePlanner:
             return await _explicit_queue(self.producer, topic, queue_id, broker, self.cache)
         queues = self.cache.get(topic) or await _topic_queues(self.producer, topic, self.cache)
         if key:
-            return queues[abs(java_string_hash(key)) % len(queues)]  # select_by_hash with the key
+            return select_by_hash(queues, None, key)
         return self.round_robin(queues)
 
 
-def _batches(msgs: list[Message]) -> list[list[Message]]:
-    """Consecutive runs of at most SINK_BATCH_MAX_MESSAGES messages / SINK_BATCH_MAX_BYTES of bodies."""
-    result: list[list[Message]] = []
-    current: list[Message] = []
-    size = 0
-    for msg in msgs:
-        if current and (len(current) >= SINK_BATCH_MAX_MESSAGES or size + len(msg.body) > SINK_BATCH_MAX_BYTES):
-            result.append(current)
-            current, size = [], 0
-        current.append(msg)
-        size += len(msg.body)
-    if current:
-        result.append(current)
+def _chunks(body_sizes: list[int]) -> list[tuple[int, int]]:
+    """[start, end) index ranges of consecutive runs of at most SINK_BATCH_MAX_MESSAGES messages and
+    SINK_BATCH_MAX_BYTES of bodies (a single larger body is a run of its own)."""
+    result: list[tuple[int, int]] = []
+    start = size = 0
+    for i, n in enumerate(body_sizes):
+        if i > start and (i - start >= SINK_BATCH_MAX_MESSAGES or size + n > SINK_BATCH_MAX_BYTES):
+            result.append((start, i))
+            start, size = i, 0
+        size += n
+    if start < len(body_sizes):
+        result.append((start, len(body_sizes)))
     return result
+
+
+def _check_sent(result: SendResult, mq: MessageQueue) -> None:
+    if result.status is not SendStatus.SEND_OK:
+        raise SendFailedError(f"send to {result.message_queue or mq} answered {result.status.name} "
+                              f"(msgId {result.msg_id})")
+
+
+async def _run_all(jobs: list[Coroutine[Any, Any, None]]) -> None:
+    """Run the per-queue jobs concurrently; the first failure cancels the others."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def send_all(opts: SinkOptions, rows: list[tuple[Message, int | None, str | None]]) -> int:
@@ -263,11 +278,6 @@ async def send_all(opts: SinkOptions, rows: list[tuple[Message, int | None, str 
             per_queue.setdefault(mq, []).append(msg)
     sem = asyncio.Semaphore(opts.send_pipeline_depth)
 
-    def check(result: SendResult, mq: MessageQueue) -> None:
-        if result.status is not SendStatus.SEND_OK:
-            raise SendFailedError(f"send to {result.message_queue or mq} answered {result.status.name} "
-                                  f"(msgId {result.msg_id})")
-
     async def request(msgs: list[Message], mq: MessageQueue) -> None:
         async with sem:
             try:
@@ -275,20 +285,16 @@ async def send_all(opts: SinkOptions, rows: list[tuple[Message, int | None, str 
                     msgs[0], queue=mq)
             except (FerryError, ClientError) as exc:
                 raise SendFailedError(f"send of {len(msgs)} message(s) to {mq} failed: {exc}") from exc
-            check(result, mq)
+            _check_sent(result, mq)
 
     async def one_queue(mq: MessageQueue, msgs: list[Message]) -> None:
-        for chunk in _batches(msgs):  # one request at a time per queue: rows keep their order in the queue
-            await request(chunk, mq)
+        # one request at a time per queue: rows keep their order in the queue
+        for start, end in _chunks([len(m.body) for m in msgs]):
+            await request(msgs[start:end], mq)
 
     jobs = [one_queue(mq, msgs) for mq, msgs in per_queue.items()]
     jobs += [request([msg], mq) for msg, mq in singles]
-    tasks = [asyncio.ensure_future(job) for job in jobs]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
+    await _run_all(jobs)
     return len(rows)
 
 
@@ -350,26 +356,14 @@ async def send_columns(opts: SinkOptions, batch: pa.RecordBatch, layout: SinkLay
                 result = await producer.send_batch_encoded(mq.topic, body, [uniqs[i] for i in rows], queue=mq)
             except (FerryError, ClientError) as exc:
                 raise SendFailedError(f"send of {len(rows)} message(s) to {mq} failed: {exc}") from exc
-        if result.status is not SendStatus.SEND_OK:
-            raise SendFailedError(f"send to {result.message_queue or mq} answered {result.status.name}")
+        _check_sent(result, mq)
 
     async def one_queue(mq: MessageQueue, rows: list[int]) -> None:
-        start = 0
-        while start < len(rows):  # SEND_BATCH chunks, one at a time per queue (rows keep their order)
-            end, size = start, 0
-            while end < len(rows) and end - start < SINK_BATCH_MAX_MESSAGES and (
-                    end == start or size + len(bodies[rows[end]]) <= SINK_BATCH_MAX_BYTES):
-                size += len(bodies[rows[end]])
-                end += 1
+        # one request at a time per queue: rows keep their order in the queue
+        for start, end in _chunks([len(bodies[i]) for i in rows]):
             await request(mq, rows[start:end])
-            start = end
 
-    tasks = [asyncio.ensure_future(one_queue(mq, rows)) for mq, rows in per_queue.items()]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
+    await _run_all([one_queue(mq, rows) for mq, rows in per_queue.items()])
     return n
 
 
