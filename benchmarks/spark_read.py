@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -200,6 +201,20 @@ async def produce(ns_addr: str, topic: str, count: int, size: int) -> float:
     return time.perf_counter() - started
 
 
+def spark_session(master: str) -> Any:
+    """The benchmarks' SparkSession: no UI, 2 shuffle partitions, errors only in the log."""
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def stage_breakdown(opts: dict[str, str]) -> tuple[int, float, float]:
     """The connector's own work without Spark, in this process: (rows, seconds pulling and decoding every
     planned range one after the other, seconds of the decoding alone on the same raw PULL bodies)."""
@@ -278,15 +293,7 @@ def main() -> int:
                 f"produced {args.messages:,} x {args.size} B in {secs:.1f} s ({args.messages / secs:,.0f} msg/s)"
             )
 
-        from pyspark.sql import SparkSession
-
-        spark = (
-            SparkSession.builder.master(args.master)
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = spark_session(args.master)
         opts = {"nameServer": ns_addr, "subscribe": topic}
         if args.partitions:
             opts["minPartitions"] = str(args.partitions)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from spark_read import LocalCluster, create_topic  # noqa: E402 - the shared cluster helpers
+from spark_read import LocalCluster, create_topic, spark_session  # noqa: E402 - the shared cluster helpers
 
 MB = 1_000_000
 
@@ -50,16 +50,9 @@ def main() -> int:
         topic = f"SparkWrite{int(time.time())}"
         asyncio.run(create_topic(cluster.ns_addr, cluster.brokers, topic))
 
-        from pyspark.sql import SparkSession
         from pyspark.sql import functions as F  # noqa: N812 - Spark's convention
 
-        spark = (
-            SparkSession.builder.master(args.master)
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = spark_session(args.master)
         columns = [F.expr(f"unhex(repeat('78', {args.size}))").alias("value")]
         if args.key:
             columns.append(F.concat(F.lit("order-"), (F.col("id") % 10_000).cast("string")).alias("key"))
