@@ -5,12 +5,11 @@ table, a message by queue offset, the consume-queue cleanups, and the name serve
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from ferry_cli import FAST_CLIENT, aferry_json, ferry, ferry_json
 from procs import (
     Cluster,
     Namesrv,
@@ -30,25 +29,8 @@ from ferrymq.remoting.codes import RequestCode
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(120)]
 
-CLI_TIMEOUT_S = 30
+#: deadline of the condition waits
 WAIT_S = 20.0
-FAST_CLIENT = {"rebalance_interval_ms": 500, "persist_offset_interval_ms": 200, "heartbeat_broker_interval_ms": 1000,
-               "poll_name_server_interval_ms": 1000}
-
-
-def ferry(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(ferry_argv(*args), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S)
-
-
-def ferry_json(*args: str) -> Any:
-    cp = ferry(*args, "--json")
-    assert cp.returncode == 0, cp.stderr
-    return json.loads(cp.stdout)
-
-
-async def aferry_json(*args: str) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(None, ferry_json, *args)
 
 
 def test_live_clients_groups_kv_and_messages(cluster: Callable[..., Cluster]) -> None:

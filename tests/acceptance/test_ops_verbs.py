@@ -5,14 +5,12 @@ and restored, offsets reset by time under a live consumer, backlog skipped, offs
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
-from procs import Cluster, ferry_argv, route, wait_for
+from ferry_cli import FAST_CLIENT, aferry_json, ferry, ferry_json
+from procs import Cluster, route, wait_for
 
 from ferrymq.client import ConsumeStatus, MessageExt, Producer, PushConsumer, new_message
 from ferrymq.common.properties import parse_properties
@@ -20,27 +18,8 @@ from ferrymq.common.topic import PERM_WRITE
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(120)]
 
-#: deadline of one ferry run and of the condition waits
-CLI_TIMEOUT_S = 30
+#: deadline of the condition waits
 WAIT_S = 20.0
-#: client timers short enough for a quick test
-FAST_CLIENT = {"rebalance_interval_ms": 500, "persist_offset_interval_ms": 200, "heartbeat_broker_interval_ms": 1000,
-               "poll_name_server_interval_ms": 1000}
-
-
-def ferry(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(ferry_argv(*args), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S)
-
-
-def ferry_json(*args: str) -> Any:
-    cp = ferry(*args, "--json")
-    assert cp.returncode == 0, cp.stderr
-    return json.loads(cp.stdout)
-
-
-async def aferry_json(*args: str) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(None, ferry_json, *args)
 
 
 def test_broker_config_and_write_permission(cluster: Callable[..., Cluster]) -> None:
