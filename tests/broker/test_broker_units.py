@@ -7,12 +7,13 @@ import logging
 
 import pytest
 
-from ferrymq.broker.config import BrokerRole, FlushDiskType, from_properties, load_config, parse_properties
+from ferrymq.broker.config import BrokerRole, FlushDiskType, from_properties, load_config
 from ferrymq.broker.consumer_manager import ConsumerData, ConsumerManager, SubscriptionData
 from ferrymq.broker.headers import PullHeader, SendHeader
 from ferrymq.broker.offset_manager import ConsumerOffsetManager
 from ferrymq.broker.status_codes import PUT_STATUS_TABLE, pull_code, send_outcome
 from ferrymq.broker.topic_manager import TopicManager
+from ferrymq.common.properties import parse_properties
 from ferrymq.errors import ConfigError
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.store.filter import TagFilter

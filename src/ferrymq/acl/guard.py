@@ -11,6 +11,7 @@ from typing import Any
 
 from ferrymq.acl.checker import check
 from ferrymq.acl.config import AclConfig, parse_acl
+from ferrymq.common.properties import read_config_text
 from ferrymq.errors import ConfigError
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import ResponseCode
@@ -24,14 +25,7 @@ RELOAD_CHECK_INTERVAL_S = 1.0
 
 
 def read_acl_file(path: str) -> AclConfig:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError("aclFile", f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("aclFile", f"{path} is not UTF-8 text (byte {exc.start})") from None
-    return parse_acl(text, os.path.basename(path))
+    return parse_acl(read_config_text(path, "aclFile"), os.path.basename(path))
 
 
 class AclGuard:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum, StrEnum
 from typing import Any
 
+from ferrymq.common.properties import read_properties
 from ferrymq.common.tls import TLS_KEYS, TlsClientSettings, TlsServerSettings
 from ferrymq.common.tls import client_settings as tls_client_settings
 from ferrymq.common.tls import server_settings as tls_server_settings
@@ -466,22 +467,6 @@ def _convert(key: str, ftype: Any, raw: str) -> Any:
     return raw
 
 
-def parse_properties(text: str) -> dict[str, str]:
-    """Minimal java.util.Properties reader: ``key=value`` / ``key: value``, ``#``/``!`` comments."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        s = line.strip()
-        if not s or s[0] in "#!":
-            continue
-        idx = min((i for i in (s.find("="), s.find(":")) if i >= 0), default=-1)
-        if idx < 0:
-            key, value = s, ""
-        else:
-            key, value = s[:idx].strip(), s[idx + 1:].strip()
-        out[key] = value
-    return out
-
-
 def from_properties(props: dict[str, str]) -> BrokerConfig:
     cfg = BrokerConfig()
     for key, raw in props.items():
@@ -502,14 +487,7 @@ def from_properties(props: dict[str, str]) -> BrokerConfig:
 
 
 def load_config(path: str, overrides: dict[str, str] | None = None) -> BrokerConfig:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError("-c", f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("-c", f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    props = parse_properties(text)
+    props = read_properties(path)
     if not any(key in props for key in REQUIRED_ANY_KEYS):
         raise ConfigError("-c", f"{path} sets none of {', '.join(REQUIRED_ANY_KEYS)}: not a broker config")
     props.update(overrides or {})

@@ -24,16 +24,20 @@ def parse_properties(text: str) -> dict[str, str]:
     return out
 
 
-def read_properties(path: str) -> dict[str, str]:
-    """The file's properties; ConfigError (key ``-c``) when it cannot be read or is not UTF-8 text."""
+def read_config_text(path: str, key: str) -> str:
+    """A configuration file's text; ConfigError naming ``key`` when it cannot be read or is not UTF-8 text."""
     try:
         with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+            return fh.read()
     except OSError as exc:
-        raise ConfigError("-c", f"cannot read {path}: {exc.strerror}") from None
+        raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError("-c", f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    return parse_properties(text)
+        raise ConfigError(key, f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+
+
+def read_properties(path: str) -> dict[str, str]:
+    """The file's properties; ConfigError (key ``-c``) when it cannot be read or is not UTF-8 text."""
+    return parse_properties(read_config_text(path, "-c"))
 
 
 def parse_bool(key: str, raw: str) -> bool:
