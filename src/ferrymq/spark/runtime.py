@@ -164,16 +164,14 @@ class ClusterMetadata:
         """Run a look-up, retried ``fetchOffset.numRetries`` times ``fetchOffset.retryIntervalMs`` apart when
         it fails on the network or the broker (a restart, a master failover while routes catch up)."""
         attempts = self.opts.fetch_offset_num_retries + 1
-        for attempt in range(1, attempts + 1):
+        for attempt in range(1, attempts):
             try:
                 return run(make(), self.timeout_s)
             except (FerryError, OSError, TimeoutError) as exc:
-                if attempt >= attempts:
-                    raise
                 log.warning("rocketmq source: metadata look-up failed (attempt %d of %d): %s; retrying in %d ms",
                             attempt, attempts, exc, self.opts.fetch_offset_retry_interval_ms)
                 time.sleep(self.opts.fetch_offset_retry_interval_ms / 1000)
-        raise AssertionError("unreachable")
+        return run(make(), self.timeout_s)  # the last attempt: its failure is the caller's
 
     async def _consumer(self) -> PullConsumer:
         return await _started_consumer(self.opts)
