@@ -6,6 +6,11 @@ served: a pull skips it (its queue offset is passed, as for a filtered message),
 phy and queue offsets, counts it in ``corrupt_record_total``; a pull whose scan found only damaged records
 answers MESSAGE_CORRUPT (PULL_RETRY_IMMEDIATELY with nextBeginOffset past them). A look-up by offset answers
 "not found".
+
+A pull without a filter walks its consume queue units in C (``_speedups.pull_scan``) as long as they are plain
+(a BLANK unit, or an IPv4 record wholly in one segment that passes the fast check and fits the answer); any
+other unit takes one turn of the Python loop, which is the reference and, without the extension, the whole
+path.
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE, StoreConfig
 from ferrymq.store.consume_queue import BLANK_SIZE, UNIT, ConsumeQueue
 from ferrymq.store.dispatch import index_keys_of
-from ferrymq.store.filter import MessageFilter
+from ferrymq.store.filter import MessageFilter, TagFilter
 from ferrymq.store.index import IndexService
 from ferrymq.store.queue_table import ConsumeQueueTable
 from ferrymq.store.results import GetMessageResult, GetMessageStatus, QueryMessageResult
+from ferrymq.store.speedups import NATIVE
 from ferrymq.store.speedups import crc32 as _crc32
 
 _verify_unpack = VERIFY_V4.unpack_from
+_phy_of_unit = struct.Struct(">q").unpack_from
 _MAGIC = MESSAGE_MAGIC_CODE
 _CRC_MASK = CRC_MASK
 _HOST_V6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
@@ -60,6 +67,8 @@ class StoreReader:
         self.get_miss_total = 0
         self.transferred_msg_total = 0
         self.corrupt_record_total = 0
+        #: the native loop over plain units of a pull without a filter (None: the Python loop does it all)
+        self.native_scan = getattr(NATIVE, "pull_scan", None)
 
     def _correct(self, old_offset: int, new_offset: int) -> int:
         if not self.config.is_slave or self.config.offset_check_in_slave:
@@ -132,7 +141,30 @@ class StoreReader:
         total_bytes = 0
         i = 0
         n = len(units)
+        c = self.config
+        match_all = mfilter is None or (isinstance(mfilter, TagFilter) and mfilter.match_all)
+        native = self.native_scan if match_all else None
         while i < n:
+            if native is not None and next_file_start == _LONG_MIN:
+                # the plain units of one segment in C; the unit it stops at (next segment, answer full,
+                # a record that fails the fast check) takes one turn of the loop below
+                mf = cl.mfq.find(_phy_of_unit(units, i)[0])
+                if mf is not None:
+                    taken = len(buffers)
+                    i_next, total_bytes, last_phy = native(
+                        units, i, mf.mm, mf.file_from_offset, mf.wrote_position, cl.data_start_phy_offset,
+                        offset, max_msg_nums, c.max_transfer_count_on_message_in_memory,
+                        c.max_transfer_bytes_on_message_in_memory, c.max_transfer_count_on_message_in_disk,
+                        c.max_transfer_bytes_on_message_in_disk, max_phy, memory, total_bytes, buffers,
+                        queue_offsets,
+                    )  # fmt: skip
+                    if last_phy >= 0:
+                        max_phy_pulling = last_phy
+                    if len(buffers) > taken:
+                        status = GetMessageStatus.FOUND
+                    if i_next != i:
+                        i = i_next
+                        continue
             phy, size, tags = UNIT.unpack_from(units, i)
             i += CQ_STORE_UNIT_SIZE
             if size == BLANK_SIZE:

@@ -24,6 +24,10 @@ C functions (see the field table at the top of ``_speedups.c``):
   decides) or ``(total, wait, msg_id, store_timestamp)``: a plain SEND_MESSAGE's record (header properties
   parsed, WAIT taken out, CLUSTER set) written into the segment (``CommitLog.put_one_raw``; msg_id None = does
   not fit in ``room``).
+* ``pull_scan(units, i, mm, file_from, wrote_pos, data_start, first_queue_offset, max_msg_nums, count_mem,
+  bytes_mem, count_disk, bytes_disk, max_phy, memory, total_bytes, buffers, queue_offsets)`` -> ``(i,
+  total_bytes, last_phy)``: ``StoreReader._scan``'s loop for a pull without a filter over the units whose
+  records lie in one segment and pass the fast check; it stops at any other unit, which the Python loop takes.
 * ``crc32(data, value=0, /)`` -> int: ``zlib.crc32`` (same results, same argument checks), folded with
   carry-less multiplication (PCLMULQDQ + SSE4.1, chosen at import from the CPU; zlib otherwise); put_batch
   and put_one compute BODYCRC with it. ``_crc32_constants()`` and ``_crc32_force_fallback(force)`` are for
