@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import zlib
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from ferrymq.common.message import (
@@ -16,6 +19,7 @@ from ferrymq.common.message import (
     properties_to_string,
 )
 from ferrymq.common.message_codec import RecordFormatError, decode_record, encode_record
+from ferrymq.spark import arrow
 from ferrymq.spark.arrow import ARROW_SCHEMA, BatchBuilder, RowBuilder, batch_from_records
 from ferrymq.spark.source import source_schema
 
@@ -188,3 +192,67 @@ def test_builder_reuse_after_flush_and_multiple_bodies() -> None:
         batch = builder.flush()
         assert batch.column("queueOffset").to_pylist() == list(range(start, start + 9))
         assert batch.column("brokerName").to_pylist() == ["a"] * 5 + ["b"] * 4
+
+
+# --- the C column pass (records.build_columns) against the Arrow-kernel columns -------------------------
+
+_NAMES = ["TAGS", "KEYS", "UNIQ_KEY", "WAIT", "TAG", "KEYSX", "UNIQ", "a"]
+_item = st.one_of(
+    st.tuples(st.sampled_from(_NAMES), st.text(alphabet="ab é\x01", max_size=6)).map(lambda nv: f"{nv[0]}\x01{nv[1]}"),
+    st.text(alphabet="ab\x01", max_size=4),  # junk: no name, no separator, empty
+)
+_props = st.lists(_item, max_size=6).map("\x02".join).filter(lambda p: not _has_repeat(p))
+
+
+def _has_repeat(props: str) -> bool:
+    names = [i.partition("\x01")[0] for i in props.split("\x02") if i.find("\x01") > 0]
+    return len(names) != len(set(names))
+
+
+@pytest.fixture
+def build_columns() -> object:
+    """The C pass; a failure under CI (which builds it), a skip elsewhere when it was not built."""
+    if arrow._BUILD_COLUMNS is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("ferrymq.common._records was not built (CI must build the C extensions)")
+        pytest.skip("ferrymq.common._records not built here")
+    return arrow._BUILD_COLUMNS
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    records=st.lists(
+        st.tuples(_props, st.binary(max_size=40), st.sampled_from(["Orders", "Tópico", "t"])), min_size=1, max_size=30
+    ),
+    cut=st.integers(0, 30),
+)
+def test_c_columns_equal_the_kernel_columns(build_columns: object, records: list[tuple[str, bytes, str]],
+                                            cut: int) -> None:  # fmt: skip
+    raws = []
+    for qoff, (props, body, topic) in enumerate(records):
+        raw = _raw_record(qoff, props, body)
+        if topic != "Orders":  # same record with another topic (length byte + name)
+            msg = decode_record(raw)
+            inner = MessageExtBrokerInner(
+                topic=topic, queue_id=3, body=body, properties_string=props, sys_flag=0,
+                born_timestamp=msg.born_timestamp, store_host=STORE_HOST,
+            )  # fmt: skip
+            raw = encode_record(inner, queue_offset=qoff, phy_offset=msg.phy_offset,
+                                store_timestamp=msg.store_timestamp)  # fmt: skip
+        raws.append(raw)
+    bodies = [b"".join(raws[:cut]), b"".join(raws[cut:])]
+    batches = []
+    for build in (build_columns, None):
+        arrow._BUILD_COLUMNS = build  # type: ignore[assignment]
+        try:
+            builder = BatchBuilder()
+            for i, raw in enumerate(bodies):
+                if raw:
+                    builder.append_raw(raw, f"broker-{i}", 1, 10**9)
+            batches.append(builder._columnar())  # not flush(): no fallback to the row decoder
+        finally:
+            arrow._BUILD_COLUMNS = build_columns  # type: ignore[assignment]
+    native, kernel = batches
+    assert native.schema.equals(ARROW_SCHEMA)
+    native.validate(full=True)
+    assert native.equals(kernel), (native.to_pylist(), kernel.to_pylist())

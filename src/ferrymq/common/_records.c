@@ -181,8 +181,222 @@ done:
     return result;
 }
 
+/* ---- Arrow column buffers (build_columns) -------------------------------------------------------------- */
+
+/* A growing output buffer: a bytes object of a known upper bound, shrunk at the end. */
+typedef struct {
+    PyObject *obj;
+    char *p;
+    Py_ssize_t len;
+} OutBuf;
+
+static int out_init(OutBuf *b, Py_ssize_t cap) {
+    b->obj = PyBytes_FromStringAndSize(NULL, cap > 0 ? cap : 1);
+    b->p = b->obj ? PyBytes_AS_STRING(b->obj) : NULL;
+    b->len = 0;
+    return b->obj ? 0 : -1;
+}
+
+static PyObject *out_finish(OutBuf *b) {
+    if (_PyBytes_Resize(&b->obj, b->len) < 0) return NULL;
+    PyObject *o = b->obj;
+    b->obj = NULL;
+    return o;
+}
+
+/* A string column: int32 offsets, data, validity bits (1 = present). */
+typedef struct {
+    OutBuf offsets, data, valid;
+    Py_ssize_t nulls;
+} StrCol;
+
+static int col_init(StrCol *c, Py_ssize_t rows, Py_ssize_t data_cap) {
+    c->nulls = 0;
+    if (out_init(&c->offsets, (rows + 1) * 4) < 0 || out_init(&c->data, data_cap) < 0 ||
+        out_init(&c->valid, (rows + 7) / 8) < 0)
+        return -1;
+    memset(c->valid.p, 0, (size_t)((rows + 7) / 8));
+    c->valid.len = (rows + 7) / 8;
+    ((int32_t *)c->offsets.p)[0] = 0;
+    c->offsets.len = 4;
+    return 0;
+}
+
+static void col_free(StrCol *c) {
+    Py_XDECREF(c->offsets.obj);
+    Py_XDECREF(c->data.obj);
+    Py_XDECREF(c->valid.obj);
+}
+
+/* Append one value (NULL p = a null); the data buffer was sized for the worst case. */
+static int col_add(StrCol *c, Py_ssize_t row, const uint8_t *p, Py_ssize_t n) {
+    if (p != NULL) {
+        if (c->data.len + n > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "build_columns: a column exceeds 2 GiB");
+            return -1;
+        }
+        memcpy(c->data.p + c->data.len, p, (size_t)n);
+        c->data.len += n;
+        c->valid.p[row >> 3] |= (char)(1 << (row & 7));
+    } else {
+        c->nulls++;
+    }
+    ((int32_t *)c->offsets.p)[row + 1] = (int32_t)c->data.len;
+    c->offsets.len += 4;
+    return 0;
+}
+
+/* (offsets, data, validity or None when nothing is null) */
+static PyObject *col_finish(StrCol *c) {
+    PyObject *off = out_finish(&c->offsets);
+    PyObject *data = off ? out_finish(&c->data) : NULL;
+    PyObject *valid;
+    if (data == NULL) {
+        Py_XDECREF(off);
+        return NULL;
+    }
+    if (c->nulls) {
+        valid = out_finish(&c->valid);
+    } else {
+        Py_CLEAR(c->valid.obj);
+        valid = Py_None;
+        Py_INCREF(valid);
+    }
+    if (valid == NULL) {
+        Py_DECREF(off);
+        Py_DECREF(data);
+        return NULL;
+    }
+    return Py_BuildValue("(NNN)", off, data, valid);
+}
+
+static const char HEX[] = "0123456789ABCDEF";
+
+PyDoc_STRVAR(build_columns_doc,
+"build_columns(data, segs, store_hosts, phy_offsets, born_ms, store_ms) -> tuple\n\n"
+"The Arrow buffers of the Spark source's columns for n records whose parts scan_pull_body located: data is\n"
+"the PULL bodies concatenated, segs the 6 n int64 segment starts (native order) plus the end of data.\n"
+"Returns (value, topic, key, tags, msg_id, map_offsets, map_keys, map_values, born_us, store_us): every\n"
+"string or binary column as (int32 offsets, data, validity bits or None), map_offsets int32, born_us /\n"
+"store_us int64 microseconds. key / tags = the KEYS / TAGS property (null when absent); msg_id = UNIQ_KEY,\n"
+"else (absent or empty) the offset msgId: hex of STOREHOST and PHYSICALOFFSET. The map holds every named\n"
+"item (name 0x01 value); items without a name or without 0x01 are dropped. Assumes no record names a\n"
+"property twice (scan_pull_body's flag) and does not check UTF-8 (the caller validates the arrays).");
+
+static PyObject *build_columns(PyObject *self, PyObject *args) {
+    Py_buffer data, segs, hosts, phys, borns, stores;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*", &data, &segs, &hosts, &phys, &borns, &stores)) return NULL;
+    PyObject *result = NULL;
+    StrCol value = {0}, topic = {0}, key = {0}, tags = {0}, msgid = {0}, mkeys = {0}, mvals = {0};
+    OutBuf moff = {0}, born_us = {0}, store_us = {0};
+    Py_ssize_t n = segs.len >= 8 ? (segs.len / 8 - 1) / SEGMENTS : 0;
+    const int64_t *sg = (const int64_t *)segs.buf;
+    const uint8_t *d = (const uint8_t *)data.buf;
+    if (segs.len != (n * SEGMENTS + 1) * 8 || hosts.len < n * 8 || phys.len < n * 8 || borns.len < n * 8 ||
+        stores.len < n * 8) {
+        PyErr_SetString(PyExc_ValueError, "build_columns: array lengths do not match");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i <= n * SEGMENTS; i++) {
+        if (sg[i] < 0 || sg[i] > data.len || (i && sg[i] < sg[i - 1])) {
+            PyErr_SetString(PyExc_ValueError, "build_columns: segment offsets out of order or out of data");
+            goto done;
+        }
+    }
+    Py_ssize_t body_total = 0, topic_total = 0, props_total = 0, items_max = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *s = sg + i * SEGMENTS;
+        body_total += s[2] - s[1];
+        topic_total += s[4] - s[3];
+        props_total += s[6] - s[5];
+        items_max += (s[6] - s[5]) / 2 + 1; /* an item takes at least 2 bytes with its separator */
+    }
+    if (col_init(&value, n, body_total) < 0 || col_init(&topic, n, topic_total) < 0 ||
+        col_init(&key, n, props_total) < 0 || col_init(&tags, n, props_total) < 0 ||
+        col_init(&msgid, n, props_total + n * 32) < 0 || col_init(&mkeys, items_max, props_total) < 0 ||
+        col_init(&mvals, items_max, props_total) < 0 || out_init(&moff, (n + 1) * 4) < 0 ||
+        out_init(&born_us, n * 8) < 0 || out_init(&store_us, n * 8) < 0)
+        goto done;
+    int32_t *mo = (int32_t *)moff.p;
+    mo[0] = 0;
+    Py_ssize_t items = 0;
+    const uint8_t *hp = (const uint8_t *)hosts.buf;
+    const int64_t *pp = (const int64_t *)phys.buf, *bp = (const int64_t *)borns.buf, *sp = (const int64_t *)stores.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *s = sg + i * SEGMENTS;
+        if (col_add(&value, i, d + s[1], s[2] - s[1]) < 0 || col_add(&topic, i, d + s[3], s[4] - s[3]) < 0)
+            goto done;
+        const uint8_t *kp = NULL, *tp = NULL, *up = NULL;
+        Py_ssize_t kn = 0, tn = 0, un = 0;
+        const uint8_t *p = d + s[5];
+        Py_ssize_t len = s[6] - s[5], at = 0;
+        while (at < len) {
+            const uint8_t *stop = memchr(p + at, 0x02, (size_t)(len - at));
+            Py_ssize_t item_end = stop ? (Py_ssize_t)(stop - p) : len;
+            const uint8_t *sep = memchr(p + at, 0x01, (size_t)(item_end - at));
+            if (sep && sep > p + at) {
+                const uint8_t *name = p + at, *val = sep + 1;
+                Py_ssize_t name_len = sep - name, val_len = (p + item_end) - val;
+                if (col_add(&mkeys, items, name, name_len) < 0 || col_add(&mvals, items, val, val_len) < 0)
+                    goto done;
+                items++;
+                if (name_len == 4 && memcmp(name, "KEYS", 4) == 0) { kp = val; kn = val_len; }
+                else if (name_len == 4 && memcmp(name, "TAGS", 4) == 0) { tp = val; tn = val_len; }
+                else if (name_len == 8 && memcmp(name, "UNIQ_KEY", 8) == 0) { up = val; un = val_len; }
+            }
+            at = item_end + 1;
+        }
+        mo[i + 1] = (int32_t)items;
+        if (col_add(&key, i, kp, kn) < 0 || col_add(&tags, i, tp, tn) < 0) goto done;
+        if (up != NULL && un > 0) {
+            if (col_add(&msgid, i, up, un) < 0) goto done;
+        } else {
+            uint8_t raw[16], hex[32];
+            memcpy(raw, hp + i * 8, 8);
+            uint64_t phy = (uint64_t)pp[i];
+            for (int b = 0; b < 8; b++) raw[8 + b] = (uint8_t)(phy >> (56 - 8 * b));
+            for (int b = 0; b < 16; b++) { hex[2 * b] = HEX[raw[b] >> 4]; hex[2 * b + 1] = HEX[raw[b] & 15]; }
+            if (col_add(&msgid, i, hex, 32) < 0) goto done;
+        }
+        ((int64_t *)born_us.p)[i] = bp[i] * 1000;
+        ((int64_t *)store_us.p)[i] = sp[i] * 1000;
+    }
+    moff.len = (n + 1) * 4;
+    born_us.len = store_us.len = n * 8;
+    mkeys.valid.len = mvals.valid.len = (items + 7) / 8;
+    mkeys.nulls = mvals.nulls = 0; /* names and values are never null */
+    PyObject *parts[10];
+    parts[0] = col_finish(&value);
+    parts[1] = col_finish(&topic);
+    parts[2] = col_finish(&key);
+    parts[3] = col_finish(&tags);
+    parts[4] = col_finish(&msgid);
+    parts[5] = out_finish(&moff);
+    parts[6] = col_finish(&mkeys);
+    parts[7] = col_finish(&mvals);
+    parts[8] = out_finish(&born_us);
+    parts[9] = out_finish(&store_us);
+    int ok = 1;
+    for (int j = 0; j < 10; j++) ok = ok && parts[j] != NULL;
+    if (ok) {
+        result = Py_BuildValue("(NNNNNNNNNN)", parts[0], parts[1], parts[2], parts[3], parts[4], parts[5],
+                               parts[6], parts[7], parts[8], parts[9]);
+    } else {
+        for (int j = 0; j < 10; j++) Py_XDECREF(parts[j]);
+    }
+
+done:
+    col_free(&value); col_free(&topic); col_free(&key); col_free(&tags); col_free(&msgid);
+    col_free(&mkeys); col_free(&mvals);
+    Py_XDECREF(moff.obj); Py_XDECREF(born_us.obj); Py_XDECREF(store_us.obj);
+    PyBuffer_Release(&data); PyBuffer_Release(&segs); PyBuffer_Release(&hosts);
+    PyBuffer_Release(&phys); PyBuffer_Release(&borns); PyBuffer_Release(&stores);
+    return result;
+}
+
 static PyMethodDef records_methods[] = {
     {"scan_pull_body", scan_pull_body, METH_VARARGS, scan_pull_body_doc},
+    {"build_columns", build_columns, METH_VARARGS, build_columns_doc},
     {NULL, NULL, 0, NULL},
 };
 

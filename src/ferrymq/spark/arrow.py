@@ -43,6 +43,7 @@ from ferrymq.common.message import (
     string_to_properties,
 )
 from ferrymq.common.message_codec import HEAD_V4, MESSAGE_MAGIC_CODE, RecordFormatError, decode_record
+from ferrymq.common.records import NATIVE as _RECORDS_NATIVE
 from ferrymq.common.records import scan_pull_body
 
 SOURCE_SCHEMA_DDL = (
@@ -237,6 +238,9 @@ _SEG_PROPS = 5
 _PROPERTY_SEPARATOR = "\x02"
 _NAME_VALUE_SEPARATOR = "\x01"
 
+#: the C pass that fills every column's buffers (None: Arrow kernels build them)
+_BUILD_COLUMNS = getattr(_RECORDS_NATIVE, "build_columns", None)
+
 _stride_cache: list[pa.Array] = [pa.array([], pa.int64())]
 
 
@@ -405,6 +409,53 @@ class BatchBuilder:
         segs = self._segs
         segs.append(self._size)
         data = self._bufs[0] if len(self._bufs) == 1 else b"".join(self._bufs)
+        if _BUILD_COLUMNS is not None and sys.byteorder == "little":
+            batch = self._native_columns(n, data)
+        else:
+            batch = self._kernel_columns(n, data)
+        if self._drops:
+            keep = [True] * n
+            for i in self._drops:
+                keep[i] = False
+            batch = batch.filter(pa.array(keep, pa.bool_()))
+        return batch
+
+    def _broker_column(self, n: int) -> pa.Array:
+        if len(self._brokers) == 1:
+            return pa.repeat(pa.scalar(self._brokers[0][0], pa.string()), n)
+        return pa.array([name for name, count in self._brokers for _ in range(count)], pa.string())
+
+    def _native_columns(self, n: int, data: bytes) -> pa.RecordBatch:
+        """Every column from buffers the C pass fills (``records.build_columns``); Arrow checks the UTF-8."""
+        value, topic, key, tags, msg_id, map_offsets, map_keys, map_values, born_us, store_us = _BUILD_COLUMNS(
+            data, self._segs, self._hosts, self._phy, self._born, self._store
+        )
+        n_items = len(map_keys[0]) // 4 - 1  # int32 offsets: one more than the items
+        keys = _string_array(pa.string(), n_items, map_keys)
+        props = pa.MapArray.from_arrays(
+            pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(map_offsets)]),
+            keys, _string_array(pa.string(), n_items, map_values), type=_MAP,
+        )  # fmt: skip
+        return pa.RecordBatch.from_arrays(
+            [
+                _string_array(pa.string(), n, key),
+                _string_array(pa.binary(), n, value),
+                _string_array(pa.string(), n, topic),
+                self._broker_column(n),
+                _native_array(pa.int32(), n, self._qid),
+                _native_array(pa.int64(), n, self._qoff),
+                _string_array(pa.string(), n, tags),
+                _string_array(pa.string(), n, msg_id),
+                pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(born_us)]),
+                pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(store_us)]),
+                props,
+            ],
+            schema=ARROW_SCHEMA,
+        )
+
+    def _kernel_columns(self, n: int, data: bytes) -> pa.RecordBatch:
+        """Every column with Arrow kernels over the segments (no extension: the reference of the C pass)."""
+        segs = self._segs
         cut = pa.Array.from_buffers(pa.large_binary(), _SEGMENTS * n, [None, pa.py_buffer(segs), pa.py_buffer(data)])
         first = _stride(n)
         value = pc.take(cut, pc.add(first, _SEG_BODY)).cast(pa.binary())
@@ -418,16 +469,12 @@ class BatchBuilder:
                 if not v:  # no UNIQ_KEY: the offset msgId (store host + commit log offset, §4.5)
                     ids[i] = (bytes(hosts[i * 8:i * 8 + 8]) + phys[i].to_bytes(8, "big", signed=True)).hex().upper()
             uniq = pa.array(ids, pa.string())
-        if len(self._brokers) == 1:
-            broker = pa.repeat(pa.scalar(self._brokers[0][0], pa.string()), n)
-        else:
-            broker = pa.array([name for name, count in self._brokers for _ in range(count)], pa.string())
-        batch = pa.RecordBatch.from_arrays(
+        return pa.RecordBatch.from_arrays(
             [
                 pc.map_lookup(props, PROPERTY_KEYS, "last"),
                 value,
                 topic,
-                broker,
+                self._broker_column(n),
                 _native_array(pa.int32(), n, self._qid),
                 _native_array(pa.int64(), n, self._qoff),
                 pc.map_lookup(props, PROPERTY_TAGS, "last"),
@@ -438,12 +485,18 @@ class BatchBuilder:
             ],
             schema=ARROW_SCHEMA,
         )
-        if self._drops:
-            keep = [True] * n
-            for i in self._drops:
-                keep[i] = False
-            batch = batch.filter(pa.array(keep, pa.bool_()))
-        return batch
+
+
+def _string_array(kind: pa.DataType, n: int, parts: tuple[bytes, bytes, bytes | None]) -> pa.Array:
+    """A string / binary array over (int32 offsets, data, validity bits or None); strings are checked to
+    be UTF-8 (``pa.ArrowInvalid`` otherwise, which sends the batch to the row decoder)."""
+    offsets, data, valid = parts
+    arr = pa.Array.from_buffers(
+        kind, n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+    if kind == pa.string():
+        arr.validate(full=True)
+    return arr
 
 
 def _native_array(kind: pa.DataType, n: int, values: array) -> pa.Array:  # type: ignore[type-arg]
