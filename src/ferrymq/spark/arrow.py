@@ -27,7 +27,8 @@ from __future__ import annotations
 import sys
 import zlib
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -239,7 +240,7 @@ _PROPERTY_SEPARATOR = "\x02"
 _NAME_VALUE_SEPARATOR = "\x01"
 
 #: the C pass that fills every column's buffers (None: Arrow kernels build them)
-_BUILD_COLUMNS = getattr(_RECORDS_NATIVE, "build_columns", None)
+_BUILD_COLUMNS: Callable[..., tuple[Any, ...]] | None = getattr(_RECORDS_NATIVE, "build_columns", None)
 
 _stride_cache: list[pa.Array] = [pa.array([], pa.int64())]
 
@@ -410,7 +411,7 @@ class BatchBuilder:
         segs.append(self._size)
         data = self._bufs[0] if len(self._bufs) == 1 else b"".join(self._bufs)
         if _BUILD_COLUMNS is not None and sys.byteorder == "little":
-            batch = self._native_columns(n, data)
+            batch = self._native_columns(_BUILD_COLUMNS, n, data)
         else:
             batch = self._kernel_columns(n, data)
         if self._drops:
@@ -425,9 +426,9 @@ class BatchBuilder:
             return pa.repeat(pa.scalar(self._brokers[0][0], pa.string()), n)
         return pa.array([name for name, count in self._brokers for _ in range(count)], pa.string())
 
-    def _native_columns(self, n: int, data: bytes) -> pa.RecordBatch:
+    def _native_columns(self, build: Callable[..., tuple[Any, ...]], n: int, data: bytes) -> pa.RecordBatch:
         """Every column from buffers the C pass fills (``records.build_columns``); Arrow checks the UTF-8."""
-        value, topic, key, tags, msg_id, map_offsets, map_keys, map_values, born_us, store_us = _BUILD_COLUMNS(
+        value, topic, key, tags, msg_id, map_offsets, map_keys, map_values, born_us, store_us = build(
             data, self._segs, self._hosts, self._phy, self._born, self._store
         )
         n_items = len(map_keys[0]) // 4 - 1  # int32 offsets: one more than the items
