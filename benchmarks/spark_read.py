@@ -234,7 +234,7 @@ def stage_breakdown(opts: dict[str, str]) -> tuple[int, float, float]:
         consumer = await runtime._started_consumer(exec_opts)
         out = []
         for r in ranges:
-            chunk = await fetch.pull_chunk(consumer, r.queue, r.start, r.end, exec_opts)
+            chunk = await fetch.pull_chunk(consumer, r.queue, r.start, r.end, exec_opts, max_bytes=1 << 62)
             out.append((r.broker_name, r.start, r.end, chunk.bodies))
         return out
 

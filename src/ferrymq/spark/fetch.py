@@ -2,7 +2,12 @@
 
 The range is cut into chunks of ``pullBatchSize`` offsets. Up to ``pullPipelineDepth`` chunks are
 pulled concurrently on the process's loop thread (a broker answers at most 32 messages / 256 KiB per
-PULL by default, so one request at a time would be latency bound). Finished chunks cross to the task
+PULL by default, so one request at a time would be latency bound). A chunk stops once it holds
+``CHUNK_MAX_BYTES`` and the rest of its offsets become the next chunk in line, and no chunk starts while
+the task thread has more than ``BUFFER_MAX_BYTES`` of raw bodies to decode, so the raw bytes a task has
+pulled and not yet handed to the Arrow builder stay below ``BUFFER_MAX_BYTES + pullPipelineDepth *
+(CHUNK_MAX_BYTES + one PULL answer)`` whatever the message size (the builder holds at most
+``ARROW_BATCH_BYTES`` more). Finished chunks cross to the task
 thread in offset order, every chunk that is already done in one hand-over (one thread wake-up per
 group, not per PULL); the task thread cuts the raw bodies into Arrow columns (``arrow.BatchBuilder``)
 and yields a RecordBatch every ``ARROW_BATCH_ROWS`` rows or ``ARROW_BATCH_BYTES`` raw bytes.
@@ -52,8 +57,10 @@ ARROW_BATCH_ROWS = 32_768
 ARROW_BATCH_BYTES = 64 * 1024 * 1024
 #: Pause before re-pulling an offset that was not readable yet.
 RETRY_BACKOFF_S = 0.05
-#: Chunks decoded but not yet consumed, per pipeline slot (bounds executor memory).
-BUFFERED_CHUNKS_PER_SLOT = 2
+#: Raw PULL bytes handed to the task thread and not decoded yet above which no new chunk starts.
+BUFFER_MAX_BYTES = 32 * 1024 * 1024
+#: Raw bytes after which a chunk stops pulling (its remaining offsets are pulled as the next chunk).
+CHUNK_MAX_BYTES = 1024 * 1024
 #: With a filter (tags or SQL92) a chunk spans at least this many pulls' worth of offsets: the broker skips
 #: unmatched messages and may answer with matches beyond the chunk's end, which the chunk drops, so few long
 #: chunks pull far fewer surplus bytes than many short ones.
@@ -68,16 +75,40 @@ class PullStalledError(TimeoutError):
 
 @dataclass(slots=True)
 class Chunk:
+    """Raw PULL bodies covering offsets [lo, hi) of the planned [lo, end); hi < end when the chunk stopped
+    at ``max_bytes``."""
+
     lo: int
     hi: int
     bodies: list[bytes]
+    end: int
+    nbytes: int
+
+
+class Backlog:
+    """Raw bytes handed to the task thread and not decoded yet; each counter has a single writer thread."""
+
+    __slots__ = ("handed", "decoded")
+
+    def __init__(self) -> None:
+        self.handed = 0  # written by the loop thread
+        self.decoded = 0  # written by the task thread
+
+    @property
+    def held(self) -> int:
+        return self.handed - self.decoded
 
 
 async def pull_chunk(
-    consumer: PullConsumer, mq: MessageQueue, lo: int, hi: int, opts: ExecutorOptions
-) -> Chunk:
-    """Pull until every offset in [lo, hi) was covered; return the raw PULL bodies."""
+    consumer: PullConsumer, mq: MessageQueue, lo: int, hi: int, opts: ExecutorOptions,
+    max_bytes: int | None = None,
+) -> Chunk:  # fmt: skip
+    """Pull until every offset in [lo, hi) was covered, or until the bodies hold ``max_bytes`` (default
+    ``CHUNK_MAX_BYTES``); return the raw PULL bodies and the offset reached."""
+    if max_bytes is None:
+        max_bytes = CHUNK_MAX_BYTES
     bodies: list[bytes] = []
+    held = 0
     offset = lo
     deadline = time.monotonic() + opts.pull_timeout_ms / 1000
     where = f"{mq.topic}/{queue_key(mq.broker_name, mq.queue_id)}"
@@ -99,12 +130,15 @@ async def pull_chunk(
         if status is PullStatus.FOUND:
             if result.raw_body:
                 bodies.append(result.raw_body)
+                held += len(result.raw_body)
             if result.next_begin_offset <= offset:
                 raise PullStalledError(
                     f"{where}: FOUND at {offset} but nextBeginOffset {result.next_begin_offset}"
                 )
             offset = result.next_begin_offset
             deadline = time.monotonic() + opts.pull_timeout_ms / 1000
+            if held >= max_bytes and offset < hi:
+                return Chunk(lo, offset, bodies, hi, held)
             continue
         if status is PullStatus.OFFSET_ILLEGAL:
             if offset < result.min_offset:
@@ -133,17 +167,17 @@ async def pull_chunk(
                 f"last answer {status.name}, broker min {result.min_offset} max {result.max_offset}"
             )
         await asyncio.sleep(RETRY_BACKOFF_S)
-    return Chunk(lo, hi, bodies)
+    return Chunk(lo, hi, bodies, hi, held)
 
 
 async def _pipeline(
-    rng: QueueRange, opts: ExecutorOptions, out: queue.Queue[list[Chunk] | BaseException | None]
+    rng: QueueRange, opts: ExecutorOptions, out: queue.Queue[list[Chunk] | BaseException | None], backlog: Backlog
 ) -> None:
     """Pull the chunks of ``rng`` with bounded concurrency; put them on ``out`` in offset order,
     each put carrying every leading chunk that is already finished.
 
-    Back-pressure without cross-thread wake-ups: no new chunk starts while ``out`` holds more than
-    ``pull_pipeline_depth * BUFFERED_CHUNKS_PER_SLOT`` undecoded groups.
+    Back-pressure without cross-thread wake-ups: no new chunk starts while the task thread has more than
+    ``BUFFER_MAX_BYTES`` undecoded (``backlog``).
     """
     try:
         consumer = await runtime._started_consumer(opts)
@@ -151,22 +185,25 @@ async def _pipeline(
         step = opts.pull_batch_size
         if opts.sub_expression.strip() not in ("", "*"):
             step = max(step * FILTERED_CHUNK_PULLS, -(-rng.size // opts.pull_pipeline_depth))
-        max_buffered = opts.pull_pipeline_depth * BUFFERED_CHUNKS_PER_SLOT
         pending: list[asyncio.Task[Chunk]] = []
         lo = rng.start
         try:
             while lo < rng.end or pending:
                 while lo < rng.end and len(pending) < opts.pull_pipeline_depth:
-                    if out.qsize() > max_buffered and pending:
+                    if backlog.held > BUFFER_MAX_BYTES and pending:
                         break
                     hi = min(lo + step, rng.end)
                     pending.append(asyncio.ensure_future(pull_chunk(consumer, mq, lo, hi, opts)))
                     lo = hi
-                while out.qsize() > max_buffered:
+                while backlog.held > BUFFER_MAX_BYTES:
                     await asyncio.sleep(BACKPRESSURE_POLL_S)
                 ready = [await pending.pop(0)]
-                while pending and pending[0].done():
+                while ready[-1].hi == ready[-1].end and pending and pending[0].done():
                     ready.append(pending.pop(0).result())
+                last = ready[-1]
+                if last.hi < last.end:  # stopped at CHUNK_MAX_BYTES: its rest is next in line
+                    pending.insert(0, asyncio.ensure_future(pull_chunk(consumer, mq, last.hi, last.end, opts)))
+                backlog.handed += sum(chunk.nbytes for chunk in ready)
                 out.put(ready)
         finally:
             for task in pending:
@@ -184,7 +221,8 @@ def read_range(rng: QueueRange, opts: ExecutorOptions) -> Iterator[pa.RecordBatc
         return
     tags = parse_sub_expression(opts.sub_expression) if opts.expression_type == EXPRESSION_TYPE_TAG else None
     out: queue.Queue[list[Chunk] | BaseException | None] = queue.Queue()
-    future = runtime.submit(_pipeline(rng, opts, out))
+    backlog = Backlog()
+    future = runtime.submit(_pipeline(rng, opts, out, backlog))
     builder = BatchBuilder()
     try:
         while True:
@@ -196,6 +234,7 @@ def read_range(rng: QueueRange, opts: ExecutorOptions) -> Iterator[pa.RecordBatc
             for chunk in item:
                 for body in chunk.bodies:
                     builder.append_raw(body, rng.broker_name, chunk.lo, chunk.hi, tags)
+                backlog.decoded += chunk.nbytes
                 if len(builder) >= ARROW_BATCH_ROWS or builder.nbytes >= ARROW_BATCH_BYTES:
                     yield builder.flush()
         if len(builder):

@@ -29,7 +29,7 @@ Source options (names follow Spark's Kafka source, queue identity follows Rocket
 | failOnDataLoss         | true                                      | both   | fail (true) or warn and skip (false)            |
 | subExpression          | ``*``                                     | both   | tag filter ``a || b``, or a SQL92 selector      |
 | expressionType         | TAG                                       | both   | TAG, or SQL92 (filtered by the broker)          |
-| pullBatchSize          | 32                                        | both   | max messages asked per PULL request             |
+| pullBatchSize          | 1024                                      | both   | max messages asked per PULL request             |
 | pullTimeoutMs          | 10000                                     | both   | timeout of one PULL / metadata request          |
 | pullPipelineDepth      | 32                                        | both   | concurrent PULL requests per task               |
 | readFromSlave          | whenMasterDown                            | both   | never, whenMasterDown, prefer                   |
@@ -66,7 +66,8 @@ from ferrymq.errors import ConfigError
 EARLIEST = -2
 LATEST = -1
 
-DEFAULT_PULL_BATCH_SIZE = 32
+#: offsets one pipeline slot covers (a chunk; a broker answers at most its per-pull caps, see docs/spark.md)
+DEFAULT_PULL_BATCH_SIZE = 1024
 MAX_PULL_BATCH_SIZE = 10_000
 DEFAULT_PULL_TIMEOUT_MS = 10_000
 DEFAULT_PULL_PIPELINE_DEPTH = 32
