@@ -179,6 +179,16 @@ def test_new_uniq_keys_shape() -> None:
     assert (int(after[28:], 16) - counters[-1]) & 0xFFFF == 1
 
 
+def test_new_uniq_keys_reads_the_clock_once_per_block_of_4096() -> None:
+    """A Spark batch of 10 000 rows takes 3 blocks, not 10 000 single keys (each reading the clock)."""
+    keys = new_uniq_keys(10_000)
+    assert len(set(keys)) == 10_000 and all(_KEY.fullmatch(k) for k in keys)
+    counters = [int(k[28:], 16) for k in keys]
+    assert all((b - a) & 0xFFFF == 1 for a, b in zip(counters, counters[1:], strict=False))
+    for block in (keys[:4096], keys[4096:8192], keys[8192:]):
+        assert len({k[20:28] for k in block}) == 1
+
+
 def test_batch_checks_still_raise() -> None:
     p = Producer("127.0.0.1:9876", "g")
     with pytest.raises(ClientError, match="same topic"):

@@ -156,7 +156,7 @@ def new_uniq_key(client_ip: str = "127.0.0.1") -> str:
     return head[0] + _HEX_BYTE[counter >> 8] + _HEX_BYTE[counter & 0xFF]
 
 
-#: above this many keys per call, ``new_uniq_keys`` makes them one by one (the clock read per key)
+#: keys per clock read in ``new_uniq_keys`` (a block never spans more than a sixteenth of the 16-bit counter)
 _BULK_UNIQ_MAX = 4096
 
 
@@ -178,11 +178,17 @@ def _uniq_key_block(n: int, client_ip: str) -> tuple[str, str]:
 
 
 def new_uniq_keys(n: int, client_ip: str = "127.0.0.1") -> list[str]:
-    """``n`` keys as ``new_uniq_key`` makes them, the clock read once (the counter still counts per key)."""
-    if n <= 1 or n > _BULK_UNIQ_MAX:
-        return [new_uniq_key(client_ip) for _ in range(n)]
-    prefix, counters = _uniq_key_block(n, client_ip)
-    return list(map(prefix.__add__, map(counters.__getitem__, _hex4_slices(n))))
+    """``n`` keys as ``new_uniq_key`` makes them, the clock read once per block of ``_BULK_UNIQ_MAX`` keys (the
+    counter still counts per key)."""
+    keys: list[str] = []
+    for start in range(0, n, _BULK_UNIQ_MAX):
+        m = min(_BULK_UNIQ_MAX, n - start)
+        if m == 1:
+            keys.append(new_uniq_key(client_ip))
+            continue
+        prefix, counters = _uniq_key_block(m, client_ip)
+        keys += map(prefix.__add__, map(counters.__getitem__, _hex4_slices(m)))
+    return keys
 
 
 class Producer:
