@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -122,3 +123,19 @@ async def test_periodic_sync_and_unreachable_master(
     finally:
         await sync.stop()
         await ctrl.pool.close()
+
+
+@pytest.mark.parametrize("yields", [0, 1, 2, 3])
+async def test_stop_returns_when_a_master_change_races_it(yields: int) -> None:
+    """A broker becoming master stops its slave sync right after the master address changed (which wakes the
+    sync loop). On Python 3.11 the loop's asyncio.wait_for swallowed that cancel and stop() never returned:
+    a controller-mode master then held its role lock forever, sent no heartbeat and lost its lease."""
+    sync = SlaveSynchronize(SimpleNamespace(broker_addr="127.0.0.1:2", pool=None, config=None))
+    sync.first_delay_ms = 60_000
+    await sync.start()
+    await asyncio.sleep(0)  # the loop now waits for a wake-up
+    sync.master_addr = "127.0.0.1:1"  # sets the wake-up event
+    for _ in range(yields):
+        await asyncio.sleep(0)
+    await asyncio.wait_for(sync.stop(), 5)
+    assert sync._task is None

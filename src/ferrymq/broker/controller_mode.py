@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ferrymq.common.aio import wait_event
 from ferrymq.ha.auto_client import AutoSwitchHAClient
 from ferrymq.ha.auto_master import AutoSwitchHAMaster
 from ferrymq.ha.epoch import EpochFile
@@ -193,10 +194,7 @@ class ControllerRole:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("controller heartbeat failed: %s", self.last_error)
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), period_s)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, period_s)
 
     def _heartbeat_request(self) -> RemotingCommand:
         broker = self.broker

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ferrymq.broker.config_file import JsonPersisted
+from ferrymq.common.aio import wait_event
 from ferrymq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
@@ -138,10 +139,7 @@ class ScheduleMessageService(JsonPersisted):
                 log.exception("delay delivery failed")
                 delay_ms = ERROR_BACKOFF_MS
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay_ms / 1000)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, delay_ms / 1000)
 
     def start(self) -> None:
         if self._task is not None and not self._task.done():

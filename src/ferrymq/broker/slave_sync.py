@@ -28,6 +28,7 @@ import logging
 from typing import Any
 
 from ferrymq.broker.processors.admin import KNOWN_VERSION_FIELD, UNCHANGED_FIELD
+from ferrymq.common.aio import wait_event
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
@@ -120,11 +121,7 @@ class SlaveSynchronize:
         next_full = loop.time() + self.first_delay_ms / 1000.0
         next_offsets = loop.time()
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), METADATA_POLL_MS / 1000.0)
-                woken = True
-            except TimeoutError:
-                woken = False
+            woken = await wait_event(self._wake, METADATA_POLL_MS / 1000.0)
             self._wake.clear()
             now = loop.time()
             try:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ferrymq.broker.config import BrokerConfig, BrokerRole, FlushDiskType
 from ferrymq.broker.flush import FlushService
+from ferrymq.common import aio
 from ferrymq.common.message import MessageExtBrokerInner
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ class MessageWriter:
         if self.sync_flush:
             fut = self._flush.request_flush(end)
             try:
-                ok = await asyncio.wait_for(fut, self._config.sync_flush_timeout_ms / 1000)
+                ok = await aio.wait_for(fut, self._config.sync_flush_timeout_ms / 1000)
             except TimeoutError:
                 ok = False
             if not ok:

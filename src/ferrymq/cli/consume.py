@@ -9,6 +9,7 @@ import click
 
 from ferrymq.client import ConsumeStatus, MessageExt, PushConsumer
 from ferrymq.client._cli import message_row, namesrv_option, run
+from ferrymq.common.aio import wait_event
 
 
 @click.command("consume")
@@ -50,10 +51,7 @@ def command(namesrv: str, topic: str, group: str, expression: str, count: int, f
         await consumer.start()
         try:
             if timeout_s:
-                try:
-                    await asyncio.wait_for(done.wait(), timeout_s)
-                except TimeoutError:
-                    pass
+                await wait_event(done, timeout_s)
             else:
                 await done.wait()
         finally:

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -27,6 +26,7 @@ from ferrymq.client import api, routes
 from ferrymq.client.config import CLIENT_LANGUAGE, CLIENT_VERSION, ClientConfig
 from ferrymq.client.jsonmq import dumps_mq_keys
 from ferrymq.client.request_reply import ReplyWaiters
+from ferrymq.common.aio import wait_event
 from ferrymq.common.route import MASTER_ID, MessageQueue, TopicRouteData
 from ferrymq.errors import ClientError, ConnectError, RemotingError, TopicNotExistError
 from ferrymq.remoting import jsonx, signature
@@ -318,8 +318,7 @@ class ClientInstance:
         while not self.closing:
             interval_ms = (DOWN_BROKER_ROUTE_RETRY_MS if self._down_brokers
                            else self.config.poll_name_server_interval_ms)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._refresh_now.wait(), interval_ms / 1000)
+            await wait_event(self._refresh_now, interval_ms / 1000)
             self._refresh_now.clear()
             await self.refresh_all_routes()
             self._down_brokers = {a for a in self._down_brokers if self._is_broker_addr(a)}

@@ -43,7 +43,7 @@ from ferrymq.client.fault import LatencyFaultTolerance
 from ferrymq.client.instance import ClientInstance
 from ferrymq.client.selectors import RoundRobin
 from ferrymq.client.values import SendResult
-from ferrymq.common import message_codec
+from ferrymq.common import aio, message_codec
 from ferrymq.common.message import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -667,7 +667,7 @@ class Producer:
             await self.send(msg, timeout_ms=remaining_ms)
             remaining_s = max(deadline - time.monotonic(), 0.0)
             try:
-                return await asyncio.wait_for(waiter, remaining_s)
+                return await aio.wait_for(waiter, remaining_s)
             except TimeoutError:
                 raise RequestTimeoutError(
                     f"no reply to the request sent to {msg.topic} (CORRELATION_ID {correlation_id}) within "

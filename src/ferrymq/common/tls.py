@@ -37,6 +37,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ferrymq.common import aio
 from ferrymq.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -328,7 +329,7 @@ class Listener:
         loop.add_reader(fd, on_readable)
         wait_ms = self._silent_means_plain_ms or self._first_byte_timeout_ms
         try:
-            await asyncio.wait_for(readable, wait_ms / 1000)
+            await aio.wait_for(readable, wait_ms / 1000)
         except TimeoutError:
             if self._silent_means_plain_ms is not None:
                 return _SILENT

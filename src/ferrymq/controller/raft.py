@@ -37,6 +37,7 @@ import orjson
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
 
+from ferrymq.common import aio
 from ferrymq.controller.state import CommandResult, ControllerState, GroupState, Status, apply_command
 from ferrymq.errors import ConfigError, FerryError
 
@@ -274,7 +275,7 @@ class RaftNode:
 
         self._replicated.command(cmd, callback=callback)
         try:
-            return await asyncio.wait_for(fut, timeout_ms / 1000)
+            return await aio.wait_for(fut, timeout_ms / 1000)
         except TimeoutError:
             raise RaftTimeoutError(f"raft command {cmd.get('op')} not committed within {timeout_ms} ms") from None
 

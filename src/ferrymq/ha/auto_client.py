@@ -20,7 +20,8 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from ferrymq.common import tls
+from ferrymq.common import aio, tls
+from ferrymq.common.aio import wait_event
 from ferrymq.errors import ProtocolError
 from ferrymq.ha import auto_codec as codec
 from ferrymq.ha.epoch import EpochFile
@@ -127,14 +128,11 @@ class AutoSwitchHAClient:
                 self._session = None
             if self._changed.is_set():
                 continue
-            try:
-                await asyncio.wait_for(self._changed.wait(), self.reconnect_interval_ms / 1000)
-            except TimeoutError:
-                pass
+            await wait_event(self._changed, self.reconnect_interval_ms / 1000)
 
     async def _one_session(self, addr: str) -> None:
         host, _, port = addr.rpartition(":")
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(
+        reader, writer = await aio.wait_for(asyncio.open_connection(
             host, int(port), ssl=self.ssl_context, server_hostname=tls.server_hostname(self.ssl_context, host)), CONNECT_TIMEOUT_MS / 1000)
         try:
             await self._handshake(reader, writer)

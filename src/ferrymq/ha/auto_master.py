@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.common import aio
+from ferrymq.common.aio import wait_event
 from ferrymq.common.tls import SILENT_MEANS_PLAIN_MS, Listener, TlsServerSettings
 from ferrymq.errors import ProtocolError
 from ferrymq.ha import auto_codec as codec
@@ -383,7 +385,7 @@ class AutoSwitchHAMaster:
         assert task is not None
         self._conn_tasks.add(task)
         try:
-            slave = await asyncio.wait_for(self._handshake(reader, writer), HANDSHAKE_TIMEOUT_MS / 1000)
+            slave = await aio.wait_for(self._handshake(reader, writer), HANDSHAKE_TIMEOUT_MS / 1000)
         except (TimeoutError, ProtocolError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             log.warning("HA handshake from %s failed: %s", writer.get_extra_info("peername"), exc)
             writer.close()
@@ -509,9 +511,7 @@ class AutoSwitchHAMaster:
                 if not self._push_available(slave):
                     await writer.drain()
                     continue
-                try:
-                    await asyncio.wait_for(slave.wake.wait(), heartbeat_s)
-                except TimeoutError:
+                if not await wait_event(slave.wake, heartbeat_s):
                     writer.write(codec.encode_transfer_header(self.epoch_file.last_epoch(), 0, 0,
                                                               slave.next_phy_offset, self.confirm_offset, 0))
                     await writer.drain()

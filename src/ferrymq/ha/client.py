@@ -34,7 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ferrymq.common import tls
+from ferrymq.common import aio, tls
+from ferrymq.common.aio import wait_event
 from ferrymq.ha import auth
 from ferrymq.ha.config import (
     DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -165,10 +166,7 @@ class HAClient:
     # ---- loop ----------------------------------------------------------------------------------
     async def _sleep_or_change(self, delay_ms: int) -> None:
         """Sleep ``delay_ms`` or until the master address changes (or stop)."""
-        try:
-            await asyncio.wait_for(self._changed.wait(), delay_ms / 1000.0)
-        except TimeoutError:
-            pass
+        await wait_event(self._changed, delay_ms / 1000.0)
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -179,7 +177,7 @@ class HAClient:
                 continue
             host, port = parse_addr(addr)
             try:
-                transport, link = await asyncio.wait_for(self._connect(host, port), self.connect_timeout_ms / 1000.0)
+                transport, link = await aio.wait_for(self._connect(host, port), self.connect_timeout_ms / 1000.0)
             except (OSError, TimeoutError, auth.HAAuthError) as exc:
                 if isinstance(exc, auth.HAAuthError):
                     log.error("HA authentication with master %s failed: %s", addr, exc)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ferrymq.common import tls
+from ferrymq.common import aio, tls
 from ferrymq.errors import (
     ConnectError,
     ConnectionClosedError,
@@ -473,7 +473,7 @@ async def connect(
     loop = asyncio.get_running_loop()
     ctx = ssl_context or tls.default_client_context()
     try:
-        _, proto = await asyncio.wait_for(
+        _, proto = await aio.wait_for(
             loop.create_connection(lambda: Connection(dispatcher, on_close=on_close), host, port, ssl=ctx,
                                    server_hostname=tls.server_hostname(ctx, host)),
             timeout_ms / 1000,

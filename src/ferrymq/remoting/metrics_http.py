@@ -19,6 +19,8 @@ import logging
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ferrymq.common import aio
+
 log = logging.getLogger(__name__)
 
 METRICS_PATH = "/metrics"
@@ -50,7 +52,7 @@ class MetricsServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), METRICS_READ_TIMEOUT_S)
+                head = await aio.wait_for(reader.readuntil(b"\r\n\r\n"), METRICS_READ_TIMEOUT_S)
             except asyncio.LimitOverrunError:
                 head = b""
             except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from ferrymq.client.consumer.pull import PullConsumer
 from ferrymq.client.producer import Producer
+from ferrymq.common import aio
 from ferrymq.common.route import MessageQueue
 from ferrymq.errors import BrokerError, ClientError, FerryError
 from ferrymq.remoting import jsonx
@@ -116,7 +117,7 @@ async def _close_all() -> None:
     _producers.clear()
     for client in clients:
         try:
-            await asyncio.wait_for(client.close(), 5)
+            await aio.wait_for(client.close(), 5)
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
 

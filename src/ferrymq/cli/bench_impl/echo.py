@@ -19,6 +19,7 @@ import struct
 import time
 from typing import Any
 
+from ferrymq.common import aio
 from ferrymq.remoting.codec import FrameDecoder, RemotingCommand, encode
 
 _LEN = struct.Struct(">i")
@@ -147,7 +148,7 @@ async def load(spec: dict[str, Any], ctl: Any) -> dict[str, Any]:
     await asyncio.sleep(spec["warmup_s"])
     c0 = sum(c.count for c in clients)
     t1 = time.monotonic()
-    await asyncio.wait_for(asyncio.gather(*(c.done for c in clients)), spec["duration_s"] + 30)
+    await aio.wait_for(asyncio.gather(*(c.done for c in clients)), spec["duration_s"] + 30)
     t2 = time.monotonic()
     c2 = sum(c.count for c in clients)
     for c in clients:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from ferrymq.common.aio import wait_event
 from ferrymq.common.message import MessageExt
 from ferrymq.common.route import MessageQueue
 
@@ -59,10 +60,7 @@ class ProcessQueue:
 
     async def wait_change(self, timeout_s: float) -> None:
         self._changed.clear()
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
-        except TimeoutError:
-            pass
+        await wait_event(self._changed, timeout_s)
 
     def wake(self) -> None:
         """Wake ``wait_change`` waiters without dropping the queue (the consumer is closing)."""

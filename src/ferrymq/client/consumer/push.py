@@ -25,7 +25,6 @@ fills the queue's ProcessQueue (paused while it holds ``pull_threshold_for_queue
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import os
@@ -42,6 +41,7 @@ from ferrymq.client.consumer.rebalance import allocate_averagely
 from ferrymq.client.instance import Backoff, ClientInstance, cancel_and_wait
 from ferrymq.client.selectors import MessageSelector, as_message_selector
 from ferrymq.client.values import ConsumeFromWhere, ConsumeStatus, MessageModel, PullStatus
+from ferrymq.common.aio import wait_event
 from ferrymq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_MAX_RECONSUME_TIMES,
@@ -338,8 +338,7 @@ class PushConsumer(ConsumerBase):
     # ---- rebalance ---------------------------------------------------------------------------------------------------
     async def _rebalance_loop(self) -> None:
         while not self._closing:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._rebalance_event.wait(), self.rebalance_interval_ms / 1000)
+            await wait_event(self._rebalance_event, self.rebalance_interval_ms / 1000)
             self._rebalance_event.clear()
             if self._closing:
                 return
