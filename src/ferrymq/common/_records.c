@@ -28,6 +28,21 @@
  * Properties are ``name 0x01 value`` items joined by 0x02. ``repeated`` (the tenth item of the result) is 1 when
  * some record names a property twice (items without a name or without 0x01 do not count, as the decoders
  * drop them): a map column would keep both, so the caller decodes that body row by row.
+ *
+ * build_columns output (Arrow's layouts, little-endian as Arrow; n = records, m = named property items):
+ *
+ * | item        | buffers                                        | per record                                |
+ * |-------------|------------------------------------------------|-------------------------------------------|
+ * | value       | int32 offsets (n + 1), data, validity or None  | BODY                                      |
+ * | topic       | same                                           | TOPIC                                     |
+ * | key         | same (validity bit 0 = null)                   | KEYS value, null when absent              |
+ * | tags        | same                                           | TAGS value, null when absent              |
+ * | msg_id      | same                                           | UNIQ_KEY, else hex(STOREHOST, PHYSICALOFFSET) |
+ * | map_offsets | int32 (n + 1)                                  | first item of the record in map_keys      |
+ * | map_keys    | int32 offsets (m + 1), data, None              | item names                                |
+ * | map_values  | int32 offsets (m + 1), data, None              | item values                               |
+ * | born_us     | int64 (n)                                      | BORNTIMESTAMP * 1000                      |
+ * | store_us    | int64 (n)                                      | STORETIMESTAMP * 1000                     |
  */
 
 #define PY_SSIZE_T_CLEAN

@@ -18,6 +18,9 @@ built and ``FERRYMQ_PURE_PYTHON`` is not set; ``_scan_python`` below is the refe
 | store_hosts    | 8 bytes               | STOREHOST (IPv4 + port), for the offset msgId                       |
 | keep           | uint8                 | 1 when start <= QUEUEOFFSET < end                                   |
 | repeated       | int (whole body)      | 1 when some record names a property twice (named items only)        |
+
+``build_columns`` (C only; ``spark/arrow.py`` builds the same columns with Arrow kernels without it) turns the
+concatenated bodies and the scans' arrays into Arrow buffers, layout in ``_records.c``.
 """
 
 from __future__ import annotations
