@@ -45,3 +45,17 @@ async def test_pull_offset_moved_and_unknown_topic(broker, client: Client) -> No
     assert got.code == R.PULL_OFFSET_MOVED and got.ext_fields["nextBeginOffset"] == "0"
     got = await client.call(11, pull("NoSuchTopic", sys_flag=4))
     assert got.code == R.TOPIC_NOT_EXIST
+
+
+def test_a_subscription_to_every_tag_reaches_the_store_without_a_filter() -> None:
+    """"*" (and an empty expression) means no filter for the store, so its pull scan can run natively."""
+    from types import SimpleNamespace
+
+    from ferrymq.broker.processors.pull import PullProcessor
+    from ferrymq.store.filter import TagFilter
+
+    proc = PullProcessor(SimpleNamespace(config=SimpleNamespace(enable_property_filter=False)))  # type: ignore[arg-type]
+    for expression in ("*", " * ", "", None):
+        assert proc._build_filter("TAG", expression, R.SUBSCRIPTION_PARSE_FAILED, "") is None
+    tagged = proc._build_filter("TAG", "a || b", R.SUBSCRIPTION_PARSE_FAILED, "")
+    assert isinstance(tagged, TagFilter) and tagged.tags == frozenset({"a", "b"})

@@ -33,7 +33,7 @@ from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE, StoreConfig
 from ferrymq.store.consume_queue import BLANK_SIZE, UNIT, ConsumeQueue
 from ferrymq.store.dispatch import index_keys_of
-from ferrymq.store.filter import MessageFilter, TagFilter
+from ferrymq.store.filter import MessageFilter
 from ferrymq.store.index import IndexService
 from ferrymq.store.queue_table import ConsumeQueueTable
 from ferrymq.store.results import GetMessageResult, GetMessageStatus, QueryMessageResult
@@ -41,7 +41,6 @@ from ferrymq.store.speedups import NATIVE
 from ferrymq.store.speedups import crc32 as _crc32
 
 _verify_unpack = VERIFY_V4.unpack_from
-_phy_of_unit = struct.Struct(">q").unpack_from
 _MAGIC = MESSAGE_MAGIC_CODE
 _CRC_MASK = CRC_MASK
 _HOST_V6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
@@ -142,13 +141,12 @@ class StoreReader:
         i = 0
         n = len(units)
         c = self.config
-        match_all = mfilter is None or (isinstance(mfilter, TagFilter) and mfilter.match_all)
-        native = self.native_scan if match_all else None
+        native = self.native_scan if mfilter is None else None
         while i < n:
             if native is not None and next_file_start == _LONG_MIN:
                 # the plain units of one segment in C; the unit it stops at (next segment, answer full,
                 # a record that fails the fast check) takes one turn of the loop below
-                mf = cl.mfq.find(_phy_of_unit(units, i)[0])
+                mf = cl.mfq.find(UNIT.unpack_from(units, i)[0])
                 if mf is not None:
                     taken = len(buffers)
                     i_next, total_bytes, last_phy = native(

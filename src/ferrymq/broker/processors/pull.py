@@ -22,7 +22,7 @@ from ferrymq.errors import ProtocolError
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
-from ferrymq.store.filter import MessageFilter, SqlFilter, TagFilter
+from ferrymq.store.filter import MessageFilter, SqlFilter, TagFilter, parse_subscription
 
 if TYPE_CHECKING:
     from ferrymq.broker.app import BrokerController
@@ -121,10 +121,11 @@ class PullProcessor:
         return cmd.response(code, header, body, remark=result.status.name)
 
     def _build_filter(self, expression_type: str, expression: str | None, parse_failed: R,
-                      parse_failed_remark: str) -> MessageFilter | tuple[R, str]:
-        """The filter of a subscription, or (code, remark) when it cannot be served."""
+                      parse_failed_remark: str) -> MessageFilter | None | tuple[R, str]:
+        """The filter of a subscription (None: it takes every message, e.g. "*"), or (code, remark) when it
+        cannot be served."""
         if is_tag_type(expression_type):
-            return TagFilter(expression)
+            return None if parse_subscription(expression) is None else TagFilter(expression)
         if expression_type.upper() != EXPRESSION_TYPE_SQL92 or not self.ctx.config.enable_property_filter:
             return R.SYSTEM_ERROR, (f"The broker does not support consumer to filter message by {expression_type}"
                                     + ("" if expression_type.upper() != EXPRESSION_TYPE_SQL92 else
