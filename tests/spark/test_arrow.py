@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 import zlib
 
 import pytest
@@ -22,6 +21,7 @@ from ferrymq.common.message_codec import RecordFormatError, decode_record, encod
 from ferrymq.spark import arrow
 from ferrymq.spark.arrow import ARROW_SCHEMA, BatchBuilder, RowBuilder, batch_from_records
 from ferrymq.spark.source import source_schema
+from support.native import require_built
 
 pytestmark = pytest.mark.spark
 
@@ -212,11 +212,7 @@ def _has_repeat(props: str) -> bool:
 @pytest.fixture
 def build_columns() -> object:
     """The C pass; a failure under CI (which builds it), a skip elsewhere when it was not built."""
-    if arrow._BUILD_COLUMNS is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("ferrymq.common._records was not built (CI must build the C extensions)")
-        pytest.skip("ferrymq.common._records not built here")
-    return arrow._BUILD_COLUMNS
+    return require_built(arrow._BUILD_COLUMNS, "ferrymq.common._records")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -105,3 +105,11 @@ def assert_cqs_match_commit_log(store: MessageStore, check_crc: bool = True) -> 
         for qid in qids:
             if (topic, qid) not in expected:
                 assert store.get_max_offset_in_queue(topic, qid) == store.get_min_offset_in_queue(topic, qid)
+
+
+def flip_byte(store: MessageStore, phy_offset: int, rel: int) -> None:
+    """Damage the commit log in place: flip bit 6 of the byte ``rel`` bytes into the record at ``phy_offset``."""
+    mf = store.commit_log.mfq.find(phy_offset)
+    assert mf is not None
+    pos = phy_offset - mf.file_from_offset + rel
+    mf.write_at(pos, bytes([mf.mm[pos] ^ 0x40]))

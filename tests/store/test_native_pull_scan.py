@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 from dispatch_streams import RecordSpec, build_stream
-from store_helpers import CL_SEGMENT, scan_records
+from store_helpers import CL_SEGMENT, flip_byte, scan_records
 
 from ferrymq.store import GetMessageResult, MessageStore
 from ferrymq.store.consume_queue import BLANK_SIZE, UNIT
@@ -45,13 +45,6 @@ def _fill(store: MessageStore, rng: random.Random, n: int) -> list[int]:
     phys = [phy for phy, *_ in scan_records(store)]
     assert len(phys) == n
     return phys
-
-
-def _damage(store: MessageStore, phy: int, rel: int) -> None:
-    mf = store.commit_log.mfq.find(phy)
-    assert mf is not None
-    pos = phy - mf.file_from_offset + rel
-    mf.write_at(pos, bytes([mf.mm[pos] ^ 0x40]))
 
 
 def _answer(store: MessageStore, queue_id: int, queue_offset: int, max_msg_nums: int) -> tuple[object, ...]:
@@ -90,7 +83,7 @@ def test_native_pull_scan_answers_as_the_python_loop(
     for rel in (88 + 1, 8, 4, 0, 30, 86):
         victim = rng.randrange(len(phys))
         if victim % 9 != 4:
-            _damage(store, phys[victim], rel)
+            flip_byte(store, phys[victim], rel)
     assert _compare_every_pull(store) > 200
     # the head of the commit log cut off (as retention does): records before it are gone for both loops
     store.commit_log.data_start_phy_offset = phys[len(phys) // 3]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from store_helpers import inner
+from store_helpers import flip_byte, inner
 
 from ferrymq.common.message_codec import iter_records, verify_stored_record
 from ferrymq.store import GetMessageStatus, MessageStore
@@ -24,13 +24,6 @@ def _fill(store: MessageStore, n: int) -> list[int]:
         offsets.append(r.append_result.wrote_offset)
     store.reput()
     return offsets
-
-
-def _flip(store: MessageStore, phy: int, rel: int) -> None:
-    mf = store.commit_log.mfq.find(phy)
-    assert mf is not None
-    pos = phy - mf.file_from_offset + rel
-    mf.write_at(pos, bytes([mf.mm[pos] ^ 0x40]))
 
 
 def _pull_all(store: MessageStore) -> tuple[list[int], list[GetMessageStatus]]:
@@ -57,7 +50,7 @@ def test_damaged_record_in_an_old_segment_is_never_served(open_store: Opener, re
     assert len(store.commit_log.mfq.files) >= 4
     victims = [3, 150, 151, 399]  # the first segment, two neighbours in the middle, the last record
     for q in victims:
-        _flip(store, offsets[q], rel)
+        flip_byte(store, offsets[q], rel)
     got, _ = _pull_all(store)
     assert got == [q for q in range(400) if q not in victims]
     assert store.reader.corrupt_record_total >= len(victims)
@@ -71,7 +64,7 @@ def test_a_pull_of_only_damaged_records_says_so_and_moves_on(open_store: Opener)
     store = open_store()
     offsets = _fill(store, 10)
     for q in range(5, 10):
-        _flip(store, offsets[q], 88)
+        flip_byte(store, offsets[q], 88)
     res = store.get_message("g", "TopicA", 0, 0, 32, None)
     assert res.status is GetMessageStatus.FOUND and res.queue_offsets == [0, 1, 2, 3, 4]
     res = store.get_message("g", "TopicA", 0, 5, 32, None)

@@ -1,5 +1,5 @@
-"""The store's optional C extension in tests: present, or a failure under CI (CI=true) and a skip
-elsewhere — so a broken build cannot pass CI as if the native paths had been tested."""
+"""The optional C extensions in tests: present, or a failure under CI (CI=true) and a skip elsewhere — so a
+broken build cannot pass CI as if the native paths had been tested."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ import pytest
 from ferrymq.store import speedups
 
 
+def require_built(native: Any, name: str) -> Any:
+    """``native`` (a built extension or one of its functions); None fails under CI and skips elsewhere."""
+    if native is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{name} was not built (CI must build the C extensions)")
+        pytest.skip(f"{name} not built here")
+    return native
+
+
 def require_extension() -> Any:
     """The built ``ferrymq.store._speedups`` module."""
-    if speedups.EXTENSION is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("ferrymq.store._speedups was not built (CI must build the C extension)")
-        pytest.skip("ferrymq.store._speedups not built here")
-    return speedups.EXTENSION
+    return require_built(speedups.EXTENSION, "ferrymq.store._speedups")
