@@ -225,6 +225,15 @@ def spark_session(master: str) -> Any:
     return spark
 
 
+def tear_down(spark: Any, cluster: LocalCluster | None, base: Path) -> None:
+    """Stop the SparkSession and the started processes (either may be None), remove the temp dir."""
+    if spark is not None:
+        spark.stop()
+    if cluster is not None:
+        cluster.close()
+    shutil.rmtree(base, ignore_errors=True)
+
+
 def stage_breakdown(opts: dict[str, str]) -> tuple[int, float, float]:
     """The connector's own work without Spark, in this process: (rows, seconds pulling and decoding every
     planned range one after the other, seconds of the decoding alone on the same raw PULL bodies)."""
@@ -391,11 +400,7 @@ def main() -> int:
               f" parquet source to noop: {pq_noop:.2f} s, {pq_noop / rows_noop:.2f}x)")
         return 0
     finally:
-        if spark is not None:
-            spark.stop()
-        if cluster is not None:
-            cluster.close()
-        shutil.rmtree(base, ignore_errors=True)
+        tear_down(spark, cluster, base)
 
 
 if __name__ == "__main__":

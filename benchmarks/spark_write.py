@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from spark_read import LocalCluster, create_topic, spark_session  # noqa: E402 - the shared cluster helpers
+from spark_read import LocalCluster, create_topic, spark_session, tear_down  # noqa: E402 - the shared cluster helpers
 
 MB = 1_000_000
 
@@ -87,11 +87,7 @@ def main() -> int:
         print(f"rows of {args.size} B{' with a key' if args.key else ''}, {args.partitions} writer tasks, "
               f"{args.master}; MB = 10^6 bytes of message bodies")
     finally:
-        if spark is not None:
-            spark.stop()
-        if cluster is not None:
-            cluster.close()
-        shutil.rmtree(base, ignore_errors=True)
+        tear_down(spark, cluster, base)
     return 0
 
 
