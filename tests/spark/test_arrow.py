@@ -252,3 +252,30 @@ def test_c_columns_equal_the_kernel_columns(build_columns: object, records: list
     assert native.schema.equals(ARROW_SCHEMA)
     native.validate(full=True)
     assert native.equals(kernel), (native.to_pylist(), kernel.to_pylist())
+
+
+def _build(build: object, bodies: list[bytes]) -> tuple[object, ...]:
+    """build_columns over ``bodies`` with the scans' arrays of their concatenation."""
+    from array import array
+
+    from ferrymq.common.records import scan_pull_body
+
+    joined = b"".join(bodies)
+    scan = scan_pull_body(joined, 0, 0, 10**9)
+    assert scan is not None
+    segs = array("q", scan.segs)
+    segs.append(len(joined))
+    return build(bodies, segs, scan.store_hosts, scan.phy_offsets, scan.born_ms, scan.store_ms)  # type: ignore[operator]
+
+
+def test_c_columns_flag_ascii_only_when_every_string_byte_is(build_columns: object) -> None:
+    assert _build(build_columns, [_raw_record(0, "KEYS\x01k\x02TAGS\x01A", "caf\u00e9 body".encode())])[-1] is True
+    assert _build(build_columns, [_raw_record(0, "KEYS\x01caf\u00e9")])[-1] is False
+
+
+def test_c_columns_read_several_bodies_and_refuse_a_record_split_between_two(build_columns: object) -> None:
+    raws = [_raw_record(i, f"KEYS\x01k{i}", f"v{i}".encode()) for i in range(3)]
+    whole = _build(build_columns, [b"".join(raws)])
+    assert _build(build_columns, [raws[0], b"", raws[1] + raws[2]]) == whole
+    with pytest.raises(ValueError, match="spans two bodies"):
+        _build(build_columns, [raws[0] + raws[1][:10], raws[1][10:] + raws[2]])

@@ -29,6 +29,10 @@
  * some record names a property twice (items without a name or without 0x01 do not count, as the decoders
  * drop them): a map column would keep both, so the caller decodes that body row by row.
  *
+ * build_columns input: the PULL bodies as a sequence of buffers (their concatenation is what ``segs`` points
+ * into; a record never spans two buffers), so the bodies are not joined first. The fill loop runs without
+ * the GIL (the buffers are pinned by their Py_buffer views; only memcpy / memchr inside).
+ *
  * build_columns output (Arrow's layouts, little-endian as Arrow; n = records, m = named property items):
  *
  * | item        | buffers                                        | per record                                |
@@ -43,6 +47,7 @@
  * | map_values  | int32 offsets (m + 1), data, None              | item values                               |
  * | born_us     | int64 (n)                                      | BORNTIMESTAMP * 1000                      |
  * | store_us    | int64 (n)                                      | STORETIMESTAMP * 1000                     |
+ * | ascii       | bool                                           | every topic and properties byte < 0x80: the string columns are valid UTF-8 |
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -246,10 +251,7 @@ static void col_free(StrCol *c) {
 /* Append one value (NULL p = a null); the data buffer was sized for the worst case. */
 static int col_add(StrCol *c, Py_ssize_t row, const uint8_t *p, Py_ssize_t n) {
     if (p != NULL) {
-        if (c->data.len + n > INT32_MAX) {
-            PyErr_SetString(PyExc_OverflowError, "build_columns: a column exceeds 2 GiB");
-            return -1;
-        }
+        if (c->data.len + n > INT32_MAX) return -1; /* no Python API here: the caller raises, with the GIL */
         memcpy(c->data.p + c->data.len, p, (size_t)n);
         c->data.len += n;
         c->valid.p[row >> 3] |= (char)(1 << (row & 7));
@@ -287,34 +289,102 @@ static PyObject *col_finish(StrCol *c) {
 
 static const char HEX[] = "0123456789ABCDEF";
 
+/* 1 when every byte of p[0:n] is below 0x80 (eight bytes at a time). */
+static int all_ascii(const uint8_t *p, Py_ssize_t n) {
+    uint64_t acc = 0, w;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        acc |= w;
+    }
+    for (; i < n; i++) acc |= p[i];
+    return (acc & 0x8080808080808080ULL) == 0;
+}
+
+/* The PULL bodies of one batch: a pinned view of each, and where each starts in their concatenation. */
+typedef struct {
+    Py_ssize_t count;
+    Py_buffer *views;
+    Py_ssize_t *starts; /* count + 1: starts[count] = total length */
+} Bodies;
+
+static void bodies_release(Bodies *b) {
+    for (Py_ssize_t i = 0; i < b->count; i++) PyBuffer_Release(&b->views[i]);
+    PyMem_Free(b->views);
+    PyMem_Free(b->starts);
+    b->count = 0;
+    b->views = NULL;
+    b->starts = NULL;
+}
+
+static int bodies_open(Bodies *b, PyObject *seq_obj) {
+    PyObject *seq = PySequence_Fast(seq_obj, "build_columns: bodies must be a sequence of buffers");
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    b->count = 0;
+    b->views = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    b->starts = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    if (b->views == NULL || b->starts == NULL) {
+        Py_DECREF(seq);
+        bodies_release(b);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &b->views[i], PyBUF_SIMPLE) < 0) {
+            Py_DECREF(seq);
+            bodies_release(b);
+            return -1;
+        }
+        b->count = i + 1;
+        b->starts[i + 1] = b->starts[i] + b->views[i].len;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
 PyDoc_STRVAR(build_columns_doc,
-"build_columns(data, segs, store_hosts, phy_offsets, born_ms, store_ms) -> tuple\n\n"
-"The Arrow buffers of the Spark source's columns for n records whose parts scan_pull_body located: data is\n"
-"the PULL bodies concatenated, segs the 6 n int64 segment starts (native order) plus the end of data.\n"
-"Returns (value, topic, key, tags, msg_id, map_offsets, map_keys, map_values, born_us, store_us): every\n"
-"string or binary column as (int32 offsets, data, validity bits or None), map_offsets int32, born_us /\n"
-"store_us int64 microseconds. key / tags = the KEYS / TAGS property (null when absent); msg_id = UNIQ_KEY,\n"
+"build_columns(bodies, segs, store_hosts, phy_offsets, born_ms, store_ms) -> tuple\n\n"
+"The Arrow buffers of the Spark source's columns for n records whose parts scan_pull_body located: bodies is\n"
+"the PULL bodies (a sequence of buffers; a record never spans two), segs the 6 n int64 segment starts\n"
+"(native order) in their concatenation plus its end.\n"
+"Returns (value, topic, key, tags, msg_id, map_offsets, map_keys, map_values, born_us, store_us, ascii):\n"
+"every string or binary column as (int32 offsets, data, validity bits or None), map_offsets int32, born_us /\n"
+"store_us int64 microseconds, ascii True when every topic and properties byte is below 0x80 (the string\n"
+"columns are then valid UTF-8). key / tags = the KEYS / TAGS property (null when absent); msg_id = UNIQ_KEY,\n"
 "else (absent or empty) the offset msgId: hex of STOREHOST and PHYSICALOFFSET. The map holds every named\n"
 "item (name 0x01 value); items without a name or without 0x01 are dropped. Assumes no record names a\n"
-"property twice (scan_pull_body's flag) and does not check UTF-8 (the caller validates the arrays).");
+"property twice (scan_pull_body's flag) and checks no UTF-8 beyond the ascii flag (the caller validates).");
 
 static PyObject *build_columns(PyObject *self, PyObject *args) {
-    Py_buffer data, segs, hosts, phys, borns, stores;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*", &data, &segs, &hosts, &phys, &borns, &stores)) return NULL;
+    PyObject *bodies_obj;
+    Py_buffer segs, hosts, phys, borns, stores;
+    if (!PyArg_ParseTuple(args, "Oy*y*y*y*y*", &bodies_obj, &segs, &hosts, &phys, &borns, &stores)) return NULL;
     PyObject *result = NULL;
+    Bodies bodies = {0};
     StrCol value = {0}, topic = {0}, key = {0}, tags = {0}, msgid = {0}, mkeys = {0}, mvals = {0};
     OutBuf moff = {0}, born_us = {0}, store_us = {0};
     Py_ssize_t n = segs.len >= 8 ? (segs.len / 8 - 1) / SEGMENTS : 0;
     const int64_t *sg = (const int64_t *)segs.buf;
-    const uint8_t *d = (const uint8_t *)data.buf;
+    if (bodies_open(&bodies, bodies_obj) < 0) goto done;
+    const Py_ssize_t total = bodies.starts[bodies.count];
     if (segs.len != (n * SEGMENTS + 1) * 8 || hosts.len < n * 8 || phys.len < n * 8 || borns.len < n * 8 ||
         stores.len < n * 8) {
         PyErr_SetString(PyExc_ValueError, "build_columns: array lengths do not match");
         goto done;
     }
     for (Py_ssize_t i = 0; i <= n * SEGMENTS; i++) {
-        if (sg[i] < 0 || sg[i] > data.len || (i && sg[i] < sg[i - 1])) {
+        if (sg[i] < 0 || sg[i] > total || (i && sg[i] < sg[i - 1])) {
             PyErr_SetString(PyExc_ValueError, "build_columns: segment offsets out of order or out of data");
+            goto done;
+        }
+    }
+    /* every record inside one body: its head and its end (the next record's head) in the same buffer */
+    for (Py_ssize_t i = 0, at = 0; i < n; i++) {
+        const int64_t *s = sg + i * SEGMENTS;
+        while (at < bodies.count && s[0] >= bodies.starts[at + 1]) at++;
+        if (at == bodies.count || s[SEGMENTS] > bodies.starts[at + 1]) {
+            PyErr_SetString(PyExc_ValueError, "build_columns: a record spans two bodies");
             goto done;
         }
     }
@@ -335,46 +405,70 @@ static PyObject *build_columns(PyObject *self, PyObject *args) {
     int32_t *mo = (int32_t *)moff.p;
     mo[0] = 0;
     Py_ssize_t items = 0;
+    int ascii = 1, overflow = 0;
     const uint8_t *hp = (const uint8_t *)hosts.buf;
     const int64_t *pp = (const int64_t *)phys.buf, *bp = (const int64_t *)borns.buf, *sp = (const int64_t *)stores.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < n && !overflow; i++) {
         const int64_t *s = sg + i * SEGMENTS;
-        if (col_add(&value, i, d + s[1], s[2] - s[1]) < 0 || col_add(&topic, i, d + s[3], s[4] - s[3]) < 0)
-            goto done;
+        while (s[0] >= bodies.starts[at + 1]) at++; /* checked above: the record lies in body ``at`` */
+        const uint8_t *d = (const uint8_t *)bodies.views[at].buf - bodies.starts[at];
+        if (col_add(&value, i, d + s[1], s[2] - s[1]) < 0 || col_add(&topic, i, d + s[3], s[4] - s[3]) < 0) {
+            overflow = 1;
+            break;
+        }
         const uint8_t *kp = NULL, *tp = NULL, *up = NULL;
         Py_ssize_t kn = 0, tn = 0, un = 0;
         const uint8_t *p = d + s[5];
-        Py_ssize_t len = s[6] - s[5], at = 0;
-        while (at < len) {
-            const uint8_t *stop = memchr(p + at, 0x02, (size_t)(len - at));
+        Py_ssize_t len = s[6] - s[5], pos = 0;
+        if (ascii) ascii = all_ascii(d + s[3], s[4] - s[3]) && all_ascii(p, len);
+        while (pos < len) {
+            const uint8_t *stop = memchr(p + pos, 0x02, (size_t)(len - pos));
             Py_ssize_t item_end = stop ? (Py_ssize_t)(stop - p) : len;
-            const uint8_t *sep = memchr(p + at, 0x01, (size_t)(item_end - at));
-            if (sep && sep > p + at) {
-                const uint8_t *name = p + at, *val = sep + 1;
+            const uint8_t *sep = memchr(p + pos, 0x01, (size_t)(item_end - pos));
+            if (sep && sep > p + pos) {
+                const uint8_t *name = p + pos, *val = sep + 1;
                 Py_ssize_t name_len = sep - name, val_len = (p + item_end) - val;
-                if (col_add(&mkeys, items, name, name_len) < 0 || col_add(&mvals, items, val, val_len) < 0)
-                    goto done;
+                if (col_add(&mkeys, items, name, name_len) < 0 || col_add(&mvals, items, val, val_len) < 0) {
+                    overflow = 1;
+                    break;
+                }
                 items++;
                 if (name_len == 4 && memcmp(name, "KEYS", 4) == 0) { kp = val; kn = val_len; }
                 else if (name_len == 4 && memcmp(name, "TAGS", 4) == 0) { tp = val; tn = val_len; }
                 else if (name_len == 8 && memcmp(name, "UNIQ_KEY", 8) == 0) { up = val; un = val_len; }
             }
-            at = item_end + 1;
+            pos = item_end + 1;
         }
         mo[i + 1] = (int32_t)items;
-        if (col_add(&key, i, kp, kn) < 0 || col_add(&tags, i, tp, tn) < 0) goto done;
+        if (overflow || col_add(&key, i, kp, kn) < 0 || col_add(&tags, i, tp, tn) < 0) {
+            overflow = 1;
+            break;
+        }
         if (up != NULL && un > 0) {
-            if (col_add(&msgid, i, up, un) < 0) goto done;
+            if (col_add(&msgid, i, up, un) < 0) {
+                overflow = 1;
+                break;
+            }
         } else {
             uint8_t raw[16], hex[32];
             memcpy(raw, hp + i * 8, 8);
             uint64_t phy = (uint64_t)pp[i];
             for (int b = 0; b < 8; b++) raw[8 + b] = (uint8_t)(phy >> (56 - 8 * b));
             for (int b = 0; b < 16; b++) { hex[2 * b] = HEX[raw[b] >> 4]; hex[2 * b + 1] = HEX[raw[b] & 15]; }
-            if (col_add(&msgid, i, hex, 32) < 0) goto done;
+            if (col_add(&msgid, i, hex, 32) < 0) {
+                overflow = 1;
+                break;
+            }
         }
         ((int64_t *)born_us.p)[i] = bp[i] * 1000;
         ((int64_t *)store_us.p)[i] = sp[i] * 1000;
+    }
+    Py_END_ALLOW_THREADS
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "build_columns: a column exceeds 2 GiB");
+        goto done;
     }
     moff.len = (n + 1) * 4;
     born_us.len = store_us.len = n * 8;
@@ -394,8 +488,8 @@ static PyObject *build_columns(PyObject *self, PyObject *args) {
     int ok = 1;
     for (int j = 0; j < 10; j++) ok = ok && parts[j] != NULL;
     if (ok) {
-        result = Py_BuildValue("(NNNNNNNNNN)", parts[0], parts[1], parts[2], parts[3], parts[4], parts[5],
-                               parts[6], parts[7], parts[8], parts[9]);
+        result = Py_BuildValue("(NNNNNNNNNNO)", parts[0], parts[1], parts[2], parts[3], parts[4], parts[5],
+                               parts[6], parts[7], parts[8], parts[9], ascii ? Py_True : Py_False);
     } else {
         for (int j = 0; j < 10; j++) Py_XDECREF(parts[j]);
     }
@@ -404,7 +498,8 @@ done:
     col_free(&value); col_free(&topic); col_free(&key); col_free(&tags); col_free(&msgid);
     col_free(&mkeys); col_free(&mvals);
     Py_XDECREF(moff.obj); Py_XDECREF(born_us.obj); Py_XDECREF(store_us.obj);
-    PyBuffer_Release(&data); PyBuffer_Release(&segs); PyBuffer_Release(&hosts);
+    bodies_release(&bodies);
+    PyBuffer_Release(&segs); PyBuffer_Release(&hosts);
     PyBuffer_Release(&phys); PyBuffer_Release(&borns); PyBuffer_Release(&stores);
     return result;
 }

@@ -407,13 +407,11 @@ class BatchBuilder:
         n = self._n
         if n == 0:
             return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
-        segs = self._segs
-        segs.append(self._size)
-        data = self._bufs[0] if len(self._bufs) == 1 else b"".join(self._bufs)
+        self._segs.append(self._size)
         if _BUILD_COLUMNS is not None and sys.byteorder == "little":
-            batch = self._native_columns(_BUILD_COLUMNS, n, data)
+            batch = self._native_columns(_BUILD_COLUMNS, n)
         else:
-            batch = self._kernel_columns(n, data)
+            batch = self._kernel_columns(n, self._bufs[0] if len(self._bufs) == 1 else b"".join(self._bufs))
         if self._drops:
             keep = [True] * n
             for i in self._drops:
@@ -426,27 +424,29 @@ class BatchBuilder:
             return pa.repeat(pa.scalar(self._brokers[0][0], pa.string()), n)
         return pa.array([name for name, count in self._brokers for _ in range(count)], pa.string())
 
-    def _native_columns(self, build: Callable[..., tuple[Any, ...]], n: int, data: bytes) -> pa.RecordBatch:
-        """Every column from buffers the C pass fills (``records.build_columns``); Arrow checks the UTF-8."""
-        value, topic, key, tags, msg_id, map_offsets, map_keys, map_values, born_us, store_us = build(
-            data, self._segs, self._hosts, self._phy, self._born, self._store
+    def _native_columns(self, build: Callable[..., tuple[Any, ...]], n: int) -> pa.RecordBatch:
+        """Every column from buffers the C pass fills (``records.build_columns``, straight from the PULL bodies);
+        Arrow checks the UTF-8 unless the pass saw only ASCII in topics and properties."""
+        value, topic, key, tags, msg_id, map_offsets, map_keys, map_values, born_us, store_us, ascii = build(
+            self._bufs, self._segs, self._hosts, self._phy, self._born, self._store
         )
+        check = not ascii
         n_items = len(map_keys[0]) // 4 - 1  # int32 offsets: one more than the items
-        keys = _string_array(pa.string(), n_items, map_keys)
+        keys = _string_array(pa.string(), n_items, map_keys, check)
         props = pa.MapArray.from_arrays(
             pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(map_offsets)]),
-            keys, _string_array(pa.string(), n_items, map_values), type=_MAP,
+            keys, _string_array(pa.string(), n_items, map_values, check), type=_MAP,
         )  # fmt: skip
         return pa.RecordBatch.from_arrays(
             [
-                _string_array(pa.string(), n, key),
-                _string_array(pa.binary(), n, value),
-                _string_array(pa.string(), n, topic),
+                _string_array(pa.string(), n, key, check),
+                _string_array(pa.binary(), n, value, False),
+                _string_array(pa.string(), n, topic, check),
                 self._broker_column(n),
                 _native_array(pa.int32(), n, self._qid),
                 _native_array(pa.int64(), n, self._qoff),
-                _string_array(pa.string(), n, tags),
-                _string_array(pa.string(), n, msg_id),
+                _string_array(pa.string(), n, tags, check),
+                _string_array(pa.string(), n, msg_id, check),
                 pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(born_us)]),
                 pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(store_us)]),
                 props,
@@ -488,14 +488,14 @@ class BatchBuilder:
         )
 
 
-def _string_array(kind: pa.DataType, n: int, parts: tuple[bytes, bytes, bytes | None]) -> pa.Array:
-    """A string / binary array over (int32 offsets, data, validity bits or None); strings are checked to
-    be UTF-8 (``pa.ArrowInvalid`` otherwise, which sends the batch to the row decoder)."""
+def _string_array(kind: pa.DataType, n: int, parts: tuple[bytes, bytes, bytes | None], check: bool) -> pa.Array:
+    """A string / binary array over (int32 offsets, data, validity bits or None); with ``check`` it is checked
+    to be valid (UTF-8 for strings; ``pa.ArrowInvalid`` otherwise, which sends the batch to the row decoder)."""
     offsets, data, valid = parts
     arr = pa.Array.from_buffers(
         kind, n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)]
     )
-    if kind == pa.string():
+    if check:
         arr.validate(full=True)
     return arr
 
