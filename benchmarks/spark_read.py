@@ -23,6 +23,12 @@ Every pipeline runs ``--rounds`` times (default 2), alternating, and the best ro
 rounds beside it: the first parquet write of a JVM pays seconds of JIT warm-up, whichever pipeline it is.
 Messages are loaded with SEND_BATCH_MESSAGE (256 per batch, 16 batches in flight).
 
+The floor of PySpark's Python Data Source API: ``--floor`` adds a pipeline whose source is a Python data source
+that plans the same ranges but serves each one from batches the connector already decoded and cached in the
+worker process on an untimed first read (no pull, no decode: only what PySpark does with the batches a Python
+source yields). It bounds what any Python source can reach here; the rocketmq pipeline's distance to it is the
+connector's own cost.
+
 After the table it prints the stages of the batch read: the connector alone in this process (pull + decode,
 decode alone), and both sources in Spark into a ``noop`` sink (so the rocketmq figure is pull, decode and the
 Arrow hand-off to the JVM, without the parquet writer).
@@ -269,6 +275,53 @@ def stage_breakdown(opts: dict[str, str]) -> tuple[int, float, float]:
     return rows, total_s, time.perf_counter() - started
 
 
+#: Worker-process module holding the floor source's cached batches between rounds (workers are reused).
+FLOOR_CACHE_MODULE = "_ferrymq_bench_floor_cache"
+
+
+def register_floor_source(spark: Any) -> None:
+    """Register ``rocketmq-cached`` (see ``--floor``): the rocketmq batch reader's ranges, each served from the
+    worker process's cache after its first read."""
+    import types
+
+    from ferrymq.spark import fetch
+    from ferrymq.spark.reader import QueueRangePartition, RocketMQBatchReader, RocketMQStreamReader
+    from ferrymq.spark.source import RocketMQDataSource
+
+    def cached_read(partition: Any) -> Any:
+        cache = sys.modules.setdefault(FLOOR_CACHE_MODULE, types.ModuleType(FLOOR_CACHE_MODULE)).__dict__
+        assert isinstance(partition, QueueRangePartition)
+        key = repr(partition.rng)
+        if key not in cache:
+            cache[key] = list(fetch.read_range(partition.rng, partition.opts))
+        return iter(cache[key])
+
+    class CachedReader(RocketMQBatchReader):
+        def read(self, partition: Any) -> Any:  # the PySpark read() contract
+            return cached_read(partition)
+
+    class CachedStreamReader(RocketMQStreamReader):
+        def read(self, partition: Any) -> Any:
+            return cached_read(partition)
+
+    class CachedSource(RocketMQDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "rocketmq-cached"
+
+        def reader(self, schema: Any) -> Any:
+            from ferrymq.spark.options import parse_source_options
+
+            return CachedReader(parse_source_options(self.options, streaming=False))
+
+        def streamReader(self, schema: Any) -> Any:
+            from ferrymq.spark.options import parse_source_options
+
+            return CachedStreamReader(parse_source_options(self.options, streaming=True))
+
+    spark.dataSource.register(CachedSource)
+
+
 def timed(fn: object) -> float:
     started = time.perf_counter()
     fn()  # type: ignore[operator]
@@ -294,6 +347,8 @@ def main() -> int:
                         help="extra broker.conf line of the started brokers (repeatable)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra option of the rocketmq source (repeatable), e.g. pullBatchSize=1024")
+    parser.add_argument("--floor", action="store_true",
+                        help="add the Python-source floor: the same ranges served from batches cached in the workers")
     args = parser.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="ferrymq-spark-bench-"))
@@ -351,12 +406,27 @@ def main() -> int:
             schema = spark.read.parquet(str(base / "rb0")).schema
             stream(spark.readStream.schema(schema).parquet(str(base / "rb0")), out)
 
+        def floor_stream(out: Path) -> None:
+            stream(
+                spark.readStream.format("rocketmq-cached").options(startingOffsets="earliest", **opts).load(), out
+            )
+
+        def floor_batch(out: Path) -> None:
+            spark.read.format("rocketmq-cached").options(**opts).load().write.mode("overwrite").parquet(str(out))
+
         pipelines = [
             ("rocketmq batch  -> parquet", "rb", rocket_batch),
             ("parquet  batch  -> parquet", "pb", parquet_batch),
             ("rocketmq stream -> parquet", "rs", rocket_stream),
             ("parquet  stream -> parquet", "ps", parquet_stream),
         ]
+        if args.floor:
+            register_floor_source(spark)
+            # the untimed first read fills the workers' caches (each worker caches the ranges it is given)
+            for _ in range(2):
+                spark.read.format("rocketmq-cached").options(**opts).load().write.format("noop").mode("overwrite").save()
+            pipelines.append(("floor: cached  -> parquet", "fb", floor_batch))
+            pipelines.append(("floor: cached stream -> pq", "fs", floor_stream))
         # Round 0 pays the JVM's JIT warm-up of the parquet writer (several seconds on 2 cores), so
         # rounds alternate between the pipelines and the table shows the best round of each.
         for rnd in range(args.rounds):
@@ -380,6 +450,14 @@ def main() -> int:
         best = {name: n / min(times) for name, n, times in results}
         print(f"ratio batch  rocketmq/parquet: {best['rocketmq batch  -> parquet'] / best['parquet  batch  -> parquet']:.2f}x"
               f"   stream: {best['rocketmq stream -> parquet'] / best['parquet  stream -> parquet']:.2f}x")
+        if args.floor:
+            print(f"floor (cached batches, no pull, no decode)/parquet: "
+                  f"{best['floor: cached  -> parquet'] / best['parquet  batch  -> parquet']:.2f}x; "
+                  f"rocketmq/floor: {best['rocketmq batch  -> parquet'] / best['floor: cached  -> parquet']:.2f}x; "
+                  f"stream floor/parquet stream: "
+                  f"{best['floor: cached stream -> pq'] / best['parquet  stream -> parquet']:.2f}x; "
+                  f"rocketmq stream/stream floor: "
+                  f"{best['rocketmq stream -> parquet'] / best['floor: cached stream -> pq']:.2f}x")
         # the sources alone in Spark (no sink work): the rocketmq side includes the Arrow hand-off to the JVM
         noop: dict[str, list[float]] = {"rocketmq": [], "parquet": []}
         for _ in range(args.rounds):
@@ -387,6 +465,9 @@ def main() -> int:
                                           .write.format("noop").mode("overwrite").save()))  # fmt: skip
             noop["parquet"].append(timed(lambda: spark.read.parquet(str(base / "rb0"))
                                          .write.format("noop").mode("overwrite").save()))  # fmt: skip
+            if args.floor:
+                noop.setdefault("floor", []).append(timed(lambda: spark.read.format("rocketmq-cached").options(**opts)
+                                                          .load().write.format("noop").mode("overwrite").save()))  # fmt: skip
         stages = [stage_breakdown(opts) for _ in range(args.rounds)]
         rows, pull_decode_s, decode_s = min(stages, key=lambda st: st[1])
         batch_s = rows / best["rocketmq batch  -> parquet"]
@@ -398,6 +479,8 @@ def main() -> int:
         rows_noop, pq_noop = min(noop["rocketmq"]), min(noop["parquet"])
         print(f"  Spark source to a noop sink {rows_noop:6.2f} s (pull, decode and hand-off to the JVM on {args.master};"
               f" parquet source to noop: {pq_noop:.2f} s, {pq_noop / rows_noop:.2f}x)")
+        if args.floor:
+            print(f"  floor source (cached batches) to a noop sink {min(noop['floor']):6.2f} s")
         return 0
     finally:
         tear_down(spark, cluster, base)
