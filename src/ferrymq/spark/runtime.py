@@ -7,6 +7,7 @@ Python process: the driver-side planner, the streaming source runner, or an exec
 | name                    | role                                                                   |
 |-------------------------|------------------------------------------------------------------------|
 | ``run(coro)``           | run a coroutine on the process's loop thread and wait for its result  |
+| (first use)             | ``allocator.tune()``: heap thresholds that reuse freed batch buffers  |
 | ``pull_consumer(opts)`` | started ``PullConsumer`` cached by (nameServer, group, readFromSlave)  |
 | ``producer(opts)``      | started ``Producer`` cached by (nameServer, group, sendTimeoutMs)      |
 | ``ClusterMetadata``     | the driver's ``planning.Metadata``: topics, queues, min/max/search     |
@@ -32,6 +33,7 @@ from ferrymq.errors import BrokerError, ClientError, FerryError
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
+from ferrymq.spark import allocator
 from ferrymq.spark.options import ExecutorOptions, SinkOptions
 from ferrymq.spark.planning import OffsetMap
 
@@ -59,6 +61,7 @@ def loop() -> asyncio.AbstractEventLoop:
             if _loop_pid != os.getpid():
                 _consumers.clear()
                 _producers.clear()
+            allocator.tune()
             new_loop = asyncio.new_event_loop()
             thread = threading.Thread(target=new_loop.run_forever, name="ferrymq-spark-loop", daemon=True)
             thread.start()
