@@ -17,8 +17,9 @@ Source row schema (Spark DDL ``SOURCE_SCHEMA_DDL``; Arrow form ``ARROW_SCHEMA`` 
 | storeTimestamp | timestamp           | timestamp[us, UTC]    | STORETIMESTAMP (ms)                           |
 | properties     | map<string,string>  | map<string, string>   | all properties                                |
 
-``BatchBuilder`` (the fast path) walks each PULL body once in C (``common.records``) and builds every
-column with Arrow kernels over the concatenated PULL bodies; ``RowBuilder`` decodes record by record
+``BatchBuilder`` (the fast path) walks each PULL body once in C (``common.records``); a second C pass
+(``records.build_columns``) fills every column's buffers straight from the PULL bodies, or, without the
+extension, Arrow kernels build them over the concatenated bodies. ``RowBuilder`` decodes record by record
 (IPv6 hosts, compressed bodies, repeated property names, invalid UTF-8).
 """
 
