@@ -11,9 +11,12 @@ blocks on the heap, where the next batch reuses them.
 | M_MMAP_THRESHOLD (-3) | 32 MiB  | blocks below it come from the heap instead of their own mmap              |
 | M_TRIM_THRESHOLD (-1) | 128 MiB | up to this much free memory at the top of a heap is kept, not handed back |
 
-``tune()`` applies them once per process; ``runtime.loop()`` calls it, so the driver, the streaming source
-runner and every Python worker that runs a read or a write get them. ``FERRYMQ_SPARK_MALLOC_TUNING=0`` in the
-environment leaves the process's allocator as it is. On a C library other than glibc nothing happens.
+``tune()`` applies them once per process; ``runtime.loop()`` calls it, so the Python processes Spark starts for
+the connector get them: the workers that plan, read and write, and the streaming source runner (the user's own
+driver process does not run the connector's client unless it calls it directly). A worker may then keep up to
+the trim threshold of freed memory for its next batches instead of handing it back at once.
+``FERRYMQ_SPARK_MALLOC_TUNING=0`` in the environment leaves the allocator as it is. On a C library other than
+glibc nothing happens.
 """
 
 from __future__ import annotations
