@@ -285,6 +285,7 @@ def register_floor_source(spark: Any) -> None:
     import types
 
     from ferrymq.spark import fetch
+    from ferrymq.spark.options import parse_source_options
     from ferrymq.spark.reader import QueueRangePartition, RocketMQBatchReader, RocketMQStreamReader
     from ferrymq.spark.source import RocketMQDataSource
 
@@ -310,13 +311,9 @@ def register_floor_source(spark: Any) -> None:
             return "rocketmq-cached"
 
         def reader(self, schema: Any) -> Any:
-            from ferrymq.spark.options import parse_source_options
-
             return CachedReader(parse_source_options(self.options, streaming=False))
 
         def streamReader(self, schema: Any) -> Any:
-            from ferrymq.spark.options import parse_source_options
-
             return CachedStreamReader(parse_source_options(self.options, streaming=True))
 
     spark.dataSource.register(CachedSource)

@@ -228,10 +228,12 @@ static PyObject *out_finish(OutBuf *b) {
 typedef struct {
     OutBuf offsets, data, valid;
     Py_ssize_t nulls;
+    int overflow; /* a value would have taken the data past int32 offsets: the caller raises */
 } StrCol;
 
 static int col_init(StrCol *c, Py_ssize_t rows, Py_ssize_t data_cap) {
     c->nulls = 0;
+    c->overflow = 0;
     if (out_init(&c->offsets, (rows + 1) * 4) < 0 || out_init(&c->data, data_cap) < 0 ||
         out_init(&c->valid, (rows + 7) / 8) < 0)
         return -1;
@@ -248,10 +250,12 @@ static void col_free(StrCol *c) {
     Py_XDECREF(c->valid.obj);
 }
 
-/* Append one value (NULL p = a null); the data buffer was sized for the worst case. */
-static int col_add(StrCol *c, Py_ssize_t row, const uint8_t *p, Py_ssize_t n) {
-    if (p != NULL) {
-        if (c->data.len + n > INT32_MAX) return -1; /* no Python API here: the caller raises, with the GIL */
+/* Append one value (NULL p = a null); the data buffer was sized for the worst case. No Python API (runs
+ * without the GIL): a value past int32 offsets is not copied and sets ``overflow``, which the caller raises. */
+static void col_add(StrCol *c, Py_ssize_t row, const uint8_t *p, Py_ssize_t n) {
+    if (p != NULL && (c->overflow || c->data.len + n > INT32_MAX)) {
+        c->overflow = 1;
+    } else if (p != NULL) {
         memcpy(c->data.p + c->data.len, p, (size_t)n);
         c->data.len += n;
         c->valid.p[row >> 3] |= (char)(1 << (row & 7));
@@ -260,7 +264,6 @@ static int col_add(StrCol *c, Py_ssize_t row, const uint8_t *p, Py_ssize_t n) {
     }
     ((int32_t *)c->offsets.p)[row + 1] = (int32_t)c->data.len;
     c->offsets.len += 4;
-    return 0;
 }
 
 /* (offsets, data, validity or None when nothing is null) */
@@ -405,19 +408,17 @@ static PyObject *build_columns(PyObject *self, PyObject *args) {
     int32_t *mo = (int32_t *)moff.p;
     mo[0] = 0;
     Py_ssize_t items = 0;
-    int ascii = 1, overflow = 0;
+    int ascii = 1;
     const uint8_t *hp = (const uint8_t *)hosts.buf;
     const int64_t *pp = (const int64_t *)phys.buf, *bp = (const int64_t *)borns.buf, *sp = (const int64_t *)stores.buf;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t at = 0;
-    for (Py_ssize_t i = 0; i < n && !overflow; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t *s = sg + i * SEGMENTS;
         while (s[0] >= bodies.starts[at + 1]) at++; /* checked above: the record lies in body ``at`` */
         const uint8_t *d = (const uint8_t *)bodies.views[at].buf - bodies.starts[at];
-        if (col_add(&value, i, d + s[1], s[2] - s[1]) < 0 || col_add(&topic, i, d + s[3], s[4] - s[3]) < 0) {
-            overflow = 1;
-            break;
-        }
+        col_add(&value, i, d + s[1], s[2] - s[1]);
+        col_add(&topic, i, d + s[3], s[4] - s[3]);
         const uint8_t *kp = NULL, *tp = NULL, *up = NULL;
         Py_ssize_t kn = 0, tn = 0, un = 0;
         const uint8_t *p = d + s[5];
@@ -430,10 +431,8 @@ static PyObject *build_columns(PyObject *self, PyObject *args) {
             if (sep && sep > p + pos) {
                 const uint8_t *name = p + pos, *val = sep + 1;
                 Py_ssize_t name_len = sep - name, val_len = (p + item_end) - val;
-                if (col_add(&mkeys, items, name, name_len) < 0 || col_add(&mvals, items, val, val_len) < 0) {
-                    overflow = 1;
-                    break;
-                }
+                col_add(&mkeys, items, name, name_len);
+                col_add(&mvals, items, val, val_len);
                 items++;
                 if (name_len == 4 && memcmp(name, "KEYS", 4) == 0) { kp = val; kn = val_len; }
                 else if (name_len == 4 && memcmp(name, "TAGS", 4) == 0) { tp = val; tn = val_len; }
@@ -442,31 +441,24 @@ static PyObject *build_columns(PyObject *self, PyObject *args) {
             pos = item_end + 1;
         }
         mo[i + 1] = (int32_t)items;
-        if (overflow || col_add(&key, i, kp, kn) < 0 || col_add(&tags, i, tp, tn) < 0) {
-            overflow = 1;
-            break;
-        }
+        col_add(&key, i, kp, kn);
+        col_add(&tags, i, tp, tn);
         if (up != NULL && un > 0) {
-            if (col_add(&msgid, i, up, un) < 0) {
-                overflow = 1;
-                break;
-            }
+            col_add(&msgid, i, up, un);
         } else {
             uint8_t raw[16], hex[32];
             memcpy(raw, hp + i * 8, 8);
             uint64_t phy = (uint64_t)pp[i];
             for (int b = 0; b < 8; b++) raw[8 + b] = (uint8_t)(phy >> (56 - 8 * b));
             for (int b = 0; b < 16; b++) { hex[2 * b] = HEX[raw[b] >> 4]; hex[2 * b + 1] = HEX[raw[b] & 15]; }
-            if (col_add(&msgid, i, hex, 32) < 0) {
-                overflow = 1;
-                break;
-            }
+            col_add(&msgid, i, hex, 32);
         }
         ((int64_t *)born_us.p)[i] = bp[i] * 1000;
         ((int64_t *)store_us.p)[i] = sp[i] * 1000;
     }
     Py_END_ALLOW_THREADS
-    if (overflow) {
+    if (value.overflow || topic.overflow || key.overflow || tags.overflow || msgid.overflow || mkeys.overflow ||
+        mvals.overflow) {
         PyErr_SetString(PyExc_OverflowError, "build_columns: a column exceeds 2 GiB");
         goto done;
     }
