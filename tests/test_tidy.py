@@ -289,3 +289,26 @@ def test_test_modules_have_unique_names() -> None:
             clashes.append(f"{seen[path.name].relative_to(REPO)} and {path.relative_to(REPO)}")
         seen.setdefault(path.name, path)
     assert not clashes, "test modules sharing a name: " + "; ".join(clashes)
+
+
+def test_nothing_refers_to_folders_outside_the_repository() -> None:
+    """A clone on its own must build and test: no tracked file may point at a sibling of the checkout
+    (fixtures a test reads live under tests/fixtures/)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    pattern = re.compile(r"\.\./" + "shared" + r"\b|parent\s*/\s*[\"']" + "shared")
+    offenders = []
+    for name in tracked.splitlines():
+        path = REPO / name
+        if path.suffix not in {".py", ".md", ".toml", ".cfg", ".sh", ".txt", ".json", ""} or not path.is_file():
+            continue
+        if pattern.search(path.read_text(errors="replace")):
+            offenders.append(name)
+    assert not offenders, f"files referring outside the repository: {offenders}"
+
+
+def test_recorded_client_frames_are_in_the_repository() -> None:
+    from support.shared import CAPTURES
+
+    assert CAPTURES.is_relative_to(REPO)
+    for name in ("capture_cpp.jsonl", "capture_cpp_slave_only.jsonl", "capture_alions.jsonl"):
+        assert (CAPTURES / name).stat().st_size > 0, name

@@ -1,4 +1,4 @@
-"""Replay the name-server frames real clients sent (shared/protocol/captures) byte for byte."""
+"""Replay the name-server frames real clients sent (tests/fixtures/captures) byte for byte."""
 
 from __future__ import annotations
 
@@ -31,8 +31,6 @@ def ns_frames(name: str) -> list[tuple[bytes, bytes]]:
 
 @pytest.mark.parametrize("name", FILES)
 async def test_replay_client_route_requests(name: str) -> None:
-    if not (CAPTURES / name).exists():
-        pytest.skip("captures not available")
     frames = ns_frames(name)
     assert frames
     async with NameServer() as server:
