@@ -9,13 +9,13 @@ from typing import Any
 import click
 
 from ferrymq.client import Admin, acl_admin
-from ferrymq.client._cli import emit, json_option, namesrv_option, run
+from ferrymq.client._cli import addr_param, emit, json_option, namesrv_option, run
 
 PERMS = click.Choice(["DENY", "PUB", "SUB", "PUB|SUB"], case_sensitive=False)
 
 
 def _target_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("-b", "--broker-addr", default=None, help="This broker only")(f)
+    f = click.option("-b", "--broker-addr", callback=addr_param, default=None, help="This broker only")(f)
     return click.option("-c", "--cluster", default=None,
                         help="Every broker (masters and slaves) of this cluster [default: every cluster]")(f)
 

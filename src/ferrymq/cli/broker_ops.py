@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ferrymq.client._cli import emit, json_option, namesrv_option, run
+from ferrymq.client._cli import addr_param, emit, json_option, namesrv_option, run
 
 BROKER_ADDR_HELP = "Broker address host:port"
 
@@ -20,7 +20,7 @@ def config() -> None:
 
 @config.command("get")
 @namesrv_option
-@click.option("-b", "--broker", "broker_addr", required=True, help=BROKER_ADDR_HELP)
+@click.option("-b", "--broker", "broker_addr", callback=addr_param, required=True, help=BROKER_ADDR_HELP)
 @json_option
 def config_get(namesrv: str, broker_addr: str, as_json: bool) -> None:
     """Every key with its current value (GET_BROKER_CONFIG; mqadmin getBrokerConfig)."""
@@ -40,7 +40,7 @@ def config_get(namesrv: str, broker_addr: str, as_json: bool) -> None:
 
 @config.command("set")
 @namesrv_option
-@click.option("-b", "--broker", "broker_addr", required=True, help=BROKER_ADDR_HELP)
+@click.option("-b", "--broker", "broker_addr", callback=addr_param, required=True, help=BROKER_ADDR_HELP)
 @click.argument("assignments", nargs=-1, required=True)
 @json_option
 def config_set(namesrv: str, broker_addr: str, assignments: tuple[str, ...], as_json: bool) -> None:
@@ -77,11 +77,18 @@ def _perm_verb(name: str, doc: str, fn_name: str) -> click.Command:
     def verb(namesrv: str, broker_name: str, as_json: bool) -> None:
         from ferrymq.client import Admin, ops
 
-        async def go() -> list[dict[str, Any]]:
+        async def go() -> tuple[list[dict[str, Any]], bool]:
             async with Admin(namesrv) as admin:
                 result: list[dict[str, Any]] = await getattr(ops, fn_name)(admin, broker_name)
-                return result
-        rows = run(go())
+                known = True
+                if not any(r["topics"] or r["error"] for r in result):
+                    # nothing changed anywhere: a mistyped name, or a group with no topics?
+                    known = broker_name in (await admin.cluster_info())["brokerAddrTable"]
+                return result, known
+        rows, known = run(go())
+        if not known:
+            raise click.ClickException(f"no name server knows the broker group {broker_name!r} "
+                                       "(see `ferry cluster list`)")
         emit(rows, ["namesrv", "topics", "error"], as_json=as_json, title=f"{name} {broker_name}")
         if any(r["error"] for r in rows):
             raise click.ClickException("some name servers did not take the change")
@@ -99,7 +106,7 @@ add_write_perm = _perm_verb(
 @click.command("delete-expired-commitlog")
 @namesrv_option
 @click.option("-c", "--cluster", default=None, help="Every broker of this cluster (default: all)")
-@click.option("-b", "--broker", "broker_addr", default=None, help=BROKER_ADDR_HELP + " (only this broker)")
+@click.option("-b", "--broker", "broker_addr", callback=addr_param, default=None, help=BROKER_ADDR_HELP + " (only this broker)")
 @json_option
 def delete_expired_commitlog(namesrv: str, cluster: str | None, broker_addr: str | None, as_json: bool) -> None:
     """Delete commit log segments older than fileReservedTime now (DELETE_EXPIRED_COMMITLOG; mqadmin

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from ferrymq.client import Admin
-from ferrymq.client._cli import emit, json_option, namesrv_option, run
+from ferrymq.client._cli import addr_param, emit, json_option, namesrv_option, run
 
 #: runtime-info keys shown in the table (all are in --json)
 SHOWN_KEYS = ("brokerRole", "putTps", "commitLogMaxOffset", "haSlaveCount")
@@ -43,7 +43,7 @@ def _cleanup_verb(name: str, fn_name: str, count_field: str, doc: str) -> click.
     @click.command(name, help=doc)
     @namesrv_option
     @click.option("-c", "--cluster", default=None, help="Every broker of this cluster [default: every cluster]")
-    @click.option("-b", "--broker-addr", default=None, help="This broker only")
+    @click.option("-b", "--broker-addr", callback=addr_param, default=None, help="This broker only")
     @json_option
     def verb(namesrv: str, cluster: str | None, broker_addr: str | None, as_json: bool) -> None:
         from ferrymq.client import ops_more

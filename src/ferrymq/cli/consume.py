@@ -7,9 +7,10 @@ import json
 
 import click
 
-from ferrymq.client import ConsumeStatus, MessageExt, PushConsumer
+from ferrymq.client import Admin, ConsumeStatus, MessageExt, PushConsumer
 from ferrymq.client._cli import message_row, namesrv_option, run
 from ferrymq.common.aio import wait_event
+from ferrymq.errors import TopicNotExistError
 
 
 @click.command("consume")
@@ -44,6 +45,12 @@ def command(namesrv: str, topic: str, group: str, expression: str, count: int, f
             return ConsumeStatus.CONSUME_SUCCESS
 
         loop = asyncio.get_running_loop()
+        async with Admin(namesrv) as admin:
+            try:
+                await admin.topic_route(topic)
+            except TopicNotExistError:
+                raise click.ClickException(f"topic {topic} does not exist (no name server has a route for it)"
+                                           ) from None
         consumer = PushConsumer(namesrv, group, consume_from_where="CONSUME_FROM_FIRST_OFFSET" if from_beginning
                                 else "CONSUME_FROM_LAST_OFFSET", consume_concurrency=1)
         consumer.subscribe(topic, expression)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ferrymq.client._cli import emit, json_option, namesrv_option, run
+from ferrymq.client._cli import addr_param, emit, json_option, namesrv_option, run
 
 #: mqadmin's timestamp form (resetOffsetByTime -s): 2024-01-31#13:45:00:000, local time
 MQADMIN_TIME_FORMAT = "%Y-%m-%d#%H:%M:%S:%f"
@@ -208,7 +208,7 @@ def consumer_status(namesrv: str, group: str, topic: str | None, client_id: str 
 
 @click.command("all")
 @namesrv_option
-@click.option("-b", "--broker-addr", required=True)
+@click.option("-b", "--broker-addr", callback=addr_param, required=True)
 @json_option
 def all_producers(namesrv: str, broker_addr: str, as_json: bool) -> None:
     """Every producer connected to a broker, by group (GET_ALL_PRODUCER_INFO)."""

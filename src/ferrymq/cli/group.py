@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ferrymq.client import Admin
-from ferrymq.client._cli import emit, json_option, namesrv_option, run
+from ferrymq.client._cli import addr_param, emit, json_option, namesrv_option, run
 
 
 @click.group("group")
@@ -17,7 +17,7 @@ def command() -> None:
 @namesrv_option
 @click.option("-g", "--group", required=True)
 @click.option("-c", "--cluster", default=None, help="Every master of this cluster [default: every cluster]")
-@click.option("-b", "--broker-addr", default=None, help="This broker only")
+@click.option("-b", "--broker-addr", callback=addr_param, default=None, help="This broker only")
 @click.option("--retry-max-times", default=16, show_default=True, type=click.IntRange(0))
 @click.option("--retry-queues", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--no-broadcast", is_flag=True, help="Refuse broadcasting consumers")
@@ -38,7 +38,7 @@ def create(namesrv: str, group: str, cluster: str | None, broker_addr: str | Non
 @namesrv_option
 @click.option("-g", "--group", required=True)
 @click.option("-c", "--cluster", default=None, help="Every master of this cluster [default: every cluster]")
-@click.option("-b", "--broker-addr", default=None, help="This broker only")
+@click.option("-b", "--broker-addr", callback=addr_param, default=None, help="This broker only")
 @json_option
 def delete(namesrv: str, group: str, cluster: str | None, broker_addr: str | None, as_json: bool) -> None:
     """Delete a subscription group (mqadmin deleteSubGroup); its committed offsets stay."""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import click
 
 from ferrymq.client import Admin
-from ferrymq.client._cli import emit, json_option, namesrv_option, run
+from ferrymq.client._cli import addr_param, emit, json_option, namesrv_option, run
 
 
 @click.group("topic")
@@ -19,7 +20,7 @@ def command() -> None:
 @namesrv_option
 @click.option("-t", "--topic", required=True)
 @click.option("-c", "--cluster", default=None, help="Create on every master of this cluster")
-@click.option("-b", "--broker-addr", default=None, help="Create on this broker only")
+@click.option("-b", "--broker-addr", callback=addr_param, default=None, help="Create on this broker only")
 @click.option("-r", "--read-queues", default=8, show_default=True, type=int)
 @click.option("-w", "--write-queues", default=8, show_default=True, type=int)
 @click.option("-p", "--perm", default=6, show_default=True, type=int)
@@ -86,13 +87,18 @@ def status(namesrv: str, topic: str, as_json: bool) -> None:
 @namesrv_option
 @click.option("-t", "--topic", required=True)
 @click.option("-c", "--cluster", default=None)
-def delete(namesrv: str, topic: str, cluster: str | None) -> None:
-    """Delete a topic from the brokers and the name servers."""
+@json_option
+def delete(namesrv: str, topic: str, cluster: str | None, as_json: bool) -> None:
+    """Delete a topic from the brokers and the name servers (mqadmin deleteTopic). Refused, with nothing
+    changed, while a broker group serving the topic has no master."""
     async def go() -> None:
         async with Admin(namesrv) as admin:
             await admin.delete_topic(topic, cluster)
     run(go())
-    click.echo(f"deleted {topic}")
+    if as_json:
+        click.echo(json.dumps({"topic": topic, "cluster": cluster, "deleted": True}))
+    else:
+        click.echo(f"deleted {topic}")
 
 
 def _add_ops_verbs() -> None:

@@ -19,9 +19,48 @@ T = TypeVar("T")
 NAMESRV_ENV = "NAMESRV_ADDR"
 
 
+#: the largest TCP port number
+MAX_PORT = 65535
+
+
+def check_addr(addr: str) -> str | None:
+    """Why ``addr`` is not a ``host:port`` address, or None when it is one."""
+    host, _, port = addr.strip().rpartition(":")
+    if not host:
+        return f"{addr!r} is not host:port"
+    if not port.isdigit() or not 0 < int(port) <= MAX_PORT:
+        return f"{addr!r}: the port must be a number from 1 to {MAX_PORT}"
+    return None
+
+
+def addr_list_param(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: a ``;``-separated list of ``host:port`` addresses, refused as a usage error (exit 2)."""
+    if value is None:
+        return None
+    addrs = [a for a in value.split(";") if a.strip()]
+    if not addrs:
+        raise click.BadParameter("no address given (expected host:port[;host:port...])", ctx, param)
+    for a in addrs:
+        reason = check_addr(a)
+        if reason:
+            raise click.BadParameter(reason, ctx, param)
+    return value
+
+
+def addr_param(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback: one ``host:port`` address (a broker's), refused as a usage error (exit 2)."""
+    if value is None:
+        return None
+    reason = check_addr(value)
+    if reason:
+        raise click.BadParameter(reason, ctx, param)
+    return value
+
+
 def namesrv_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("-n", "--namesrv", "namesrv", envvar=NAMESRV_ENV, default="127.0.0.1:9876",
-                        show_default=True, help="Name server address(es), ';'-separated (env NAMESRV_ADDR)")(f)
+                        show_default=True, callback=addr_list_param,
+                        help="Name server address(es), ';'-separated (env NAMESRV_ADDR)")(f)
 
 
 def json_option(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -174,7 +174,26 @@ class Admin:
                 topic, read_queue_nums=read_queue_nums, write_queue_nums=write_queue_nums, perm=perm, order=order)))
         return addrs
 
+    async def _require_masters(self, cluster: str | None, broker_names: set[str] | None, action: str) -> None:
+        """Refuse ``action`` when a broker group it concerns has no master: a change made without the master
+        would be undone when the master comes back (its tables win), yet be reported as done."""
+        info = await self.cluster_info()
+        headless = sorted(
+            name for name, bd in info["brokerAddrTable"].items()
+            if (cluster is None or bd["cluster"] == cluster)
+            and (broker_names is None or name in broker_names)
+            and MASTER_ID not in bd["brokerAddrs"])
+        if headless:
+            raise ClientError(f"cannot {action}: broker group(s) {', '.join(headless)} have no master now "
+                              "(down or failing over); nothing was changed, retry when the master is back")
+
     async def delete_topic(self, topic: str, cluster: str | None = None) -> None:
+        try:
+            route = await self.instance.update_route(topic)
+            serving: set[str] | None = {qd.broker_name for qd in route.queue_datas}
+        except TopicNotExistError:
+            serving = None
+        await self._require_masters(cluster, serving, f"delete topic {topic}")
         masters = [b.addr for b in await self.brokers(cluster, masters_only=True)]
         for addr in masters:
             api.check(await self._call(addr, RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_BROKER,
@@ -309,7 +328,12 @@ class Admin:
             "notifyConsumerIdsChangedEnable": True, "retryMaxTimes": retry_max_times,
             "retryQueueNums": retry_queue_nums, "whichBrokerWhenConsumeSlowly": which_broker_when_consume_slowly,
         }
+        if not broker_addr:
+            await self._require_masters(cluster, None, f"create group {group}")
         addrs = [broker_addr] if broker_addr else [b.addr for b in await self.brokers(cluster, masters_only=True)]
+        if not addrs:
+            raise ClientError(f"cannot create group {group}: no master broker is registered"
+                              + (f" in cluster {cluster}" if cluster else ""))
         for addr in addrs:
             api.check(await self._call(addr, RemotingCommand.request(
                 RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, jsonx.dumps(body))))
