@@ -2,9 +2,9 @@
 benchmarks/failover_nemesis.py.
 
 A ``NemesisGroup`` is one name server, one controller (``ferry controller -c``) and three brokers of one
-broker group in controller mode (SYNC, ``allAckInSyncStateSet=true``), real processes. A ``ProducerLoop``
-thread sends unique bodies continuously through ferrymq's Producer and records every SEND_OK (its offset
-msgId says which broker stored it at which phy offset). ``NemesisGroup.round(action)`` injects one fault
+broker group in controller mode with its defaults (SYNC, ``allAckInSyncStateSet=true``), real processes. A
+``ProducerLoop`` thread sends unique bodies continuously through ferrymq's Producer and records every SEND_OK
+(its offset msgId says which broker stored it at which phy offset). ``NemesisGroup.round(action)`` injects one fault
 (SIGKILL or SIGSTOP/SIGCONT of the master, SIGKILL of a slave or of the controller), restarts what it killed
 and waits until the group is whole again. ``NemesisGroup.verify`` then checks the history:
 
@@ -65,11 +65,11 @@ ERRORS_KEPT = 200
 ACTIONS = ("kill-master", "pause-master", "kill-slave", "kill-controller")
 FAILOVER_ACTIONS = ("kill-master", "pause-master")
 
+#: no brokerRole and no allAckInSyncStateSet: the nemesis runs controller mode's defaults (SYNC, every
+#: SyncStateSet member acknowledges)
 BROKER_PROPS: dict[str, Any] = {
     "brokerName": BROKER_NAME,
     "enableControllerMode": True,
-    "brokerRole": "SYNC_MASTER",
-    "allAckInSyncStateSet": True,
     "haMaxTimeSlaveNotCatchup": 3000,
     "controllerHeartbeatPeriodMs": 500,
     "controllerLeaseMs": 2000,
@@ -134,6 +134,8 @@ def start_replica(group: ProcessGroup, ns: Namesrv, controllers: list[Controller
     all_props = broker_props(namesrv_addrs=[ns.addr], store_dir=store_dir, port=port,
                              **{**BROKER_PROPS, "brokerId": replica_id, "controllerAddr": ";".join(c.addr for c in controllers),
                                 "haListenPort": free_port(), "fastListenEnable": False, **props})
+    if "brokerRole" not in props:
+        del all_props["brokerRole"]  # broker_props writes one; a written ASYNC_MASTER would opt out of SYNC
     conf = write_properties(group.base_dir / f"{name}.conf", all_props)
     broker = Broker(group=group, name=name, conf_path=conf, props=all_props, namesrv_addrs=[ns.addr])
     start_replica_process(broker)

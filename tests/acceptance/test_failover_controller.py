@@ -15,9 +15,25 @@ import sys
 import time
 from pathlib import Path
 
-from controller_support import FAILOVER_ACTIONS, TOPIC, NemesisGroup, ProducerLoop
-from procs import CPP_SCRIPTS_DIR, NODE_DIR, ProcessGroup, route, spawn_cpp_script, wait_for
+from controller_support import FAILOVER_ACTIONS, TOPIC, NemesisGroup, ProducerLoop, start_controller
+from ferry_cli import ferry_json
+from procs import (
+    CPP_SCRIPTS_DIR,
+    LOOPBACK,
+    NODE_DIR,
+    Broker,
+    ProcessGroup,
+    free_port,
+    json_body,
+    request,
+    route,
+    spawn_cpp_script,
+    start_namesrv,
+    wait_for,
+    write_properties,
+)
 
+from ferrymq.remoting.codes import RequestCode, ResponseCode
 from support.jsonl import read_jsonl
 
 sys.path.insert(0, str(CPP_SCRIPTS_DIR))
@@ -27,6 +43,46 @@ from _cpp_common import expected_message  # noqa: E402
 CLIENT_RESUME_BOUND_S = 75.0
 PLAN = ("kill-master", "pause-master", "kill-master", "kill-slave", "pause-master", "kill-master",
         "kill-controller", "kill-master", "pause-master", "kill-master", "pause-master", "kill-master")
+
+
+def _runtime_info(addr: str) -> dict[str, str]:
+    resp = request(addr, RequestCode.GET_BROKER_RUNTIME_INFO, timeout_ms=2000)
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    return dict((json_body(resp) or {}).get("table") or {})
+
+
+def test_default_controller_mode_broker_replicates_sync(procs: ProcessGroup) -> None:
+    """A broker.conf with only enableControllerMode, controllerAddr and brokerId (plus where to listen and
+    store) runs its master as SYNC_MASTER with allAckInSyncStateSet, as docs/failover.md says: read through the
+    wire (GET_BROKER_RUNTIME_INFO) and through ``ferry cluster list``. brokerRole=ASYNC_MASTER written
+    explicitly is the opt-out."""
+    ns = start_namesrv(procs)
+    controller = start_controller(procs)
+    brokers = {}
+    for name, extra in (("sync-default", {}), ("async-opt-in", {"brokerRole": "ASYNC_MASTER"})):
+        store = procs.base_dir / f"{name}-store"
+        store.mkdir()
+        props = {"enableControllerMode": "true", "controllerAddr": controller.addr, "brokerId": 1,
+                 "brokerName": name, "namesrvAddr": ns.addr, "listenPort": free_port(broker=True),
+                 "listenHost": LOOPBACK, "brokerIP1": LOOPBACK, "storePathRootDir": str(store), **extra}
+        conf = write_properties(procs.base_dir / f"{name}.conf", props)
+        brokers[name] = Broker(group=procs, name=name, conf_path=conf, props=props, namesrv_addrs=[ns.addr])
+        brokers[name].start()  # ready once the name server lists it as brokerId 0: it is the master
+
+    def master_role(name: str) -> str | None:
+        info = _runtime_info(brokers[name].addr)
+        role = json.loads(info.get("controllerRole") or "{}")
+        return info["brokerRole"] if role.get("isMaster") and role.get("leaseValid") else None
+
+    assert wait_for(lambda: master_role("sync-default"), timeout_s=30, what="the default broker as master",
+                    alive=[ns.proc]) == "SYNC_MASTER"
+    default_role = json.loads(_runtime_info(brokers["sync-default"].addr)["controllerRole"])
+    assert default_role["replication"] == "SYNC" and default_role["allAckInSyncStateSet"] is True
+    assert wait_for(lambda: master_role("async-opt-in"), timeout_s=30, what="the opted-out broker as master",
+                    alive=[ns.proc]) == "ASYNC_MASTER"
+    rows = ferry_json("cluster", "list", "-n", ns.addr)
+    roles = {r["brokerName"]: r["runtime"]["brokerRole"] for r in rows if r.get("runtime")}
+    assert roles == {"sync-default": "SYNC_MASTER", "async-opt-in": "ASYNC_MASTER"}, rows
 
 
 def test_failovers_lose_no_acknowledged_message_and_never_split_brain(procs: ProcessGroup) -> None:

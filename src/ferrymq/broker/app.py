@@ -122,7 +122,7 @@ class BrokerController:
         self.clock_ms = clock_ms
         #: controller mode: SYNC (or ASYNC_MASTER) replication while master; the role itself starts as a
         #: read-only replica until the controller names this broker master
-        self.controller_sync_replication = config.broker_role is not BrokerRole.ASYNC_MASTER
+        self.controller_sync_replication = config.controller_sync_replication
         if config.enable_controller_mode:
             config.broker_role = BrokerRole.SLAVE
         os.makedirs(config.config_dir, exist_ok=True)

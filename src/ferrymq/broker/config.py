@@ -115,7 +115,8 @@ class BrokerConfig:
     register_name_server_period_ms: int = field(default=30_000, metadata=_meta(
         "registerNameServerPeriod", "Registration period in ms (clamped to 10000..60000)"))
     broker_role: BrokerRole = field(default=BrokerRole.ASYNC_MASTER, metadata=_meta(
-        "brokerRole", "ASYNC_MASTER, SYNC_MASTER or SLAVE"))
+        "brokerRole", "ASYNC_MASTER, SYNC_MASTER or SLAVE. Controller mode: SYNC replication unless "
+        "ASYNC_MASTER is written explicitly"))
     metrics_port: int = field(default=-1, metadata=_meta(
         "metricsPort", "Prometheus endpoint port on listenHost (GET /metrics); -1 = off, 0 = any free port"))
     ha_listen_port: int = field(default=-1, metadata=_meta(
@@ -190,7 +191,8 @@ class BrokerConfig:
         "rejectTransactionMessage", "Refuse transactional half messages (NO_PERMISSION)"))
     enable_controller_mode: bool = field(default=False, metadata=_meta(
         "enableControllerMode", "Take the role (master or slave) from the controller (docs/failover.md); "
-        "brokerRole then only picks SYNC (default) or ASYNC (ASYNC_MASTER) replication while master"))
+        "the master replicates SYNC (every SyncStateSet member holds a message before SEND_OK) unless "
+        "brokerRole=ASYNC_MASTER is set explicitly"))
     controller_addr: list[str] = field(default_factory=list, metadata=_meta(
         "controllerAddr", "Controllers, ';'-separated host:port list (controller mode)"))
     all_ack_in_sync_state_set: bool = field(default=True, metadata=_meta(
@@ -233,6 +235,9 @@ class BrokerConfig:
         "reloaded when it changes"))
     # ---- derived, not read from the file ----
     warnings: list[str] = field(default_factory=list, metadata={"derived": True})
+    #: brokerRole was written (broker.conf or an override; in code: pass broker_role_set=True with
+    #: broker_role): only then does ASYNC_MASTER opt a controller-mode broker out of SYNC replication
+    broker_role_set: bool = field(default=False, metadata={"derived": True})
     #: the TLS keys as written (common/tls.py reads them: tlsServerMode, tls.server.*, tlsEnable, tls.client.*)
     tls_props: dict[str, str] = field(default_factory=dict, metadata={"derived": True})
     #: directory of the broker.conf this config came from ("" when built in code)
@@ -276,6 +281,12 @@ class BrokerConfig:
         if self.acl_file:
             return os.path.join(self.source_dir, os.path.expanduser(self.acl_file))
         return os.path.join(self.source_dir or self.config_dir, "plain_acl.yml")
+
+    @property
+    def controller_sync_replication(self) -> bool:
+        """Controller mode: does the master replicate SYNC? Yes unless brokerRole=ASYNC_MASTER was set
+        explicitly (the field's default, ASYNC_MASTER, is the classic mode's and does not count)."""
+        return not (self.broker_role_set and self.broker_role is BrokerRole.ASYNC_MASTER)
 
     @property
     def effective_ha_listen_port(self) -> int:
@@ -480,6 +491,8 @@ def from_properties(props: dict[str, str]) -> BrokerConfig:
             log.warning(msg)
             continue
         setattr(cfg, f.name, _convert(key, f.type, raw))
+        if key == "brokerRole":
+            cfg.broker_role_set = True
     cfg.validate()
     cfg.tls_server  # noqa: B018 -- a bad mode or client-auth value is a ConfigError now, not at start
     cfg.tls_client  # noqa: B018

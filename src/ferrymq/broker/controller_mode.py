@@ -16,6 +16,10 @@ This module is the broker's side of that bargain:
   HA client follows M's HA address with epoch E (its handshake truncates this log to the last common
   point, consume queues and index with it), metadata and offsets follow M (SlaveSynchronize), and the
   broker registers under its own id.
+* **Replication**: SYNC while master (a send waits for every SyncStateSet member with the default
+  ``allAckInSyncStateSet=true``), reported as ``brokerRole=SYNC_MASTER``; ASYNC only when broker.conf writes
+  ``brokerRole=ASYNC_MASTER`` (``BrokerConfig.controller_sync_replication``), since the key's default is
+  classic mode's.
 * **Lease (fencing)**: a master answers SEND_OK only while ``can_ack()``: less than ``controllerLeaseMs``
   has passed since it *sent* the last heartbeat that the controller answered naming it master of its
   epoch. The controller declares a master dead ``controllerBrokerHeartbeatTimeoutMs`` after *receiving*
@@ -98,7 +102,8 @@ class ControllerRole:
         cfg = broker.config
         self.config = cfg
         self.replica_id = cfg.broker_id
-        self.sync_replication = cfg.broker_role.value != "ASYNC_MASTER"
+        #: SYNC replication while master (the default; ASYNC only with brokerRole=ASYNC_MASTER written)
+        self.sync_replication = bool(broker.controller_sync_replication)
         self.controllers = list(cfg.controller_addr)
         self._leader_index = 0
         self.epoch_file = EpochFile.in_store(cfg.root_dir)
@@ -368,7 +373,9 @@ class ControllerRole:
         out: dict[str, Any] = {"controllerMode": True, "replicaId": self.replica_id, "isMaster": self.is_master,
                                "masterEpoch": self.master_epoch, "leaseValid": self.can_ack(),
                                "epochEntries": [list(e) for e in self.epoch_file.entries()],
-                               "elections": self.elections_seen, "lastError": self.last_error}
+                               "elections": self.elections_seen, "lastError": self.last_error,
+                               "replication": "SYNC" if self.sync_replication else "ASYNC",
+                               "allAckInSyncStateSet": self.ha_master.all_ack_in_sync_state_set}
         if self.is_master:
             out["syncStateSet"] = sorted(self.ha_master.sync_state_set)
             out["replicas"] = self.ha_master.slave_status()
