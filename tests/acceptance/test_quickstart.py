@@ -4,9 +4,11 @@ clean shutdown on SIGINT with exit 0 and no child process left behind."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -62,7 +64,7 @@ def _child_pids(qs: ManagedProcess) -> list[int]:
     return [int(p) for _, p in CHILD_RX.findall(qs.log_text())]
 
 
-StartQuickstart = Callable[[str, Path], ManagedProcess]
+StartQuickstart = Callable[..., ManagedProcess]
 
 
 @pytest.fixture
@@ -71,8 +73,8 @@ def quickstart(procs: ProcessGroup) -> Iterator[StartQuickstart]:
     it and every child it started (logged, or carrying ``data_dir`` in its command line) are SIGKILLed."""
     started: list[tuple[ManagedProcess, Path]] = []
 
-    def start(name: str, data_dir: Path) -> ManagedProcess:
-        qs = procs.spawn(name, ferry_argv("quickstart", "--data-dir", str(data_dir)))
+    def start(name: str, data_dir: Path, *extra: str) -> ManagedProcess:
+        qs = procs.spawn(name, ferry_argv("quickstart", "--data-dir", str(data_dir), *extra))
         started.append((qs, data_dir))
         return qs
 
@@ -151,6 +153,29 @@ def test_quickstart_round_trip_replication_and_clean_stop(quickstart: StartQuick
     stopped = qs.log_text()
     for name in ("console", "slave", "master", "namesrv"):
         assert re.search(rf"stopped {name} \(pid \d+, exit code 0\)", stopped), stopped
+
+
+def test_quickstart_keep_going_rehearses_master_down(quickstart: StartQuickstart, tmp_path: Path) -> None:
+    """``--keep-going``: the master SIGKILLed, quickstart reports it and keeps the rest serving; the printed
+    ``export NAMESRV_ADDR=...`` line is what ``ferry`` needs to reach it."""
+    data_dir = tmp_path / "qs-keep"
+    qs = quickstart("quickstart-keep", data_dir, "--keep-going")
+    ns_addr = qs.wait_log(READY_RX.pattern, timeout_s=READY_TIMEOUT_S).group(1)
+    exported = qs.wait_log(r"export NAMESRV_ADDR=(\S+)", timeout_s=5).group(1)
+    assert exported == ns_addr
+    pids = dict(CHILD_RX.findall(qs.log_text()))
+    os.kill(int(pids["master"]), signal.SIGKILL)
+    qs.wait_log(rf"master \(pid {pids['master']}\) exited with code -9; --keep-going", timeout_s=10)
+    assert qs.popen is not None and qs.popen.poll() is None
+    env = {**os.environ, "NAMESRV_ADDR": exported}
+    def slave_only() -> bool:
+        cp = subprocess.run(ferry_argv("cluster", "list", "--json"), env=env, capture_output=True, text=True,
+                            timeout=30)
+        return cp.returncode == 0 and [r["brokerId"] for r in json.loads(cp.stdout)] == [1]
+    wait_for(slave_only, timeout_s=60, what="the name server to list the slave alone")
+    qs.signal(signal.SIGINT)
+    assert qs.wait_exit(SHUTDOWN_TIMEOUT_S) == 0, qs.tail()
+    _assert_children_gone([int(p) for p in pids.values()], data_dir)
 
 
 def test_quickstart_sigterm_during_startup_leaves_nothing(quickstart: StartQuickstart, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ free 127.0.0.1 ports, a send/consume round trip, the replication status, then se
 | 6    | consume them (ferrymq.client PushConsumer, else raw PULL_MESSAGE)         | every body of this run received              |
 | 7    | replication status from the master's GET_BROKER_RUNTIME_INFO              | the slave's commit log reached the master's  |
 | 8    | ``python -m ferrymq.cli console`` (the web console)                       | its port answers                             |
-| 9    | print the Prometheus and console URLs and the ``quickstart ready: ...`` line, wait for SIGINT/SIGTERM | |
+| 9    | print the Prometheus and console URLs, the ``quickstart ready: ...`` line and the ``export NAMESRV_ADDR=...`` line, wait for SIGINT/SIGTERM | |
 
 The name server and both brokers serve Prometheus metrics (``metricsPort``, docs/metrics.md) on free ports.
 
@@ -22,7 +22,8 @@ Layout of the data directory::
 Every child runs in its own session (a terminal Ctrl-C reaches only this process, which then stops the
 children slave → master → name server: SIGTERM, then SIGKILL after ``CHILD_STOP_GRACE_S``); on Linux the
 children also get SIGTERM when this process dies (PR_SET_PDEATHSIG). Children are stopped on every exit
-path, failures included. Exit codes: 0 after a signal, 1 when start-up or the demo failed or a child died.
+path, failures included. Exit codes: 0 after a signal, 1 when start-up or the demo failed or a child died (with ``--keep-going`` a dead child is reported and the
+others keep serving).
 """
 
 from __future__ import annotations
@@ -30,28 +31,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from ferrymq.cli.broker import event_loop_factory
+from ferrymq.cli.quickstart_stack import (
+    BROKER_START_TIMEOUT_S,
+    CLUSTER_NAME,
+    LOOPBACK,
+    NAMESRV_START_TIMEOUT_S,
+    POLL_INTERVAL_S,
+    QuickstartError,
+    Stack,
+    free_port,
+    json_body,
+    port_free,
+    request,
+    wait_until,
+    write_conf,
+)
 
-T = TypeVar("T")
-
-LOOPBACK = "127.0.0.1"
 BROKER_NAME = "broker-a"
-CLUSTER_NAME = "DefaultCluster"
 DEMO_TOPIC = "QuickstartTopic"
 DEMO_QUEUES = 4
 DEMO_PRODUCER_GROUP = "quickstart_producer"
@@ -62,181 +69,10 @@ COMMIT_LOG_FILE_BYTES = 64 * 1024 * 1024
 #: HA report/heartbeat period: a slave sends its first report one period after connecting (protocol §6.4)
 HA_HEARTBEAT_INTERVAL_MS = 1000
 #: limits of each start-up step
-NAMESRV_START_TIMEOUT_S = 30.0
-BROKER_START_TIMEOUT_S = 60.0
 REPLICATION_TIMEOUT_S = 60.0
 ROUTE_TIMEOUT_S = 45.0
 DEMO_TIMEOUT_S = 60.0
-#: polling period of every start-up wait and of the child watch while serving
-POLL_INTERVAL_S = 0.1
-#: one raw request from the quickstart
-REQUEST_TIMEOUT_MS = 3000
-#: SIGTERM → SIGKILL grace per child
-CHILD_STOP_GRACE_S = 10.0
-#: attempts at finding a free port
-FREE_PORT_ATTEMPTS = 200
-#: bytes of a failed child's log shown on stderr
-LOG_TAIL_BYTES = 4000
-#: prctl option number (linux/prctl.h)
-PR_SET_PDEATHSIG = 1
 EXIT_FAILED = 1
-
-
-class QuickstartError(Exception):
-    """A start-up step failed (its message says which and why)."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# ports
-
-
-def _port_free(port: int) -> bool:
-    if not 0 < port < 65536:
-        return False
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(taken: set[int], *, with_next: bool = False) -> int:
-    """A free 127.0.0.1 port not in ``taken`` (with ``with_next`` also port+1, a broker's HA port)."""
-    for _ in range(FREE_PORT_ATTEMPTS):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((LOOPBACK, 0))
-            port = int(s.getsockname()[1])
-        group = [port, port + 1] if with_next else [port]
-        if any(p in taken for p in group) or not all(_port_free(p) for p in group):
-            continue
-        taken.update(group)
-        return port
-    raise QuickstartError("no free port found on 127.0.0.1")
-
-
-# ---------------------------------------------------------------------------------------------------
-# child processes
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except Exception:
-        pass
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    log_path: Path
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Child:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-            )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.popen is not None
-        return self.popen.pid
-
-    @property
-    def exit_code(self) -> int | None:
-        return None if self.popen is None else self.popen.poll()
-
-    def log_tail(self) -> str:
-        try:
-            data = self.log_path.read_bytes()
-        except OSError:
-            return ""
-        return data[-LOG_TAIL_BYTES:].decode(errors="replace")
-
-    async def stop(self) -> int | None:
-        """SIGTERM, wait up to CHILD_STOP_GRACE_S, then SIGKILL; always reaped."""
-        if self.popen is None:
-            return None
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + CHILD_STOP_GRACE_S
-            while self.popen.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(POLL_INTERVAL_S)
-            if self.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.popen.kill()
-        return self.popen.wait()
-
-
-@dataclass
-class Stack:
-    data_dir: Path
-    namesrv_port: int = 0
-    master_port: int = 0
-    slave_port: int = 0
-    #: Prometheus ports of the name server, master and slave, and the console's port
-    namesrv_metrics_port: int = 0
-    master_metrics_port: int = 0
-    slave_metrics_port: int = 0
-    console_port: int = 0
-    children: list[Child] = field(default_factory=list)
-
-    @property
-    def namesrv_addr(self) -> str:
-        return f"{LOOPBACK}:{self.namesrv_port}"
-
-    @property
-    def master_addr(self) -> str:
-        return f"{LOOPBACK}:{self.master_port}"
-
-    @property
-    def slave_addr(self) -> str:
-        return f"{LOOPBACK}:{self.slave_port}"
-
-    @property
-    def master_ha_addr(self) -> str:
-        return f"{LOOPBACK}:{self.master_port + 1}"
-
-    def spawn(self, name: str, *args: str) -> Child:
-        child = Child(
-            name, [sys.executable, "-m", "ferrymq.cli", *args], self.data_dir / "logs" / f"{name}.log"
-        )
-        self.children.append(child)
-        child.start()
-        click.echo(f"started {name:<8} pid {child.pid:<7} log {child.log_path}")
-        return child
-
-    def check_alive(self) -> None:
-        for child in self.children:
-            code = child.exit_code
-            if code is not None:
-                raise QuickstartError(
-                    f"{child.name} (pid {child.pid}) exited with code {code}; "
-                    f"last log lines:\n{child.log_tail()}"
-                )
-
-    async def stop_all(self) -> None:
-        for child in reversed(self.children):
-            code = await child.stop()
-            if code is not None:
-                click.echo(f"stopped {child.name} (pid {child.pid}, exit code {code})")
 
 
 def broker_conf(stack: Stack, *, role: str, broker_id: int, port: int, store_dir: Path) -> dict[str, str]:
@@ -263,35 +99,6 @@ def broker_conf(stack: Stack, *, role: str, broker_id: int, port: int, store_dir
     return props
 
 
-def write_conf(path: Path, props: dict[str, str]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    return path
-
-
-# ---------------------------------------------------------------------------------------------------
-# raw remoting requests
-
-
-async def request(addr: str, code: int, ext_fields: dict[str, Any] | None = None, body: bytes = b"") -> Any:
-    from ferrymq.remoting.codec import RemotingCommand
-    from ferrymq.remoting.connection import connect
-
-    conn = await connect(addr, timeout_ms=REQUEST_TIMEOUT_MS)
-    try:
-        return await conn.invoke(
-            RemotingCommand.request(code, dict(ext_fields or {}), body), REQUEST_TIMEOUT_MS
-        )
-    finally:
-        conn.close()
-
-
-def _json(resp: Any) -> Any:
-    from ferrymq.remoting import jsonx
-
-    return jsonx.loads(resp.body) if resp.body else None
-
-
 async def cluster_addrs(ns_addr: str) -> dict[int, str]:
     """broker-a's ``{brokerId: addr}`` as the name server lists it."""
     from ferrymq.remoting.codes import RequestCode, ResponseCode
@@ -299,7 +106,7 @@ async def cluster_addrs(ns_addr: str) -> dict[int, str]:
     resp = await request(ns_addr, RequestCode.GET_BROKER_CLUSTER_INFO)
     if resp.code != ResponseCode.SUCCESS:
         return {}
-    entry = ((_json(resp) or {}).get("brokerAddrTable") or {}).get(BROKER_NAME) or {}
+    entry = ((json_body(resp) or {}).get("brokerAddrTable") or {}).get(BROKER_NAME) or {}
     return {int(k): str(v) for k, v in (entry.get("brokerAddrs") or {}).items()}
 
 
@@ -309,27 +116,7 @@ async def runtime_info(addr: str) -> dict[str, str]:
     resp = await request(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
     if resp.code != ResponseCode.SUCCESS:
         raise QuickstartError(f"GET_BROKER_RUNTIME_INFO on {addr} -> {resp.code} {resp.remark}")
-    return {str(k): str(v) for k, v in ((_json(resp) or {}).get("table") or {}).items()}
-
-
-async def wait_until(
-    stack: Stack, condition: Callable[[], Awaitable[T]], *, timeout_s: float, what: str
-) -> T:
-    """Poll ``condition`` until truthy; a child dying or the deadline passing fails the step."""
-    deadline = time.monotonic() + timeout_s
-    last_exc: BaseException | None = None
-    while True:
-        stack.check_alive()
-        try:
-            value = await condition()
-        except Exception as exc:  # connection refused, timeouts, ferrymq errors while a peer is starting
-            value, last_exc = None, exc  # type: ignore[assignment]
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            hint = f" (last error: {last_exc})" if last_exc else ""
-            raise QuickstartError(f"timed out after {timeout_s:.0f} s waiting for {what}{hint}")
-        await asyncio.sleep(POLL_INTERVAL_S)
+    return {str(k): str(v) for k, v in ((json_body(resp) or {}).get("table") or {}).items()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -430,7 +217,7 @@ async def start_stack(stack: Stack) -> None:
         r = await request(stack.namesrv_addr, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": DEMO_TOPIC})
         if r.code != ResponseCode.SUCCESS:
             return False
-        route = _json(r) or {}
+        route = json_body(r) or {}
         return any(q.get("brokerName") == BROKER_NAME for q in route.get("queueDatas") or [])
 
     await wait_until(stack, routed, timeout_s=ROUTE_TIMEOUT_S, what=f"the route of {DEMO_TOPIC}")
@@ -655,7 +442,7 @@ async def start_console(stack: Stack) -> None:
     stack.spawn("console", "console", "-n", stack.namesrv_addr, "--listen", f"{LOOPBACK}:{stack.console_port}")
 
     async def listening() -> bool:
-        return not _port_free(stack.console_port)
+        return not port_free(stack.console_port)
 
     await wait_until(stack, listening, timeout_s=NAMESRV_START_TIMEOUT_S, what="the console")
     for name, port in (("namesrv", stack.namesrv_metrics_port), ("master", stack.master_metrics_port),
@@ -664,13 +451,22 @@ async def start_console(stack: Stack) -> None:
     click.echo(f"console       http://{LOOPBACK}:{stack.console_port}/")
 
 
-async def _watch_children(stack: Stack) -> None:
+async def _watch_children(stack: Stack, keep_going: bool) -> None:
+    """Returns never; raises QuickstartError when a child dies, unless ``keep_going``: then the death is
+    reported and the others keep serving (to rehearse "master down" with real clients)."""
+    reported: set[str] = set()
     while True:
-        stack.check_alive()
+        if not keep_going:
+            stack.check_alive()
+        for child in stack.newly_dead(reported):
+            click.echo(f"{child.name} (pid {child.pid}) exited with code {child.exit_code}; --keep-going: the "
+                       f"others keep serving (log {child.log_path})")
+        if keep_going and len(reported) == len(stack.children):
+            raise QuickstartError("every process of the quickstart has exited")
         await asyncio.sleep(POLL_INTERVAL_S)
 
 
-async def run(data_dir: Path) -> int:
+async def run(data_dir: Path, *, keep_going: bool = False) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = (signal.SIGINT, signal.SIGTERM)
@@ -695,8 +491,10 @@ async def run(data_dir: Path) -> int:
             f"quickstart ready: namesrv {stack.namesrv_addr}, master {stack.master_addr}, "
             f"slave {stack.slave_addr} (Ctrl-C to stop)"
         )
+        click.echo(f"to use it from another shell: export NAMESRV_ADDR={stack.namesrv_addr}   "
+                   "(then e.g. `ferry cluster list`)")
         sys.stdout.flush()
-        watch = asyncio.ensure_future(_watch_children(stack))
+        watch = asyncio.ensure_future(_watch_children(stack, keep_going))
         await asyncio.wait({watch, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if watch.done():
             watch.result()  # a child died: raises QuickstartError
@@ -724,7 +522,9 @@ async def run(data_dir: Path) -> int:
 )
 @click.option("--failover", is_flag=True, help="controller mode instead: a controller and three replicas; the "
               "master is SIGKILLed under load and sends go on at the new master, then everything stops")
-def command(data_dir: str | None, failover: bool) -> None:
+@click.option("--keep-going", is_flag=True, help="when a child process dies (say you kill the master to "
+              "rehearse an outage), report it and keep the others serving instead of stopping everything")
+def command(data_dir: str | None, failover: bool, keep_going: bool) -> None:
     """Run a name server, a SYNC_MASTER and its SLAVE locally, send and consume a few messages, keep serving."""
     tmp = None
     if data_dir is None:
@@ -739,7 +539,7 @@ def command(data_dir: str | None, failover: bool) -> None:
 
                 code = runner.run(quickstart_failover.run(path))
             else:
-                code = runner.run(run(path))
+                code = runner.run(run(path, keep_going=keep_going))
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from ferrymq.cli.quickstart import (
+from ferrymq.cli.quickstart_stack import (
     BROKER_START_TIMEOUT_S,
     CLUSTER_NAME,
     LOOPBACK,
@@ -28,8 +28,8 @@ from ferrymq.cli.quickstart import (
     POLL_INTERVAL_S,
     QuickstartError,
     Stack,
-    _json,
     free_port,
+    json_body,
     request,
     wait_until,
     write_conf,
@@ -52,7 +52,7 @@ async def _replica_info(controller_addr: str) -> dict[str, Any] | None:
     resp = await request(controller_addr, RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": BROKER_NAME})
     if resp.code != ResponseCode.SUCCESS:
         return None
-    body = _json(resp)
+    body = json_body(resp)
     return body if isinstance(body, dict) else None
 
 
