@@ -142,3 +142,11 @@ async def test_many_sends_print_a_summary_not_a_row_each(ns_addr: str) -> None:
     code, out, err = await ferry("produce", "-n", ns_addr, "-t", "SumT", "--count", "30", "--json", "x")
     assert code == 0, err
     assert len(json.loads(out)) == 30
+
+
+async def test_top_help_lists_whole_first_sentences_without_markup() -> None:
+    code, out, err = await ferry("--help")
+    assert code == 0, err
+    commands = out.split("Commands:", 1)[1]
+    assert "``" not in commands and "..." not in commands
+    assert "(e.g. ORDER_TOPIC_CONFIG)" in " ".join(commands.split())

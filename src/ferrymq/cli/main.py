@@ -56,6 +56,36 @@ class LazyGroup(click.Group):
         cmd: click.Command = module.command
         return cmd
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list with each command's first sentence whole (click cuts it to the line and at the first
+        ". ", which splits "e.g."), reST ``literal`` markup shown as plain text."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            rows.append((name, cmd.short_help or first_sentence(cmd.help or "")))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+#: abbreviations whose period does not end a sentence
+_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a docstring, on one line, without reST literal markup."""
+    flat = " ".join(text.replace("``", "").split())
+    start = 0
+    while True:
+        end = flat.find(". ", start)
+        if end < 0:
+            return flat
+        if not any(flat[: end + 1].endswith(a) for a in _ABBREVIATIONS):
+            return flat[: end + 1]
+        start = end + 2
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ferrymq")
