@@ -1,6 +1,6 @@
 """Transactional half messages on an in-process broker over raw remoting (broker/transaction.py,
-processors/end_transaction.py): invisible until decided, each decided once (a second answer is ignored,
-also after a restart), checks of group and offsets, a discarded half message after the last check-back."""
+processors/end_transaction.py): invisible until decided, each decided once (the same answer again is
+acknowledged, a different one refused, also after a restart), checks of group and offsets, a discarded half message after the last check-back."""
 
 from __future__ import annotations
 
@@ -64,9 +64,13 @@ async def test_decided_once_and_only_by_the_right_group(tmp_path: Path) -> None:
     await broker.start()
     client = await Client().open(broker.broker_addr)
     try:
-        assert (await client.call(RequestCode.END_TRANSACTION, end(phy_r, qo_r, 8))).code == R.SUCCESS
+        late = await client.call(RequestCode.END_TRANSACTION, end(phy_r, qo_r, 8))
+        assert late.code == R.TRANSACTION_FAILED and "already rolled back" in (late.remark or "")
+        assert (await client.call(RequestCode.END_TRANSACTION, end(phy_r, qo_r, 12))).code == R.SUCCESS
+        late = await client.call(RequestCode.END_TRANSACTION, end(phy_c, qo_c, 12))
+        assert late.code == R.TRANSACTION_FAILED and "already committed" in (late.remark or "")
         broker.writer.reput_now()
-        assert await _visible(client) == [b"commit-me"]  # the late commit of a rolled-back one is ignored
+        assert await _visible(client) == [b"commit-me"]  # the late commit of a rolled-back one is refused
     finally:
         client.close()
         await broker.stop()

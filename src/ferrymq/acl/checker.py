@@ -1,17 +1,7 @@
-"""Which rights a request needs (by request code) and whether an account has them.
-
-| request codes                                              | needs                                   |
-|------------------------------------------------------------|-----------------------------------------|
-| SEND_MESSAGE 10, SEND_REPLY_MESSAGE 324                    | PUB on ``topic``                        |
-| SEND_MESSAGE_V2 310, SEND_BATCH_MESSAGE 320, SEND_REPLY_MESSAGE_V2 325 | PUB on ``b`` (the topic)    |
-| PULL_MESSAGE 11                                            | SUB on ``topic`` and ``consumerGroup``  |
-| QUERY/UPDATE_CONSUMER_OFFSET 14/15                         | SUB on ``topic`` and ``consumerGroup``  |
-| QUERY_MESSAGE 12                                           | SUB on ``topic``                        |
-| CONSUMER_SEND_MSG_BACK 36                                  | SUB on ``group``                        |
-| GET_CONSUMER_LIST_BY_GROUP 38, UNREGISTER_CLIENT 35        | SUB on ``consumerGroup`` (when given)   |
-| HEART_BEAT 34                                              | SUB on every consumer group and subscribed topic of the body |
-| ADMIN_CODES (below)                                        | an ``admin`` account                    |
-| anything else                                              | a valid signature                       |
+"""Whether an account may run a request: the signature, then the rights of acl/rules.py (THE table code ->
+required right; docs/security.md shows it), then the shape of the signed header (fields the code defines,
+canonical numbers). Codes the table does not list (the name server's) need an admin account when they are
+in ``ADMIN_CODES`` and a valid signature otherwise.
 
 A topic named ``%RETRY%g`` or ``%DLQ%g`` is judged by the perm of group ``g``.
 """
@@ -22,6 +12,7 @@ from dataclasses import dataclass
 
 from ferrymq.acl.config import Account, AclConfig
 from ferrymq.acl.perm import Perm, grants
+from ferrymq.acl.rules import BY_CODE, NAMESRV_ADMIN_CODES, Right, Rule, shape_error
 from ferrymq.remoting import jsonx, signature
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode as C
@@ -32,26 +23,14 @@ DLQ_PREFIX = "%DLQ%"
 #: ACL management codes (50..54: update/delete an account, ACL info, global white addresses, the whole ACL)
 ACL_ADMIN_CODES = frozenset(range(int(C.UPDATE_AND_CREATE_ACL_CONFIG), int(C.GET_BROKER_CLUSTER_ACL_CONFIG) + 1))
 #: UPDATE_NAMESRV_CONFIG
-UPDATE_NAMESRV_CONFIG_CODE = 318
-#: RocketMQ's offset-reset codes (INVOKE_BROKER_TO_RESET_OFFSET 222) and the commitlog purge (329)
-RESET_OFFSET_CODES = frozenset((int(C.RESET_CONSUMER_CLIENT_OFFSET), 222))
-ADMIN_CODES = frozenset({
-    int(C.UPDATE_AND_CREATE_TOPIC), int(C.DELETE_TOPIC_IN_BROKER), int(C.DELETE_TOPIC_IN_NAMESRV),
-    int(C.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP), int(C.DELETE_SUBSCRIPTIONGROUP),
-    int(C.UPDATE_BROKER_CONFIG), int(C.PUT_KV_CONFIG), int(C.DELETE_KV_CONFIG),
-    int(C.WIPE_WRITE_PERM_OF_BROKER), int(C.ADD_WRITE_PERM_OF_BROKER), 329, UPDATE_NAMESRV_CONFIG_CODE,
-}) | ACL_ADMIN_CODES | RESET_OFFSET_CODES
+UPDATE_NAMESRV_CONFIG_CODE = int(C.UPDATE_NAMESRV_CONFIG)
+#: RocketMQ's offset-reset codes (INVOKE_BROKER_TO_RESET_OFFSET 222)
+RESET_OFFSET_CODES = frozenset((int(C.RESET_CONSUMER_CLIENT_OFFSET), int(C.INVOKE_BROKER_TO_RESET_OFFSET)))
+#: every code that needs an admin account: the broker's (rules.py) and the name server's
+ADMIN_CODES = frozenset(code for code, rule in BY_CODE.items() if rule.right is Right.ADMIN) | NAMESRV_ADMIN_CODES \
+    | RESET_OFFSET_CODES
 #: what a name server with aclEnable checks (all need an admin account); reads and broker registration are open
-NAMESRV_GUARDED_CODES = frozenset({
-    int(C.PUT_KV_CONFIG), int(C.DELETE_KV_CONFIG), int(C.DELETE_TOPIC_IN_NAMESRV), int(C.WIPE_WRITE_PERM_OF_BROKER),
-    int(C.ADD_WRITE_PERM_OF_BROKER), UPDATE_NAMESRV_CONFIG_CODE})
-
-_SEND_TOPIC_KEY = {int(C.SEND_MESSAGE): "topic", int(C.SEND_REPLY_MESSAGE): "topic",
-                   int(C.SEND_MESSAGE_V2): "b", int(C.SEND_BATCH_MESSAGE): "b", int(C.SEND_REPLY_MESSAGE_V2): "b"}
-_TOPIC_AND_GROUP_CODES = frozenset((int(C.PULL_MESSAGE), int(C.QUERY_CONSUMER_OFFSET),
-                                    int(C.UPDATE_CONSUMER_OFFSET)))
-_GROUP_ONLY_KEY = {int(C.CONSUMER_SEND_MSG_BACK): "group", int(C.GET_CONSUMER_LIST_BY_GROUP): "consumerGroup",
-                   int(C.UNREGISTER_CLIENT): "consumerGroup"}
+NAMESRV_GUARDED_CODES = NAMESRV_ADMIN_CODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,21 +50,33 @@ def topic_need(topic: str, perm: Perm) -> Need:
 
 
 def needs_of(cmd: RemotingCommand) -> list[Need]:
-    """The topic/group rights ``cmd`` needs (ValueError when its header or body cannot be read)."""
-    code, ext = cmd.code, cmd.ext_fields
-    key = _SEND_TOPIC_KEY.get(code)
-    if key is not None:
-        return [topic_need(_required(ext, key), Perm.PUB)]
-    if code in _TOPIC_AND_GROUP_CODES:
-        return [topic_need(_required(ext, "topic"), Perm.SUB), Need(_required(ext, "consumerGroup"), Perm.SUB, True)]
-    if code == C.QUERY_MESSAGE:
-        return [topic_need(_required(ext, "topic"), Perm.SUB)]
-    key = _GROUP_ONLY_KEY.get(code)
-    if key is not None:
-        group = ext.get(key)
-        return [Need(group, Perm.SUB, True)] if group else []
-    if code == C.HEART_BEAT:
+    """The topic/group rights ``cmd`` needs before its handler runs (ValueError when its header or body cannot
+    be read). END_TRANSACTION's topic is only known to its handler (``half_topic_denial``)."""
+    rule = BY_CODE.get(cmd.code)
+    if rule is None:
+        return []
+    return _needs(rule, cmd)
+
+
+def _needs(rule: Rule, cmd: RemotingCommand) -> list[Need]:
+    ext = cmd.ext_fields
+    right = rule.right
+    if right is Right.PUB_TOPIC:
+        return [topic_need(_required(ext, rule.topic_key), Perm.PUB)]
+    if right is Right.SUB_TOPIC_GROUP:
+        return [topic_need(_required(ext, rule.topic_key), Perm.SUB),
+                Need(_required(ext, rule.group_key), Perm.SUB, True)]
+    if right is Right.SUB_TOPIC:
+        return [topic_need(_required(ext, rule.topic_key), Perm.SUB)]
+    if right is Right.SUB_GROUP:
+        group = ext.get(rule.group_key)
+        if not group and rule.group_optional:
+            return []
+        return [Need(_required(ext, rule.group_key), Perm.SUB, True)]
+    if right is Right.SUB_HEARTBEAT:
         return _heartbeat_needs(cmd.body)
+    if right is Right.SUB_LOCK:
+        return _lock_needs(cmd.body)
     return []
 
 
@@ -96,11 +87,15 @@ def _required(ext: dict[str, str], key: str) -> str:
     return value
 
 
-def _heartbeat_needs(body: bytes) -> list[Need]:
+def _json_body(body: bytes, what: str) -> object:
     try:
-        data = jsonx.loads(body) if body else {}
+        return jsonx.loads(body) if body else {}
     except Exception as exc:  # orjson raises its own decode error type
-        raise ValueError(f"heartbeat body is not JSON: {exc}") from None
+        raise ValueError(f"{what} body is not JSON: {exc}") from None
+
+
+def _heartbeat_needs(body: bytes) -> list[Need]:
+    data = _json_body(body, "heartbeat")
     needs: list[Need] = []
     for consumer in (data.get("consumerDataSet") or []) if isinstance(data, dict) else []:
         if not isinstance(consumer, dict):
@@ -114,10 +109,40 @@ def _heartbeat_needs(body: bytes) -> list[Need]:
     return needs
 
 
+def _lock_needs(body: bytes) -> list[Need]:
+    data = _json_body(body, "lock")
+    if not isinstance(data, dict) or not data.get("consumerGroup"):
+        raise ValueError("the lock body names no consumerGroup")
+    needs = [Need(str(data["consumerGroup"]), Perm.SUB, True)]
+    topics = {str(mq.get("topic")) for mq in data.get("mqSet") or [] if isinstance(mq, dict) and mq.get("topic")}
+    needs.extend(topic_need(topic, Perm.SUB) for topic in sorted(topics))
+    return needs
+
+
 def _owned(account: Account, need: Need) -> Perm:
     if need.is_group:
         return account.group_perms.get(need.name, account.default_group_perm)
     return account.topic_perms.get(need.name, account.default_topic_perm)
+
+
+def _missing(account: Account, needs: list[Need], code: int) -> str | None:
+    for need in needs:
+        if not grants(_owned(account, need), need.perm):
+            kind = "group" if need.is_group else "topic"
+            return (f"AccessKey {account.access_key} has no {need.perm.name} permission on {kind} {need.name} "
+                    f"(request code {code})")
+    return None
+
+
+def _caller(acl: AclConfig, peer_ip: str, cmd: RemotingCommand) -> Account | None:
+    """The account of a request that passed ``check`` (None: a whitelisted address, which skips every check)."""
+    for matcher in acl.global_white:
+        if matcher(peer_ip):
+            return None
+    account = acl.accounts.get(cmd.ext_fields.get(signature.ACCESS_KEY) or "")
+    if account is None or (account.white_remote_address is not None and account.white_remote_address(peer_ip)):
+        return None
+    return account
 
 
 def check(acl: AclConfig, peer_ip: str, cmd: RemotingCommand) -> str | None:
@@ -138,17 +163,34 @@ def check(acl: AclConfig, peer_ip: str, cmd: RemotingCommand) -> str | None:
         return f"no Signature in the request for AccessKey {access_key}"
     if not signature.verify(ext, cmd.body, account.secret_key):
         return f"signature check failed for AccessKey {access_key}"
+    rule = BY_CODE.get(cmd.code)
+    if rule is not None:
+        bad_shape = shape_error(rule, ext)
+        if bad_shape is not None:
+            return bad_shape
     if cmd.code in ADMIN_CODES and not account.admin:
         return f"request code {cmd.code} needs an admin account; AccessKey {access_key} is not one"
-    if account.admin:
+    if account.admin or rule is None:
         return None
     try:
-        needs = needs_of(cmd)
+        needs = _needs(rule, cmd)
     except ValueError as exc:
         return f"cannot tell the rights request code {cmd.code} needs: {exc}"
-    for need in needs:
-        if not grants(_owned(account, need), need.perm):
-            kind = "group" if need.is_group else "topic"
-            return (f"AccessKey {access_key} has no {need.perm.name} permission on {kind} {need.name} "
-                    f"(request code {cmd.code})")
+    return _missing(account, needs, cmd.code)
+
+
+def half_topic_denial(acl: AclConfig, peer_ip: str, cmd: RemotingCommand, real_topic: str,
+                      producer_group: str) -> str | None:
+    """END_TRANSACTION of a request that passed ``check``: None when its caller has PUB on the half message's
+    real topic (and no DENY on its producer group where the account lists that group), else the reason."""
+    account = _caller(acl, peer_ip, cmd)
+    if account is None or account.admin:
+        return None
+    reason = _missing(account, [topic_need(real_topic, Perm.PUB)], cmd.code)
+    if reason is not None:
+        return reason
+    listed = account.group_perms.get(producer_group) if producer_group else None
+    if listed is not None and listed & Perm.DENY:
+        return (f"AccessKey {account.access_key} is denied producer group {producer_group} "
+                f"(request code {cmd.code})")
     return None

@@ -9,7 +9,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from ferrymq.acl.checker import check
+from ferrymq.acl.checker import check, half_topic_denial
 from ferrymq.acl.config import AclConfig, parse_acl
 from ferrymq.common.properties import read_config_text
 from ferrymq.errors import ConfigError
@@ -26,6 +26,10 @@ RELOAD_CHECK_INTERVAL_S = 1.0
 
 def read_acl_file(path: str) -> AclConfig:
     return parse_acl(read_config_text(path, "aclFile"), os.path.basename(path))
+
+
+def _peer_ip(conn: Connection) -> str:
+    return conn.peer_addr.rpartition(":")[0].strip("[]")
 
 
 class AclGuard:
@@ -72,8 +76,12 @@ class AclGuard:
 
     def denial(self, conn: Connection, cmd: RemotingCommand) -> str | None:
         self.maybe_reload()
-        peer_ip = conn.peer_addr.rpartition(":")[0].strip("[]")
-        return check(self.acl, peer_ip, cmd)
+        return check(self.acl, _peer_ip(conn), cmd)
+
+    def end_transaction_denial(self, conn: Connection, cmd: RemotingCommand, real_topic: str,
+                               producer_group: str) -> str | None:
+        """END_TRANSACTION's own check, once its handler knows the half message (checker.half_topic_denial)."""
+        return half_topic_denial(self.acl, _peer_ip(conn), cmd, real_topic, producer_group)
 
     def guarded(self, handler: Handler) -> Handler:
         def guard(conn: Connection, cmd: RemotingCommand) -> Any:

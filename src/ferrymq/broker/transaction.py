@@ -8,9 +8,11 @@
   queue, body, flag, keys, tags and properties of the half one, transaction markers removed, sysFlag
   TRANSACTION_COMMIT, ``preparedTransactionOffset`` = the half message's phy offset); **rollback** stores
   nothing. Either way an **op record** goes to ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` queue 0 (table below), in the
-  same loop turn as the real message. A decision for a half message that already has one is acknowledged and
-  ignored: each half message is decided once, also when a check-back answer and the producer's own answer
-  both arrive, and after a restart (the decided set is rebuilt from the op topic at start).
+  same loop turn as the real message. Each half message is decided once, also after a restart (the decisions
+  are rebuilt from the op topic at start): the same decision again (a check-back answer and the producer's
+  own answer) is acknowledged and ignored; a different one (a rollback after a commit, a commit after a
+  rollback or a discard) is refused (CONFLICT). With ACL, the caller needs PUB on the half message's real
+  topic (processors/end_transaction.py).
 * **Check-back**: every ``transactionCheckInterval`` the service walks the undecided half messages; one older
   than ``transactionTimeOut`` (or its ``CHECK_IMMUNITY_TIME_IN_SECONDS``) is asked about with
   CHECK_TRANSACTION_STATE (39, oneway) on a live connection of its producer group (``PGROUP``), at most
@@ -84,6 +86,8 @@ class EndStatus(Enum):
 
     APPLIED = "APPLIED"
     ALREADY_DECIDED = "ALREADY_DECIDED"
+    #: the half message already has a different decision (``TransactionService.decision_of`` says which)
+    CONFLICT = "CONFLICT"
     NOT_FOUND = "NOT_FOUND"
     WRONG_GROUP = "WRONG_GROUP"
     STORE_FAILED = "STORE_FAILED"
@@ -107,8 +111,8 @@ class TransactionService:
         self.ctx = ctx
         self.config = config
         self.clock_ms = clock_ms
-        #: half queue offsets that have an op record
-        self.decided: set[int] = set()
+        #: half queue offsets that have an op record -> its decision (None: an op record without a readable one)
+        self.decided: dict[int, Decision | None] = {}
         #: every half queue offset below this is decided (where the check walk starts)
         self.scan_from = 0
         self.check_counts: dict[int, int] = {}
@@ -155,9 +159,15 @@ class TransactionService:
         ops, self._op_loaded_to = self._scan(TRANS_OP_HALF_TOPIC, self._op_loaded_to)
         for op in ops:
             try:
-                self.decided.add(int(op.body.decode("ascii")))
+                half_queue_offset = int(op.body.decode("ascii"))
             except (UnicodeDecodeError, ValueError):
                 log.warning("op record with body %r ignored", op.body[:40])
+                continue
+            try:
+                decision: Decision | None = Decision(op.properties.get(PROPERTY_DECISION, ""))
+            except ValueError:
+                decision = None
+            self.decided.setdefault(half_queue_offset, decision)
 
     def _write_op(self, half_queue_offset: int, decision: Decision) -> bool:
         props = {PROPERTY_TAGS: OP_TAGS, PROPERTY_DECISION: decision.value}
@@ -169,27 +179,41 @@ class TransactionService:
         if result.append_result is None:
             log.error("op record for half message %d not stored: %s", half_queue_offset, result.status.name)
             return False
-        self.decided.add(half_queue_offset)
+        self.decided[half_queue_offset] = decision
         self.check_counts.pop(half_queue_offset, None)
         return True
 
     # ---- END_TRANSACTION -------------------------------------------------------------------------
-    def end(self, producer_group: str, half_phy_offset: int, half_queue_offset: int, commit: bool) -> EndStatus:
+    def half_message(self, half_phy_offset: int, half_queue_offset: int) -> MessageExt | None:
+        """The half message END_TRANSACTION names (None when the offsets do not name one)."""
         half = self.ctx.store.look_message_by_offset(half_phy_offset)
         if half is None or half.topic != TRANS_HALF_TOPIC or half.queue_offset != half_queue_offset:
+            return None
+        return half
+
+    def decision_of(self, half_queue_offset: int) -> Decision | None:
+        return self.decided.get(half_queue_offset)
+
+    def end(self, producer_group: str, half_phy_offset: int, half_queue_offset: int, commit: bool,
+            half: MessageExt | None = None) -> EndStatus:
+        if half is None:
+            half = self.half_message(half_phy_offset, half_queue_offset)
+        if half is None:
             return EndStatus.NOT_FOUND
         group = half.properties.get(PROPERTY_PRODUCER_GROUP)
-        if group and producer_group and group != producer_group:
+        if group and group != producer_group:
             return EndStatus.WRONG_GROUP
         self.load_decisions()
+        wanted = Decision.COMMIT if commit else Decision.ROLLBACK
         if half_queue_offset in self.decided:
-            return EndStatus.ALREADY_DECIDED
+            earlier = self.decided[half_queue_offset]
+            return EndStatus.ALREADY_DECIDED if earlier in (wanted, None) else EndStatus.CONFLICT
         if commit:
             result = self.ctx.writer.put(self._real_message(half))
             if result.append_result is None:
                 log.error("committed message of half %d not stored: %s", half_queue_offset, result.status.name)
                 return EndStatus.STORE_FAILED
-        if not self._write_op(half_queue_offset, Decision.COMMIT if commit else Decision.ROLLBACK):
+        if not self._write_op(half_queue_offset, wanted):
             return EndStatus.STORE_FAILED
         return EndStatus.APPLIED
 

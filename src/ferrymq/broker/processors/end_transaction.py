@@ -6,12 +6,14 @@ Header (RocketMQ names): ``producerGroup``, ``tranStateTableOffset`` (the half m
 
 | outcome                         | response (when not oneway)                                   |
 |---------------------------------|--------------------------------------------------------------|
-| applied / already decided       | SUCCESS                                                      |
+| applied / the same decision again | SUCCESS                                                    |
+| a different decision than before | TRANSACTION_FAILED (4) "... was already committed/rolled back/discarded" |
 | 0 (unknown)                     | SUCCESS, nothing done (a check-back asks again)              |
+| ACL: no PUB on the real topic   | NO_PERMISSION (16) naming the topic                          |
 | not a master                    | SLAVE_NOT_AVAILABLE (11) (controller mode: SERVICE_NOT_AVAILABLE) |
 | bad header                      | SYSTEM_ERROR naming the field                                |
 | half message not found          | SYSTEM_ERROR "the half message ... was not found"            |
-| producer group differs          | SYSTEM_ERROR "the producer group ... differs"               |
+| producer group differs (or none given for a half message that names one) | SYSTEM_ERROR "the producer group ... differs" |
 | store refused the records       | SYSTEM_ERROR                                                 |
 """
 
@@ -21,12 +23,20 @@ import logging
 from typing import Any
 
 from ferrymq.broker.transaction import EndStatus
-from ferrymq.common.message import SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_ROLLBACK
+from ferrymq.common.message import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_TOPIC,
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+)
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 log = logging.getLogger(__name__)
+
+#: how a refusal names the earlier decision (broker/transaction.py Decision values)
+_DONE = {"commit": "committed", "rollback": "rolled back", "discard": "discarded after its last check-back"}
 
 
 class EndTransactionProcessor:
@@ -53,9 +63,26 @@ class EndTransactionProcessor:
         if kind not in (SYSFLAG_TRANSACTION_COMMIT, SYSFLAG_TRANSACTION_ROLLBACK):
             return cmd.response(R.SUCCESS)  # unknown: the check-back asks again later
         group = cmd.ext_fields.get("producerGroup", "")
-        status = ctx.transactions.end(group, phy, qo, kind == SYSFLAG_TRANSACTION_COMMIT)
+        txs = ctx.transactions
+        half = txs.half_message(phy, qo)
+        guard = ctx.acl_guard
+        if half is not None and guard is not None:
+            real_topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
+            denial = guard.end_transaction_denial(conn, cmd, real_topic,
+                                                  half.properties.get(PROPERTY_PRODUCER_GROUP) or group)
+            if denial is not None:
+                log.info("END_TRANSACTION refused: %s", denial)
+                return cmd.response(R.NO_PERMISSION, remark=denial)
+        status = txs.end(group, phy, qo, kind == SYSFLAG_TRANSACTION_COMMIT, half) if half is not None \
+            else EndStatus.NOT_FOUND
         if status in (EndStatus.APPLIED, EndStatus.ALREADY_DECIDED):
             return cmd.response(R.SUCCESS)
+        if status is EndStatus.CONFLICT:
+            earlier = txs.decision_of(qo)
+            remark = (f"the half message at tranStateTableOffset {qo} was already "
+                      f"{_DONE.get(earlier.value if earlier else '', 'decided')}; a different decision is refused")
+            log.info("END_TRANSACTION refused: %s", remark)
+            return cmd.response(R.TRANSACTION_FAILED, remark=remark)
         remark = {
             EndStatus.NOT_FOUND: f"the half message at commitLogOffset {phy} / tranStateTableOffset {qo} was not found",
             EndStatus.WRONG_GROUP: f"the producer group {group!r} differs from the half message's",
