@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from ferrymq.cli.bench_impl.units import fmt_size
 
@@ -58,5 +59,5 @@ def render_table(bench: Any) -> Table:
         style = _STATUS_STYLE.get(status, "")
         t.add_row(r.wid, r.name, fmt_size(r.size) if r.size else "", r.metric, fmt_num(r.value, r.unit),
                   fmt_num(r.x("p50_us")), fmt_num(r.x("p99_us")), fmt_num(r.x("p999_us")), r.ratio, r.target,
-                  f"[{style}]{status}[/]" if style else status, _detail(r))
+                  f"[{style}]{status}[/]" if style else status, Text(_detail(r)))
     return t
