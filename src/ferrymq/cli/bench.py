@@ -53,12 +53,35 @@ def _size_option(value: str | None) -> int | None:
 @click.option("--broker-conf", "broker_conf", multiple=True, metavar="KEY=VALUE",
               help="A broker.conf key for every broker started (repeatable), e.g. metricsPort=0.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every step to stderr.")
+@click.option("--estate", is_flag=True,
+              help="Run the estate benchmark instead: many topics, groups and queues on one broker, in steps.")
+@click.option("--estate-scale", type=click.Choice(["full", "small"]), default="full",
+              help="Estate step sizes preset (small: a quick smoke run).")
+@click.option("--estate-topics", default=None, help="Topic counts of the estate steps, e.g. 100,1000,10000.")
+@click.option("--estate-groups", default=None, help="Consumer group counts of the estate steps, e.g. 100,1000,5000.")
+@click.option("--estate-queues", type=int, default=None,
+              help="Queues given one message each in the last estate step (0 = no such step).")
+@click.option("--estate-samples", type=int, default=None, help="Single requests per operation and estate step.")
+@click.option("--estate-heartbeat-groups", type=int, default=None,
+              help="New groups per heartbeat while building the estate's groups.")
+@click.option("--estate-server-pythonpath", default=None, envvar="FERRY_BENCH_SERVER_PYTHONPATH",
+              help="PYTHONPATH of the started name server and broker (e.g. another checkout's src).")
 def command(repeats: int | None, duration_s: float | None, warmup_s: float | None, sizes: str, producers: int,
             client_procs: int, batch_bytes: str, e2e_rate: int | None, backlog_bytes: str | None,
             catchup_bytes: str | None, restart_bytes: str | None, disk_bytes: str | None, only: str | None,
             skip: str | None, quick: bool, json_path: str | None, base_dir: str | None, keep_dir: bool,
-            verbose: bool, broker_conf: tuple[str, ...]) -> None:
+            verbose: bool, broker_conf: tuple[str, ...], estate: bool, estate_scale: str, estate_topics: str | None,
+            estate_groups: str | None, estate_queues: int | None, estate_samples: int | None,
+            estate_heartbeat_groups: int | None, estate_server_pythonpath: str | None) -> None:
     """Benchmark ferrymq against Redis and the machine's limits; prints one table (medians, ratios, targets)."""
+    if estate:
+        from ferrymq.cli.bench_impl.estate import run_estate
+
+        run_estate(scale=estate_scale, topics=estate_topics, groups=estate_groups, queues=estate_queues,
+                   samples=estate_samples, heartbeat_groups=estate_heartbeat_groups,
+                   server_pythonpath=estate_server_pythonpath, json_path=json_path, base_dir=base_dir,
+                   keep_dir=keep_dir, broker_conf=broker_conf, verbose=verbose)
+        return
     from rich.console import Console
     from rich.progress import (
         BarColumn,
