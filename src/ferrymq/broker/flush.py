@@ -31,13 +31,23 @@ class FlushService:
     def __init__(self, store: Any, *, sync_flush: bool, interval_ms: int) -> None:
         self._store = store
         self.sync_flush = sync_flush
-        self.interval_ms = interval_ms
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = threading.Event()
+        self._interval_ms = interval_ms
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
+
+    @property
+    def interval_ms(self) -> int:
+        """ASYNC_FLUSH period (flushIntervalCommitLog); a change at runtime applies from the next round."""
+        return self._interval_ms
+
+    @interval_ms.setter
+    def interval_ms(self, value: int) -> None:
+        self._interval_ms = value
+        self._wake.set()  # a thread waiting out the old, longer period starts the new one now
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -57,10 +67,9 @@ class FlushService:
         return fut
 
     def _run(self) -> None:
-        wait_s = (SYNC_FLUSH_IDLE_WAIT_MS if self.sync_flush else self.interval_ms) / 1000
         last_cq_flush = 0.0
         while not self._stopping:
-            self._wake.wait(wait_s)
+            self._wake.wait((SYNC_FLUSH_IDLE_WAIT_MS if self.sync_flush else self._interval_ms) / 1000)
             self._wake.clear()
             try:
                 self._store.flush()
