@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from broker_helpers import Client, make_config, send_v1, wait_for
 from test_metrics import scrape
@@ -136,6 +137,12 @@ async def test_roles_epochs_sync_state_set_and_switchover(tmp_path: Path) -> Non
         await wait_for(lambda: r1.ha_master.slave_status()[0]["ackPhyOffset"] == end1)
         m1 = await scrape(b1.metrics_server.port)
         assert m1[("ferrymq_ha_slave_lag_bytes", (("slave", "replica-2"),))] == 0
+        # the runtime info `ferry ha status` and `cluster list` read names the in-sync replica, as a classic master
+        info = b1.runtime_info()
+        assert info["haSlaveCount"] == "1"
+        [link] = orjson.loads(info["haSlaves"])
+        assert link["replicaId"] == 2 and link["ackOffset"] == end1 and link["lagBytes"] == 0
+        assert link["inSyncStateSet"] is True
 
         # switchover: 2 becomes master of epoch 2, 1 follows it
         ctl.elect(2)

@@ -487,6 +487,10 @@ class BrokerController:
                 info["haSlaves"] = jsonx.dumps(slaves).decode()
             except Exception:
                 pass
+        if self.controller_role is not None and self.controller_role.is_master:
+            links = self.controller_role.ha_master.link_table()
+            info["haSlaveCount"] = str(len(links))
+            info["haSlaves"] = jsonx.dumps(links).decode()
         if self.controller_role is not None:
             info["controllerRole"] = jsonx.dumps(self.controller_role.status()).decode()
             info["masterEpoch"] = str(self.controller_role.master_epoch)

@@ -331,6 +331,19 @@ class AutoSwitchHAMaster:
                         "caughtUpAgoMs": now - caught if caught is not None else -1})
         return out
 
+    def link_table(self) -> list[dict[str, Any]]:
+        """The connected replicas in the classic master's ``haSlaves`` shape (addr, ackOffset, lagBytes), so
+        ``ferry ha status`` and ``cluster list`` read both modes alike; replicaId and inSyncStateSet added."""
+        master_max = self.store.max_phy_offset
+        out = []
+        for rid, slave in sorted(self._slaves.items()):
+            peer = slave.writer.get_extra_info("peername")
+            ack = slave.ack_phy_offset
+            out.append({"addr": f"{peer[0]}:{peer[1]}" if peer else f"replica {rid}", "replicaId": rid,
+                        "ackOffset": ack, "lagBytes": master_max - max(ack, 0), "state": "TRANSFER",
+                        "inSyncStateSet": rid in self.sync_state_set})
+        return out
+
     def _on_ack(self, slave: _Slave, ack: int) -> None:
         slave.last_read_ms = _now_ms()
         if ack < slave.ack_phy_offset or ack > slave.next_phy_offset:
