@@ -171,10 +171,13 @@ class BrokerConfig:
         "diskMaxUsedSpaceRatio", "Percent of the store's disk in use above which expired commit log files are "
         "deleted at once"))
     disk_space_clean_forcibly_ratio: int = field(default=85, metadata=_meta(
-        "diskSpaceCleanForciblyRatio", "Percent in use above which the oldest commit log file is deleted even "
-        "before it expires (with cleanFileForciblyEnable)"))
-    clean_file_forcibly_enable: bool = field(default=True, metadata=_meta(
-        "cleanFileForciblyEnable", "Allow the forced deletion above diskSpaceCleanForciblyRatio"))
+        "diskSpaceCleanForciblyRatio", "Percent in use (as df shows it) above which the forced cleanup runs: by "
+        "default it deletes only commit log files older than fileReservedTime that every subscribed group has "
+        "consumed (with cleanFileForciblyEnable, the oldest file even before it expires)"))
+    clean_file_forcibly_enable: bool = field(default=False, metadata=_meta(
+        "cleanFileForciblyEnable", "Opt in to RocketMQ's forced cleanup: above diskSpaceCleanForciblyRatio the oldest "
+        "commit log file is deleted before it expires, even with messages no group has consumed yet (off: a full "
+        "disk refuses sends instead)"))
     disk_space_warning_level_ratio: int = field(default=90, metadata=_meta(
         "diskSpaceWarningLevelRatio", "Percent in use above which sends are refused (SERVICE_NOT_AVAILABLE, "
         "remark 'disk is full') until space returns; reads go on"))

@@ -43,7 +43,7 @@ async def wait_for_signal() -> None:
 async def _run(config_path: str, namesrv: str | None) -> None:
     from ferrymq.broker.app import BrokerController
     from ferrymq.broker.config import load_config
-    from ferrymq.store.errors import StoreDirError
+    from ferrymq.store.errors import StoreConfigMismatchError, StoreDirError
 
     overrides = {"namesrvAddr": namesrv} if namesrv else None
     cfg = load_config(config_path, overrides)
@@ -52,6 +52,8 @@ async def _run(config_path: str, namesrv: str | None) -> None:
         await ctl.start()
     except StoreDirError as exc:  # a locked or unusable store directory is a set-up error, not a crash
         raise ConfigError("storePathRootDir", str(exc)) from None
+    except StoreConfigMismatchError as exc:  # a store written with another layout setting
+        raise ConfigError(exc.key, str(exc)) from None
     try:
         click.echo(f"ferrymq broker {cfg.broker_name} (id {cfg.broker_id}, {cfg.broker_role.value}) serving on "
                    f"{ctl.bind_addr} (registered as {ctl.broker_addr})")

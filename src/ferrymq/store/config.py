@@ -80,9 +80,12 @@ class StoreConfig:
     dispatch_pending_max: int = 100_000  # master's in-memory dispatch queue bound
     #: percent of the store's file system in use above which expired segments are deleted at once
     disk_max_used_space_ratio: int = 75
-    #: percent above which the oldest segments are deleted even before they expire (cleanFileForciblyEnable)
+    #: percent above which the forced cleanup runs (message_store.check_disk_space)
     disk_space_clean_forcibly_ratio: int = 85
-    clean_file_forcibly_enable: bool = True
+    #: RocketMQ's forced cleanup (opt-in): above disk_space_clean_forcibly_ratio the oldest segment is deleted even
+    #: before it expires, consumed or not. Off: the forced cleanup never deletes a segment younger than
+    #: file_reserved_time_hours or holding messages a subscribed group has not consumed; a full disk refuses sends
+    clean_file_forcibly_enable: bool = False
     #: percent above which the store refuses puts (DISK_FULL) until usage falls below it again
     disk_space_warning_level_ratio: int = 90
 

@@ -6,7 +6,8 @@
     ├── StoreDirError        a store directory cannot be created, opened or locked
     │   ├── StoreLockedError another process holds the store lock
     │   └── StoreDiskFullError no room on disk to reserve a file's blocks (ENOSPC)
-    └── StoreCorruptError    files on disk are inconsistent beyond automatic repair
+    ├── StoreCorruptError    files on disk are inconsistent beyond automatic repair
+    └── StoreConfigMismatchError the files on disk were written with another setting (``key``)
 """
 
 from __future__ import annotations
@@ -31,3 +32,12 @@ class StoreCorruptError(StoreError):
 class StoreDiskFullError(StoreDirError):
     """The file system has no room for the blocks a store file needs (reserved before they are written, so a
     full disk is this error instead of a SIGBUS on a write into a hole of a memory map)."""
+
+
+class StoreConfigMismatchError(StoreError):
+    """The store on disk was written with another value of a setting that fixes its layout (e.g. the commit log
+    segment size); ``key`` names the broker config key, the message the value found on disk."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key

@@ -25,7 +25,7 @@ from ferrymq.store.checkpoint import (
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
 from ferrymq.store.dispatch import Dispatcher
-from ferrymq.store.errors import StoreDirError, StoreError, StoreLockedError
+from ferrymq.store.errors import StoreConfigMismatchError, StoreDirError, StoreError, StoreLockedError
 from ferrymq.store.filter import MessageFilter
 from ferrymq.store.index import IndexService
 from ferrymq.store.queue_table import ConsumeQueueTable
@@ -42,11 +42,46 @@ log = logging.getLogger(__name__)
 
 _HOUR_MS = 3_600_000
 
-
+#: answers the lowest commit log phy offset some subscribed group has not consumed yet, or None when every
+#: subscribed group has consumed everything (or none is known); supplied by the broker (``MessageStore.
+#: unconsumed_phy_floor``), called only by the cleanup when it considers deleting a segment
+UnconsumedFloorProvider = Callable[[], "int | None"]
 
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def check_segment_size(commit_log_dir: str, configured_bytes: int) -> None:
+    """StoreConfigMismatchError if the commit log on disk was written with another segment size: its first
+    segment is of another size (unless it is the only one and shorter: a torn newest segment, which loading
+    extends with zeros). One directory listing and one ``stat``."""
+    try:
+        names = sorted(n for n in os.listdir(commit_log_dir) if len(n) == 20 and n.isdigit())
+    except OSError:
+        return  # no commit log yet (or unreadable: the segment loading reports it)
+    if not names:
+        return
+    first = os.path.join(commit_log_dir, names[0])
+    try:
+        found = os.path.getsize(first)
+    except OSError:
+        return
+    if found == configured_bytes or (found < configured_bytes and len(names) == 1):
+        return
+    raise StoreConfigMismatchError(
+        "mappedFileSizeCommitLog",
+        f"the commit log in {commit_log_dir} was written with {found}-byte segments ({names[0]}), this broker "
+        f"is configured for {configured_bytes}; set mappedFileSizeCommitLog={found} to open it")
+
+
+def disk_used_ratio(st: os.statvfs_result) -> float:
+    """Percent of a file system in use as ``df`` shows it: used / (used + available to unprivileged users), where
+    used = (f_blocks - f_bfree) x f_frsize and available = f_bavail x f_frsize. Blocks reserved for root count in
+    neither (1 - f_bavail / f_blocks would count them as used: 85% where ``df`` says 63%)."""
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    avail = st.f_bavail * st.f_frsize
+    return 100.0 * used / (used + avail) if used + avail > 0 else 0.0
 
 
 class MessageStore:
@@ -75,6 +110,12 @@ class MessageStore:
         #: held while the checkpoint is written (flush_consume_queues) and for all of truncate_to, so a flush
         #: thread never writes a dispatched offset beyond a cut being made
         self._checkpoint_lock = threading.Lock()
+        #: where subscribed groups stand (the broker's offsets); None: no group protects any segment
+        self.unconsumed_phy_floor: UnconsumedFloorProvider | None = None
+        #: percent of the store's file system in use at the last check_disk_space (-1: not measured yet)
+        self.disk_used_pct = -1.0
+        #: the forced cleanup found nothing it may delete (logged once per episode)
+        self._forced_cleanup_blocked = False
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -109,6 +150,7 @@ class MessageStore:
         abnormal = abort_file_exists(c.abort_path)
         self.last_start_was_abnormal = abnormal
         self.checkpoint = StoreCheckpoint(c.checkpoint_path)
+        check_segment_size(c.store_path_commit_log, c.mapped_file_size_commit_log)
         self.commit_log.mfq.load()
         self.queues.load()
         if self.index is not None:
@@ -442,19 +484,23 @@ class MessageStore:
     # --- retention & stats -------------------------------------------------------------------
 
     def check_disk_space(self) -> float:
-        """Measure the store's file system (a ``statvfs``; the broker calls this every second) and act on it,
-        as RocketMQ does: above ``disk_space_warning_level_ratio`` puts are refused (DISK_FULL) until usage
-        falls below it; above ``disk_max_used_space_ratio`` expired segments are deleted now; above
-        ``disk_space_clean_forcibly_ratio`` the oldest segment is deleted even before it expires (one per
-        call, never the newest, never undispatched data). Reads are served throughout. Returns the percent
-        in use."""
+        """Measure the store's file system (a ``statvfs``; the broker calls this every second) and act on it.
+        Above ``disk_space_warning_level_ratio`` puts are refused (DISK_FULL) until usage falls below it; above
+        ``disk_max_used_space_ratio`` expired segments are deleted now; above ``disk_space_clean_forcibly_ratio``
+        the forced cleanup runs: with ``clean_file_forcibly_enable`` (RocketMQ's behaviour, opt-in) the oldest
+        segment goes even before it expires, consumed or not (one per call, never the newest, never
+        undispatched data); without it (the default) only segments older than ``file_reserved_time_hours``
+        that every subscribed group has consumed, so a disk filled by others' files refuses sends instead of
+        losing acknowledged messages. Reads are served throughout. Returns the percent in use, as ``df``
+        shows it (``disk_used_ratio``)."""
         c = self.config
         try:
             st = os.statvfs(c.store_path_root_dir)
         except OSError as exc:
             log.error("cannot measure the store's disk: %s", exc)
             return -1.0
-        used_pct = 100.0 * (1 - st.f_bavail / st.f_blocks) if st.f_blocks else 0.0
+        used_pct = disk_used_ratio(st)
+        self.disk_used_pct = used_pct
         # a segment that found no room keeps puts refused until usage falls below the warning level
         full = used_pct >= c.disk_space_warning_level_ratio
         self.commit_log.out_of_space = False
@@ -468,19 +514,42 @@ class MessageStore:
         self.commit_log.accepting_puts = self._running and not full
         if used_pct >= c.disk_max_used_space_ratio:
             self.delete_expired_files()
-        if c.clean_file_forcibly_enable and used_pct >= c.disk_space_clean_forcibly_ratio:
+        if used_pct < c.disk_space_clean_forcibly_ratio:
+            self._forced_cleanup_blocked = False
+        elif c.clean_file_forcibly_enable:
             if self.delete_expired_files(force_oldest=True):
-                log.warning("disk %.1f%% full (diskSpaceCleanForciblyRatio %d%%): deleted the oldest commit log "
-                            "segment before it expired", used_pct, c.disk_space_clean_forcibly_ratio)
+                log.warning("disk %.1f%% full (diskSpaceCleanForciblyRatio %d%%, cleanFileForciblyEnable): deleted "
+                            "the oldest commit log segment before it expired", used_pct,
+                            c.disk_space_clean_forcibly_ratio)
+        elif not self.delete_expired_files(only_consumed=True) and not self._forced_cleanup_blocked:
+            self._forced_cleanup_blocked = True
+            log.warning("disk %.1f%% full (diskSpaceCleanForciblyRatio %d%%): no commit log segment is both older "
+                        "than fileReservedTime (%d h) and consumed by every subscribed group, so none is deleted; "
+                        "sends are refused above diskSpaceWarningLevelRatio (%d%%). Free space on the disk, or set "
+                        "cleanFileForciblyEnable=true to delete the oldest segment anyway", used_pct,
+                        c.disk_space_clean_forcibly_ratio, c.file_reserved_time_hours,
+                        c.disk_space_warning_level_ratio)
         return used_pct
 
-    def delete_expired_files(self, now_ms: int | None = None, *, force_oldest: bool = False) -> int:
+    def disk_full_detail(self) -> str:
+        """Why puts are refused, for the answer to a refused send: the disk's use as ``df`` shows it."""
+        c = self.config
+        if self.disk_used_pct < 0:
+            return "(no room for a new commit log segment)"
+        return (f"(disk {self.disk_used_pct:.1f}% used, diskSpaceWarningLevelRatio {c.disk_space_warning_level_ratio}%"
+                f"{', no room for a new commit log segment' if self.commit_log.out_of_space else ''})")
+
+    def delete_expired_files(self, now_ms: int | None = None, *, force_oldest: bool = False,
+                             only_consumed: bool = False) -> int:
         """Delete commit log segments (never the newest, never undispatched ones) last modified
         more than ``file_reserved_time_hours`` before ``now_ms`` (with ``force_oldest``: the oldest one
-        whatever its age); then trim the derived files."""
+        whatever its age; with ``only_consumed``: only those below ``unconsumed_phy_floor``, i.e. every subscribed
+        group has consumed them); then trim the derived files."""
         now = self.clock_ms() if now_ms is None else now_ms
         reserved_ms = self.config.file_reserved_time_hours * _HOUR_MS
         count = 0
+        floor: int | None = None
+        floor_known = False
         for mf in self.commit_log.mfq.files[:-1]:
             if mf.end_offset > self.dispatcher.reput_phy_offset:
                 break
@@ -489,6 +558,13 @@ class MessageStore:
                 break
             if mf.last_modified_ms() + reserved_ms > now:
                 break
+            if only_consumed:
+                if not floor_known:  # asked once, and only when an expired segment is a candidate
+                    floor_known = True
+                    provider = self.unconsumed_phy_floor
+                    floor = provider() if provider is not None else None
+                if floor is not None and mf.end_offset > floor:
+                    break
             count += 1
         if count == 0:
             return 0
@@ -499,6 +575,21 @@ class MessageStore:
             self.index.delete_expired(min_phy)
         log.info("deleted %d expired commit log segment(s); min phy offset now %d", count, min_phy)
         return count
+
+    def unconsumed_phy_of(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
+        """Phy offset of the first message at or after ``queue_offset`` in a consume queue that a group standing
+        there has not consumed; None when it has consumed the whole queue (or the queue is unknown here)."""
+        cq = self.queues.find(topic, queue_id)
+        if cq is None:
+            return None
+        max_queue_offset = cq.max_offset_in_queue
+        queue_offset = max(queue_offset, cq.min_offset_in_queue)
+        if queue_offset >= max_queue_offset:
+            return None
+        unit = cq.get_unit(queue_offset)
+        if unit is None:  # a blank slot: the group has not consumed anything of this queue here
+            return self.commit_log.min_offset
+        return unit[0]
 
     def clean_expired_consume_queues(self) -> int:
         """Delete consume-queue and index files whose every entry points below the commit log's first byte

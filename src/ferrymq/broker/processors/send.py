@@ -459,7 +459,10 @@ class SendProcessor:
         outcome = send_outcome(status)
         ar = result.append_result
         if not outcome.stored or ar is None:
-            return cmd.response(outcome.code, remark=outcome.remark or status)
+            remark = outcome.remark or status
+            if status == "DISK_FULL":
+                remark = f"{remark} {self.ctx.store.disk_full_detail()}"
+            return cmd.response(outcome.code, remark=remark)
         return cmd.response(outcome.code, {
             "msgId": ar.msg_id,
             "queueId": queue_id,
