@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ferrymq.acl.checker import NAMESRV_GUARDED_CODES
 from ferrymq.acl.guard import AclGuard
+from ferrymq.common.aio import LoopLagProbe
 from ferrymq.common.tls import TlsServerSettings
 from ferrymq.namesrv.config_processor import NamesrvConfigProcessor
 from ferrymq.namesrv.kv_config import KVConfigManager
@@ -16,6 +17,7 @@ from ferrymq.namesrv.metrics import namesrv_metrics_server
 from ferrymq.namesrv.processors import NamesrvProcessors
 from ferrymq.namesrv.route_table import (
     BROKER_CHANNEL_EXPIRED_MS,
+    EXPIRY_SCAN_BATCH,
     SCAN_NOT_ACTIVE_BROKER_FIRST_DELAY_MS,
     SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS,
     ClockMs,
@@ -23,6 +25,8 @@ from ferrymq.namesrv.route_table import (
     RouteTable,
     wall_clock_ms,
 )
+from ferrymq.remoting import signature
+from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.connection import Connection, Dispatcher
 from ferrymq.remoting.server import RemotingServer
 
@@ -59,19 +63,24 @@ class NameServer:
         self._port = port
         self.routes = RouteTable(clock_ms or wall_clock_ms, broker_expired_ms)
         self.kv = KVConfigManager(kv_config_path)
-        self.processors = NamesrvProcessors(self.routes, self.kv)
+        #: aclEnable: the write operations need a signed admin account (acl/guard.py); None when off
+        self.acl_guard = AclGuard(acl_path) if acl_path is not None else None
+        self.processors = NamesrvProcessors(self.routes, self.kv,
+                                            admin_check=self.is_admin if self.acl_guard is not None else None)
         self.dispatcher = Dispatcher()
         self.processors.register_all(self.dispatcher)
         NamesrvConfigProcessor(self).register(self.dispatcher)
-        if acl_path is not None:  # aclEnable: the write operations need a signed admin account (acl/guard.py)
-            AclGuard(acl_path).install(self.dispatcher, only=NAMESRV_GUARDED_CODES)
+        if self.acl_guard is not None:
+            self.acl_guard.install(self.dispatcher, only=NAMESRV_GUARDED_CODES)
         #: ms between broker-expiry scans (scanNotActiveBrokerInterval, runtime-safe)
         self.scan_interval_ms = scan_interval_ms
         self._scan_first_delay_ms = scan_first_delay_ms
         self._server: RemotingServer | None = None
         self._scan_task: asyncio.Task[None] | None = None
         #: Prometheus endpoint on host:metrics_port (-1 = off)
-        self.metrics_server = namesrv_metrics_server(self.routes, host, metrics_port)
+        #: the event loop's lateness (ferrymq_event_loop_lag_seconds)
+        self.loop_lag = LoopLagProbe()
+        self.metrics_server = namesrv_metrics_server(self.routes, host, metrics_port, self.loop_lag)
 
     @property
     def port(self) -> int:
@@ -90,6 +99,7 @@ class NameServer:
         self._server = server
         self._port = server.port
         self._scan_task = asyncio.ensure_future(self._scan_loop())
+        self.loop_lag.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
         log.info("name server listening on %s", self.addr)
@@ -100,6 +110,7 @@ class NameServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._scan_task
             self._scan_task = None
+        await self.loop_lag.stop()
         if self.metrics_server is not None:
             await self.metrics_server.stop()
         if self._server is not None:
@@ -114,12 +125,22 @@ class NameServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def is_admin(self, conn: Connection, cmd: RemotingCommand) -> bool:
+        """With aclEnable: ``cmd`` is correctly signed by an admin account (or comes from a globally
+        white-listed address, or an admin account's white address). Without ACL nobody is: False."""
+        guard = self.acl_guard
+        if guard is None or guard.denial(conn, cmd) is not None:
+            return False
+        access_key = cmd.ext_fields.get(signature.ACCESS_KEY)
+        account = guard.acl.accounts.get(access_key) if access_key else None
+        return account is None or bool(account.admin)  # no account: the peer passed the global white list
+
     def _on_closed(self, conn: Connection) -> None:
         self.routes.on_channel_closed(conn)
 
-    def scan_not_active_brokers(self) -> list[RemovedBroker]:
-        """Expire silent brokers now and close their connections (the periodic scan calls this)."""
-        expired = self.routes.scan_not_active_brokers()
+    def scan_not_active_brokers(self, max_count: int | None = None) -> list[RemovedBroker]:
+        """Expire silent brokers now (at most ``max_count``) and close their connections."""
+        expired = self.routes.scan_not_active_brokers(max_count)
         for gone in expired:
             if isinstance(gone.channel, Connection):
                 gone.channel.close()
@@ -129,7 +150,9 @@ class NameServer:
         await asyncio.sleep(self._scan_first_delay_ms / 1000)
         while True:
             try:
-                self.scan_not_active_brokers()
+                # bounded steps: many brokers expiring at once (after a partition) never hold the loop long
+                while len(self.scan_not_active_brokers(EXPIRY_SCAN_BATCH)) >= EXPIRY_SCAN_BATCH:
+                    await asyncio.sleep(0)
             except Exception:  # the scan must keep running
                 log.exception("broker expiry scan failed")
             await asyncio.sleep(self.scan_interval_ms / 1000)

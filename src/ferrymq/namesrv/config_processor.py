@@ -2,7 +2,7 @@
 
 | code | request              | body in                   | answer                                                   |
 |------|----------------------|---------------------------|----------------------------------------------------------|
-| 319  | GET_NAMESRV_CONFIG   |                           | every key as ``key=value`` lines                         |
+| 319  | GET_NAMESRV_CONFIG   |                           | every key as ``key=value`` lines (see masking below)     |
 | 318  | UPDATE_NAMESRV_CONFIG| ``key=value`` lines       | SUCCESS (header ``persisted``: the namesrv.conf written, or ""); SYSTEM_ERROR naming a refused key |
 
 | key (runtime-safe)            | takes effect                                            |
@@ -13,6 +13,11 @@
 Every other key (listenHost, listenPort, kvConfigPath, aclEnable, aclFile, enableControllerInNamesrv, the TLS
 and controller keys) needs a restart and is refused with a remark naming it. An update is all or nothing. An
 accepted update is written to the ``ferry namesrv -c`` file (lines replaced in place, missing keys appended).
+
+GET_NAMESRV_CONFIG never sends a secret: a key that names a secret or password (``SECRET_KEY_WORDS``) is
+answered as ``MASKED_VALUE`` to everyone. With aclEnable, keys naming files and directories
+(``PATH_KEY_WORDS``: aclFile, kvConfigPath, the TLS certificate paths...) are left out of the answer unless
+the request is signed by an admin account.
 """
 
 from __future__ import annotations
@@ -32,6 +37,21 @@ log = logging.getLogger(__name__)
 #: smallest scan period and expiry accepted (ms)
 MIN_SCAN_INTERVAL_MS = 100
 MIN_BROKER_EXPIRED_MS = 1_000
+#: a key whose lower-cased name contains one of these is a secret: its value never goes over the wire
+SECRET_KEY_WORDS = ("secret", "password", "passwd", "token")
+#: a key whose lower-cased name contains one of these names a file or directory (hidden from non-admins)
+PATH_KEY_WORDS = ("path", "file", "dir")
+MASKED_VALUE = "******"
+
+
+def is_secret_key(key: str) -> bool:
+    low = key.lower()
+    return any(w in low for w in SECRET_KEY_WORDS)
+
+
+def is_path_key(key: str) -> bool:
+    low = key.lower()
+    return any(w in low for w in PATH_KEY_WORDS)
 
 
 class NamesrvConfigProcessor:
@@ -65,7 +85,16 @@ class NamesrvConfigProcessor:
         return props
 
     def get_config(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
-        text = "".join(f"{k}={v}\n" for k, v in sorted(self.properties().items()))
+        acl_on = getattr(self.server, "acl_guard", None) is not None
+        show_paths = not acl_on or self.server.is_admin(conn, cmd)
+        lines = []
+        for key, value in sorted(self.properties().items()):
+            if is_secret_key(key):
+                value = MASKED_VALUE
+            elif not show_paths and is_path_key(key):
+                continue
+            lines.append(f"{key}={value}\n")
+        text = "".join(lines)
         return cmd.response(R.SUCCESS, body=text.encode())
 
     def update_config(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ferrymq.remoting.metrics_http import MetricsServer
@@ -22,20 +22,28 @@ NAMESRV_GAUGES = {
 
 
 class NamesrvCollector(Collector):
-    def __init__(self, routes: Any) -> None:
+    def __init__(self, routes: Any, loop_lag: Any = None) -> None:
         self.routes = routes
+        #: a common.aio.LoopLagProbe (ferrymq_event_loop_lag_seconds), or None
+        self.loop_lag = loop_lag
 
     def collect(self) -> Iterator[Metric]:
         counts = self.routes.counts()
         for key, (name, doc) in NAMESRV_GAUGES.items():
             yield GaugeMetricFamily(name, doc, value=counts[key])
+        if self.loop_lag is not None:
+            lag = HistogramMetricFamily("ferrymq_event_loop_lag_seconds",
+                                        "How late the event loop ran a 10 ms timer (the time it was held by "
+                                        "other work)")
+            lag.add_metric([], self.loop_lag.cumulative(), self.loop_lag.sum_s)
+            yield lag
 
 
-def namesrv_metrics_server(routes: Any, host: str, port: int) -> MetricsServer | None:
+def namesrv_metrics_server(routes: Any, host: str, port: int, loop_lag: Any = None) -> MetricsServer | None:
     """None when ``port`` is -1 (off; 0 = any free port)."""
     if port < 0:
         return None
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NamesrvCollector(routes))
+    registry.register(NamesrvCollector(routes, loop_lag))
     ProcessCollector(registry=registry)
     return MetricsServer(registry, host, port)

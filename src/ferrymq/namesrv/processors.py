@@ -18,17 +18,38 @@
 | 327  | ADD_WRITE_PERM_OF_BROKER           | add_write_perm       |
 
 A missing required header field raises ProtocolError, which the connection answers as SYSTEM_ERROR.
+
+REGISTER_BROKER at estate size: a registration whose DataVersion the name server already holds is answered at
+once without reading its topic table (RocketMQ skips unchanged tables too). A changed table with more than
+``REGISTER_INLINE_MAX_TOPICS`` topics is decoded and applied in steps of ``REGISTER_STEP_TOPICS``, yielding to
+the event loop between steps, so a 10,000-topic registration never holds the loop for long; registrations
+of one broker address are applied one at a time, and a broker removed meanwhile (unregister, connection
+closed, expiry) stops the steps. The DataVersion is recorded only once the whole table is applied.
+
+UNREGISTER_BROKER is accepted only over the connection the address registered on (a broker unregisters over
+the connection it registers on), or, with aclEnable, from an admin account: an unsigned request from
+elsewhere cannot drop a live broker's routes (NO_PERMISSION). A registration that would take a live
+address away from another, still open connection from another host is refused the same way when aclEnable
+is on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from ferrymq.common.topic import DataVersion
+from ferrymq.common.register_body_codec import (
+    CompressedRegisterBodyReader,
+    body_crc32,
+    decode_register_envelope,
+    topic_config_from_json,
+)
+from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.errors import ProtocolError
 from ferrymq.namesrv.kv_config import NAMESPACE_ORDER_TOPIC_CONFIG, KVConfigManager
-from ferrymq.namesrv.register_body import body_crc32, decode_register_body
-from ferrymq.namesrv.route_table import RouteTable
+from ferrymq.namesrv.route_table import RegisterBrokerResult, RouteTable
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
@@ -37,6 +58,14 @@ from ferrymq.remoting.connection import Connection, Dispatcher
 log = logging.getLogger(__name__)
 
 SUCCESS = ResponseCode.SUCCESS
+#: A changed topic table up to this many topics is applied in one go; a larger one in steps.
+REGISTER_INLINE_MAX_TOPICS = 2_000
+#: Topics decoded and applied per step of a large registration.
+REGISTER_STEP_TOPICS = 1_000
+
+#: (conn, cmd) -> True when the request may act on a broker registered over another connection
+#: (the app passes an admin-signature check when aclEnable is on)
+AdminCheck = Callable[[Connection, RemotingCommand], bool]
 
 
 def _required(cmd: RemotingCommand, key: str) -> str:
@@ -60,9 +89,13 @@ def topic_not_exist_remark(topic: str) -> str:
 class NamesrvProcessors:
     """Binds the request handlers to one RouteTable and one KVConfigManager."""
 
-    def __init__(self, routes: RouteTable, kv: KVConfigManager) -> None:
+    def __init__(self, routes: RouteTable, kv: KVConfigManager, admin_check: AdminCheck | None = None) -> None:
         self.routes = routes
         self.kv = kv
+        #: None: no ACL; UNREGISTER_BROKER still only from the registering connection
+        self.admin_check = admin_check
+        #: broker addr -> (lock, registrations holding or awaiting it) while one is applied in steps
+        self._applying: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     def register_all(self, dispatcher: Dispatcher) -> None:
         rc = RequestCode
@@ -85,7 +118,7 @@ class NamesrvProcessors:
             dispatcher.register(code, handler)
 
     # ---- brokers -------------------------------------------------------------------------
-    def register_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    def register_broker(self, conn: Connection, cmd: RemotingCommand) -> Any:
         broker_name = _required(cmd, "brokerName")
         broker_addr = _required(cmd, "brokerAddr")
         cluster = _required(cmd, "clusterName")
@@ -95,18 +128,60 @@ class NamesrvProcessors:
         if crc != 0 and body_crc32(cmd.body) != crc:
             log.warning("register from %s (%s): body crc32 mismatch", conn.peer_addr, broker_addr)
             return cmd.response(ResponseCode.SYSTEM_ERROR, remark="crc32 not match")
-        body = decode_register_body(cmd.body, compressed=cmd.get_bool("compressed"))
-        result = self.routes.register_broker(
-            cluster,
-            broker_addr,
-            broker_name,
-            broker_id,
-            ha_server_addr,
-            data_version=body.data_version,
-            topic_configs=body.topic_config_table.values(),
-            filter_servers=body.filter_server_list,
-            channel=conn,
-        )
+        refusal = self._takeover_refusal(conn, cmd, broker_addr)
+        if refusal is not None:
+            return refusal
+        table = _TopicTable(cmd.body, cmd.get_bool("compressed"))
+        reg = _Registration(cluster, broker_addr, broker_name, broker_id, ha_server_addr, table, conn)
+        if broker_addr in self._applying:  # another registration of this address is being applied
+            return self._register_in_steps(cmd, reg)
+        wanted = self.routes.topics_wanted(broker_addr, broker_name, broker_id, table.data_version)
+        if not wanted or table.topic_count <= REGISTER_INLINE_MAX_TOPICS:
+            topics = table.all_topics() if wanted else table.skip_topics()
+            result = self._register(reg, topics, table.data_version)
+            return self._register_answer(cmd, result)
+        return self._register_in_steps(cmd, reg)
+
+    def _register(self, reg: _Registration, topic_configs: list[TopicConfig] | None,  # None: not read
+                  data_version: DataVersion | None) -> RegisterBrokerResult:
+        return self.routes.register_broker(
+            reg.cluster, reg.broker_addr, reg.broker_name, reg.broker_id, reg.ha_server_addr,
+            data_version=data_version, topic_configs=topic_configs,
+            filter_servers=reg.table.filter_server_list, channel=reg.conn)
+
+    async def _register_in_steps(self, cmd: RemotingCommand, reg: _Registration) -> RemotingCommand:
+        entry = self._applying.get(reg.broker_addr)
+        if entry is None:
+            entry = self._applying[reg.broker_addr] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                table = reg.table
+                if not self.routes.topics_wanted(reg.broker_addr, reg.broker_name, reg.broker_id,
+                                                 table.data_version):
+                    return self._register_answer(cmd, self._register(reg, table.skip_topics(), table.data_version))
+                # liveness now; the DataVersion only once the whole table is in (a registration of the same
+                # version arriving meanwhile then applies it again instead of skipping a half-applied table)
+                result = self._register(reg, None, None)
+                live = self.routes.live_info(reg.broker_addr)
+                applied = 0
+                for batch in table.batches(REGISTER_STEP_TOPICS):
+                    await asyncio.sleep(0)
+                    if self.routes.live_info(reg.broker_addr) is not live:
+                        log.info("registration of %s superseded after %d of %d topics", reg.broker_addr,
+                                 applied, table.topic_count)
+                        return self._register_answer(cmd, result)
+                    applied += self.routes.upsert_topics(reg.broker_name, batch)
+                self.routes.finish_registration(reg.broker_addr, table.data_version, table.filter_server_list)
+                log.info("registered %s (%s) with %d topics in steps", reg.broker_addr, reg.broker_name, applied)
+                return self._register_answer(cmd, result)
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._applying[reg.broker_addr]
+
+    def _register_answer(self, cmd: RemotingCommand, result: RegisterBrokerResult) -> RemotingCommand:
         order_conf = self.kv.namespace(NAMESPACE_ORDER_TOPIC_CONFIG)
         return cmd.response(
             SUCCESS,
@@ -114,13 +189,37 @@ class NamesrvProcessors:
             body=jsonx.dumps({"table": order_conf}) if order_conf else b"",
         )
 
+    def _takeover_refusal(self, conn: Connection, cmd: RemotingCommand, broker_addr: str) -> RemotingCommand | None:
+        """With aclEnable, a live address registered over another open connection from another host is
+        not taken over by an unsigned registration."""
+        if self.admin_check is None:
+            return None
+        live = self.routes.live_info(broker_addr)
+        holder = live.channel if live is not None else None
+        if not isinstance(holder, Connection) or holder is conn or holder.closed:
+            return None
+        if _peer_host(holder) == _peer_host(conn) or self.admin_check(conn, cmd):
+            return None
+        log.warning("refused registration of %s from %s: registered over a live connection from %s",
+                    broker_addr, conn.peer_addr, holder.peer_addr)
+        return cmd.response(ResponseCode.NO_PERMISSION,
+                            remark=f"broker {broker_addr} is registered over another live connection")
+
     def unregister_broker(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        self.routes.unregister_broker(
-            _required(cmd, "clusterName"),
-            _required(cmd, "brokerAddr"),
-            _required(cmd, "brokerName"),
-            _required_int(cmd, "brokerId"),
-        )
+        cluster = _required(cmd, "clusterName")
+        broker_addr = _required(cmd, "brokerAddr")
+        broker_name = _required(cmd, "brokerName")
+        broker_id = _required_int(cmd, "brokerId")
+        live = self.routes.live_info(broker_addr)
+        if live is not None and live.channel is not conn:
+            if self.admin_check is None or not self.admin_check(conn, cmd):
+                log.warning("refused UNREGISTER_BROKER of %s from %s: not the connection it registered on",
+                            broker_addr, conn.peer_addr)
+                return cmd.response(ResponseCode.NO_PERMISSION,
+                                    remark=f"broker {broker_addr} may be unregistered only over the connection "
+                                           "it registered on" + (" or by an admin account"
+                                                                 if self.admin_check is not None else ""))
+        self.routes.unregister_broker(cluster, broker_addr, broker_name, broker_id)
         return cmd.response(SUCCESS)
 
     def query_data_version(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -195,3 +294,63 @@ class NamesrvProcessors:
         if table is None:
             return cmd.response(ResponseCode.QUERY_NOT_FOUND, remark=f"No config item, Namespace: {namespace}")
         return cmd.response(SUCCESS, body=jsonx.dumps({"table": table}))
+
+
+def _peer_host(conn: Connection) -> str:
+    return conn.peer_addr.rpartition(":")[0].strip("[]")
+
+
+class _TopicTable:
+    """A REGISTER_BROKER body read as far as needed: the DataVersion and the topic count at once, the topic
+    entries only when asked (all, or in batches)."""
+
+    __slots__ = ("data_version", "topic_count", "filter_server_list", "_reader", "_raw_table")
+
+    def __init__(self, body: bytes, compressed: bool) -> None:
+        self._reader: CompressedRegisterBodyReader | None = None
+        self._raw_table: dict[str, Any] = {}
+        if compressed and body:
+            self._reader = CompressedRegisterBodyReader(body)
+            self.data_version = self._reader.data_version
+            self.topic_count = self._reader.topic_count
+            self.filter_server_list: list[str] = []
+            return
+        envelope = decode_register_envelope(body)
+        self.data_version = envelope.data_version
+        self.filter_server_list = envelope.filter_server_list
+        self._raw_table = envelope.raw_topic_table
+        self.topic_count = len(self._raw_table)
+
+    def skip_topics(self) -> None:
+        """Pass over the topic entries unread (an unchanged table); the filter server list is then known."""
+        if self._reader is not None:
+            self._reader.skip_topics()
+            self.filter_server_list = self._reader.filter_server_list()
+
+    def batches(self, size: int) -> Iterator[list[TopicConfig]]:
+        reader = self._reader
+        if reader is not None:
+            while batch := reader.read_topics(size):
+                yield batch
+            self.filter_server_list = reader.filter_server_list()
+            return
+        items = list(self._raw_table.items())
+        for start in range(0, len(items), size):
+            yield [topic_config_from_json(name, raw) for name, raw in items[start:start + size]]
+
+    def all_topics(self) -> list[TopicConfig]:
+        return [tc for batch in self.batches(max(1, self.topic_count)) for tc in batch]
+
+
+class _Registration:
+    __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "ha_server_addr", "table", "conn")
+
+    def __init__(self, cluster: str, broker_addr: str, broker_name: str, broker_id: int, ha_server_addr: str,
+                 table: _TopicTable, conn: Connection) -> None:
+        self.cluster = cluster
+        self.broker_addr = broker_addr
+        self.broker_name = broker_name
+        self.broker_id = broker_id
+        self.ha_server_addr = ha_server_addr
+        self.table = table
+        self.conn = conn

@@ -8,15 +8,25 @@ Tables (all keyed by strings from the wire):
 | ``_broker_topics``    | brokerName   | {topic} having QueueData of that brokerName (reverse index) |
 | ``_brokers``          | brokerName   | BrokerData(cluster, brokerName, {brokerId: addr})      |
 | ``_clusters``         | clusterName  | {brokerName}                                           |
-| ``_live``             | broker addr  | BrokerLiveInfo(last update, data version, haServerAddr, channel) |
+| ``_cluster_topics``   | clusterName  | {topic: number of its broker names with QueueData of it} |
+| ``_live``             | broker addr  | BrokerLiveInfo(last update, data version, haServerAddr, channel), |
+|                       |              | in order of last update (oldest first: the expiry scan's queue) |
 | ``_addr_slot``        | broker addr  | (brokerName, brokerId) the address currently fills     |
 | ``_channel_addrs``    | channel      | {broker addr} registered over that connection         |
 | ``_filter_servers``   | broker addr  | [filter server addr]                                   |
 
 Invariants: every address in a BrokerData has one ``_addr_slot`` entry and one ``_live`` entry; a
 brokerName with no addresses has no BrokerData, no cluster membership and no QueueData; a topic with no
-QueueData has no entry. The two indexes keep route lookups O(brokers of the topic) and broker removal
-O(topics of that broker).
+QueueData has no entry. The indexes keep every operation's cost to what it touches, never the whole estate:
+
+| operation                          | cost                                                        |
+|------------------------------------|-------------------------------------------------------------|
+| register, version unchanged        | O(1)                                                        |
+| register, version changed / first  | O(topics in the body); ``upsert_topics`` lets the caller split it into steps |
+| route of a topic                   | O(brokers serving the topic)                                |
+| topics of a cluster                | O(topics of the cluster) (the answer's size)                |
+| remove a broker (unregister, close, expiry) | O(topics of that broker)                           |
+| expiry scan                        | O(expired brokers + 1): ``_live`` is kept in last-update order |
 
 A "channel" is any hashable token for the connection a registration arrived on (the app passes its
 Connection); when the channel closes every broker registered over it is removed at once.
@@ -41,6 +51,8 @@ BROKER_CHANNEL_EXPIRED_MS = 120_000
 SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS = 10_000
 #: Delay of the first scan after start.
 SCAN_NOT_ACTIVE_BROKER_FIRST_DELAY_MS = 5_000
+#: Brokers one call of the expiry scan removes at most (the app calls again at once while there are more).
+EXPIRY_SCAN_BATCH = 50
 
 ClockMs = Callable[[], int]
 
@@ -85,6 +97,7 @@ class RouteTable:
     _broker_topics: dict[str, set[str]] = field(init=False, repr=False, default_factory=dict)
     _brokers: dict[str, BrokerData] = field(init=False, repr=False, default_factory=dict)
     _clusters: dict[str, set[str]] = field(init=False, repr=False, default_factory=dict)
+    _cluster_topics: dict[str, dict[str, int]] = field(init=False, repr=False, default_factory=dict)
     _live: dict[str, BrokerLiveInfo] = field(init=False, repr=False, default_factory=dict)
     _addr_slot: dict[str, _Slot] = field(init=False, repr=False, default_factory=dict)
     _channel_addrs: dict[Hashable, set[str]] = field(init=False, repr=False, default_factory=dict)
@@ -129,8 +142,7 @@ class RouteTable:
 
         if broker_id == MASTER_ID and topic_configs is not None:
             if first or self._version_changed(broker_addr, data_version):
-                for tc in topic_configs:
-                    self._upsert_queue_data(broker_name, tc)
+                self.upsert_topics(broker_name, topic_configs)
 
         prev = self._live.get(broker_addr)
         if prev is None:
@@ -138,6 +150,7 @@ class RouteTable:
                      ha_server_addr)
         if prev is not None and prev.channel is not None and prev.channel != channel:
             self._unlink_channel(prev.channel, broker_addr)
+        self._live.pop(broker_addr, None)  # re-inserted last: _live stays in last-update order
         self._live[broker_addr] = BrokerLiveInfo(now_ms, data_version, ha_server_addr, channel)
         if channel is not None:
             self._channel_addrs.setdefault(channel, set()).add(broker_addr)
@@ -154,6 +167,57 @@ class RouteTable:
                 return RegisterBrokerResult(master_live.ha_server_addr, master_addr)
         return RegisterBrokerResult()
 
+    def topics_wanted(self, broker_addr: str, broker_name: str, broker_id: int,
+                      data_version: DataVersion | None) -> bool:
+        """Whether a registration of this address with ``data_version`` would apply its topic table: a master
+        (brokerId 0) that newly fills its slot or whose DataVersion changed (RocketMQ skips unchanged tables)."""
+        if broker_id != MASTER_ID:
+            return False
+        bd = self._brokers.get(broker_name)
+        if bd is None or bd.broker_addrs.get(broker_id) != broker_addr:
+            return True
+        return self._version_changed(broker_addr, data_version)
+
+    def upsert_topics(self, broker_name: str, topic_configs: Iterable[TopicConfig]) -> int:
+        """Create or update the QueueData of ``broker_name`` for each topic (one step of a registration; the
+        caller may split a large table into several calls). Returns the number of topics seen."""
+        bd = self._brokers.get(broker_name)
+        if bd is None:
+            return 0
+        cluster_topics = self._cluster_topics.setdefault(bd.cluster, {})
+        own = self._broker_topics.setdefault(broker_name, set())
+        n = 0
+        for tc in topic_configs:
+            n += 1
+            name = tc.topic_name
+            queues = self._topic_queues.get(name)
+            if queues is None:
+                queues = self._topic_queues[name] = {}
+                log.debug("new topic route %s on %s", name, broker_name)
+            old = queues.get(broker_name)
+            if (old is None or old.read_queue_nums != tc.read_queue_nums or old.write_queue_nums != tc.write_queue_nums
+                    or old.perm != tc.perm or old.topic_sys_flag != tc.topic_sys_flag):
+                queues[broker_name] = QueueData(broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm,
+                                                tc.topic_sys_flag)
+            if name not in own:
+                own.add(name)
+                cluster_topics[name] = cluster_topics.get(name, 0) + 1
+        return n
+
+    def finish_registration(self, broker_addr: str, data_version: DataVersion | None,
+                            filter_servers: Iterable[str] = ()) -> None:
+        """Record the DataVersion whose table is now fully applied (after the steps of ``upsert_topics``),
+        and the filter servers that came after the table in the body."""
+        live = self._live.get(broker_addr)
+        if live is None:
+            return
+        live.data_version = data_version
+        filters = list(filter_servers)
+        if filters:
+            self._filter_servers[broker_addr] = filters
+        else:
+            self._filter_servers.pop(broker_addr, None)
+
     def unregister_broker(self, cluster: str, broker_addr: str, broker_name: str, broker_id: int) -> bool:
         """Clean-shutdown removal of one (brokerName, brokerId); only if that slot holds ``broker_addr``."""
         slot = self._addr_slot.get(broker_addr)
@@ -169,6 +233,7 @@ class RouteTable:
         live = self._live.get(broker_addr)
         if not changed and live is not None:
             live.last_update_ms = self.clock_ms()
+            self._live[broker_addr] = self._live.pop(broker_addr)  # keep _live in last-update order
         return changed, live.data_version if live is not None else None
 
     # ---- liveness ----------------------------------------------------------------------
@@ -184,14 +249,18 @@ class RouteTable:
                 removed.append(addr)
         return removed
 
-    def scan_not_active_brokers(self) -> list[RemovedBroker]:
-        """Remove brokers silent for more than ``broker_expired_ms``; the caller closes their channels."""
+    def scan_not_active_brokers(self, max_count: int | None = None) -> list[RemovedBroker]:
+        """Remove brokers silent for more than ``broker_expired_ms`` (at most ``max_count`` of them); the
+        caller closes their channels. Reads only the expired entries and the first live one (``_live`` is in
+        last-update order); an entry refreshed under a clock that stepped back may expire one scan late."""
         now_ms = self.clock_ms()
-        expired = [
-            RemovedBroker(addr, live.channel)
-            for addr, live in self._live.items()
-            if now_ms - live.last_update_ms > self.broker_expired_ms
-        ]
+        expired = []
+        for addr, live in self._live.items():
+            if now_ms - live.last_update_ms <= self.broker_expired_ms:
+                break
+            expired.append(RemovedBroker(addr, live.channel))
+            if max_count is not None and len(expired) >= max_count:
+                break
         for gone in expired:
             log.warning("broker %s expired: no registration for %d ms", gone.addr, self.broker_expired_ms)
             self._remove_addr(gone.addr)
@@ -254,10 +323,7 @@ class RouteTable:
         return sorted(self._topic_queues)
 
     def topics_by_cluster(self, cluster: str) -> list[str]:
-        topics: set[str] = set()
-        for name in self._clusters.get(cluster, ()):
-            topics |= self._broker_topics.get(name, set())
-        return sorted(topics)
+        return sorted(self._cluster_topics.get(cluster, ()))
 
     def broker_data(self, broker_name: str) -> BrokerData | None:
         bd = self._brokers.get(broker_name)
@@ -280,16 +346,6 @@ class RouteTable:
         live = self._live.get(broker_addr)
         return live is None or live.data_version != data_version
 
-    def _upsert_queue_data(self, broker_name: str, tc: TopicConfig) -> None:
-        queues = self._topic_queues.setdefault(tc.topic_name, {})
-        old = queues.get(broker_name)
-        new = QueueData(broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag)
-        if old != new:
-            if old is None:
-                log.debug("new topic route %s on %s", tc.topic_name, broker_name)
-            queues[broker_name] = new
-        self._broker_topics.setdefault(broker_name, set()).add(tc.topic_name)
-
     def _update_perm(self, broker_name: str, change: Callable[[int], int]) -> int:
         count = 0
         for topic in self._broker_topics.get(broker_name, ()):
@@ -302,6 +358,12 @@ class RouteTable:
         bd = self._brokers.get(broker_name)
         if bd is not None and bd.cluster != cluster:  # a broker group moved to another cluster
             self._leave_cluster(bd.cluster, broker_name)
+            own = self._broker_topics.get(broker_name, ())
+            for topic in own:
+                self._uncount_cluster_topic(bd.cluster, topic)
+            cluster_topics = self._cluster_topics.setdefault(cluster, {})
+            for topic in own:
+                cluster_topics[topic] = cluster_topics.get(topic, 0) + 1
             bd.cluster = cluster
         self._clusters.setdefault(cluster, set()).add(broker_name)
 
@@ -363,6 +425,8 @@ class RouteTable:
         if bd is not None:
             self._leave_cluster(bd.cluster, broker_name)
         for topic in self._broker_topics.pop(broker_name, set()):
+            if bd is not None:
+                self._uncount_cluster_topic(bd.cluster, topic)
             queues = self._topic_queues.get(topic)
             if queues is None:
                 continue
@@ -374,7 +438,22 @@ class RouteTable:
 
     def _drop_broker_topic(self, broker_name: str, topic: str) -> None:
         topics = self._broker_topics.get(broker_name)
-        if topics is not None:
+        if topics is not None and topic in topics:
             topics.discard(topic)
+            bd = self._brokers.get(broker_name)
+            if bd is not None:
+                self._uncount_cluster_topic(bd.cluster, topic)
             if not topics:
                 del self._broker_topics[broker_name]
+
+    def _uncount_cluster_topic(self, cluster: str, topic: str) -> None:
+        counts = self._cluster_topics.get(cluster)
+        if counts is None:
+            return
+        left = counts.get(topic, 0) - 1
+        if left > 0:
+            counts[topic] = left
+        else:
+            counts.pop(topic, None)
+            if not counts:
+                del self._cluster_topics[cluster]
