@@ -106,11 +106,13 @@ def test_topic_auto_create_through_tbw102(tmp_path) -> None:
     assert tm.create_in_send("Big", "TBW102", 100).write_queue_nums == 8
     assert tm.create_in_send("X", "SELF_TEST_TOPIC", 4) is None  # template without INHERIT
     assert changes == [1, 1] and tm.data_version.counter == 2
+    tm2 = TopicManager(str(tmp_path), cluster_name="C", broker_name="B", clock_ms=lambda: 0)
+    tm2.load()  # from the journal: the snapshot timer has not run
+    assert tm2.get("New") is not None and tm2.data_version.counter == 2
+    tm.persist()
+    tm.persist()
     saved = json.loads((tmp_path / "topics.json").read_text())
     assert saved["topicConfigTable"]["New"]["perm"] == 6 and (tmp_path / "topics.json.bak").exists()
-    tm2 = TopicManager(str(tmp_path), cluster_name="C", broker_name="B", clock_ms=lambda: 0)
-    tm2.load()
-    assert tm2.get("New") is not None and tm2.data_version.counter == 2
 
 
 def test_topic_auto_create_disabled(tmp_path) -> None:

@@ -7,6 +7,8 @@ Timers (all on the event loop):
 |----------------------------------------|-------------------------------|
 | name server registration               | registerNameServerPeriod      |
 | consumer offsets persist               | flushConsumerOffsetInterval   |
+| topics / groups snapshot (journal fold)| METADATA_SNAPSHOT_INTERVAL_MS |
+| event-loop lag probe                   | 10 ms (common/aio.py)         |
 | delay offsets persist                  | flushDelayOffsetInterval      |
 | client channel expiry scan             | 10 s (expiry 120 s)           |
 | expired commit log files               | 10 s                          |
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import time
@@ -62,7 +65,9 @@ from ferrymq.broker.subscription_manager import SubscriptionGroupManager
 from ferrymq.broker.topic_manager import TopicManager
 from ferrymq.broker.transaction import TransactionConfig, TransactionService
 from ferrymq.broker.writer import MessageWriter
+from ferrymq.common.aio import LoopLagProbe
 from ferrymq.common.message import host_to_bytes
+from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
@@ -83,6 +88,8 @@ DELETE_EXPIRED_INTERVAL_MS = 10_000
 DISK_CHECK_INTERVAL_MS = 1_000
 #: a slave dispatches replicated bytes within this delay (transfers arriving meanwhile go in one reput)
 SLAVE_REPUT_DELAY_S = 0.001
+#: period of the topics.json / subscriptionGroup.json snapshots (changes are journaled meanwhile)
+METADATA_SNAPSHOT_INTERVAL_MS = 5_000
 
 
 def wall_clock_ms() -> int:
@@ -152,6 +159,8 @@ class BrokerController:
             config.transaction_timeout_ms, config.transaction_check_interval_ms, config.transaction_check_max),
             clock_ms)
         self.hot_data_bytes = self.store_config.memory_for_hot_data_bytes
+        #: the event loop's lateness (ferrymq_event_loop_lag_seconds)
+        self.loop_lag = LoopLagProbe()
 
         self.dispatcher = Dispatcher()
         self.pull_processor = PullProcessor(self)
@@ -264,7 +273,9 @@ class BrokerController:
         self.registrar = NameServerRegistrar(
             self.pool, cfg.namesrv_addr, cluster_name=cfg.broker_cluster_name, broker_name=cfg.broker_name,
             broker_id=cfg.broker_id, broker_addr=lambda: self.broker_addr, ha_server_addr=lambda: self.ha_server_addr,
-            topic_wrapper=self.topics.encode, period_ms=cfg.register_period_ms, on_master_info=self._on_master_info)
+            topic_wrapper=self.topics.wrapper_json, period_ms=cfg.register_period_ms,
+            on_master_info=self._on_master_info, topic_table=self._topic_table_copy,
+            compressed=cfg.compressed_register)
         self.topics.on_change = self.registrar.trigger
         if self.controller_role is not None:
             role = self.controller_role
@@ -279,8 +290,11 @@ class BrokerController:
             self.transactions.start()
         if self.controller_role is not None:
             await self.controller_role.start()
+        self.loop_lag.start()
         self._timers = [
-            asyncio.ensure_future(self._every(cfg.flush_consumer_offset_interval_ms, self.offsets.persist_if_dirty)),
+            asyncio.ensure_future(self._every(cfg.flush_consumer_offset_interval_ms, self.offsets.snapshot_if_dirty)),
+            asyncio.ensure_future(self._every(METADATA_SNAPSHOT_INTERVAL_MS, self.topics.snapshot_if_dirty)),
+            asyncio.ensure_future(self._every(METADATA_SNAPSHOT_INTERVAL_MS, self.groups.snapshot_if_dirty)),
             asyncio.ensure_future(self._every(cfg.flush_delay_offset_interval_ms, self.schedule.persist_if_dirty)),
             asyncio.ensure_future(self._every(CLIENT_SCAN_INTERVAL_MS, self._scan_channels)),
             asyncio.ensure_future(self._every(DELETE_EXPIRED_INTERVAL_MS, self._delete_expired)),
@@ -332,6 +346,7 @@ class BrokerController:
             except (asyncio.CancelledError, Exception):
                 pass
         self._timers = []
+        await self.loop_lag.stop()
         if self.registrar is not None:
             await self.registrar.stop()
             await self.registrar.unregister_all()
@@ -349,6 +364,9 @@ class BrokerController:
                 await srv.stop()
         await self.pool.close()
         self.offsets.persist()
+        for table in (self.topics, self.groups):
+            table.persist_if_dirty()
+            table.close_journal()
         self.writer.reput_now()
         await asyncio.get_running_loop().run_in_executor(None, self.flush_service.stop)
         self.store.shutdown()
@@ -453,9 +471,16 @@ class BrokerController:
         while True:
             await asyncio.sleep(period_ms / 1000)
             try:
-                fn()
+                result = fn()
+                if inspect.isawaitable(result):
+                    await result
             except Exception:
                 log.exception("periodic task %s failed", getattr(fn, "__name__", fn))
+
+    def _topic_table_copy(self) -> tuple[DataVersion, list[TopicConfig]]:
+        """The compressed registration's input: a copy the worker thread encodes while the loop goes on."""
+        version = self.topics.data_version
+        return DataVersion(version.counter, version.timestamp), list(self.topics.table.values())
 
     def _scan_channels(self) -> None:
         self.consumers.scan_expired()

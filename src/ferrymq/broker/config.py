@@ -114,6 +114,9 @@ class BrokerConfig:
         "maxMessageSize", "Largest message body in bytes"))
     register_name_server_period_ms: int = field(default=30_000, metadata=_meta(
         "registerNameServerPeriod", "Registration period in ms (clamped to 10000..60000)"))
+    compressed_register: bool = field(default=False, metadata=_meta(
+        "compressedRegister", "Send REGISTER_BROKER with the compressed body (RocketMQ 4.9+ name servers and "
+        "ferrymq's); false: the plain JSON body every name server reads"))
     broker_role: BrokerRole = field(default=BrokerRole.ASYNC_MASTER, metadata=_meta(
         "brokerRole", "ASYNC_MASTER, SYNC_MASTER or SLAVE. Controller mode: SYNC replication unless "
         "ASYNC_MASTER is written explicitly"))

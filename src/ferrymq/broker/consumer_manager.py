@@ -142,6 +142,8 @@ class ConsumerManager:
         self._clock_ms = clock_ms
         self.channel_expired_ms = channel_expired_ms
         self.groups: dict[str, ConsumerGroupInfo] = {}
+        #: connection -> the groups it has a channel in (a closed connection costs O(its groups))
+        self._groups_of_conn: dict[Any, set[str]] = {}
         #: (group, channels) after the group's channel set changed
         self.on_ids_changed: Callable[[str, list[ClientChannel]], None] | None = None
 
@@ -158,6 +160,7 @@ class ConsumerManager:
         changed = ch is None or ch.client_id != client_id
         if ch is None:
             info.channels[conn] = ClientChannel(conn, client_id, language, version, now)
+            self._groups_of_conn.setdefault(conn, set()).add(data.group)
         else:
             ch.client_id, ch.last_update_ms = client_id, now
         for sub in data.subscriptions:
@@ -175,12 +178,21 @@ class ConsumerManager:
     def unregister(self, conn: Any, group: str) -> None:
         info = self.groups.get(group)
         if info is not None and info.channels.pop(conn, None) is not None:
+            self._forget(conn, group)
             self._after_removal(info)
 
     def channel_closed(self, conn: Any) -> None:
-        for info in list(self.groups.values()):
-            if info.channels.pop(conn, None) is not None:
+        for group in sorted(self._groups_of_conn.pop(conn, ())):
+            info = self.groups.get(group)
+            if info is not None and info.channels.pop(conn, None) is not None:
                 self._after_removal(info)
+
+    def _forget(self, conn: Any, group: str) -> None:
+        groups = self._groups_of_conn.get(conn)
+        if groups is not None:
+            groups.discard(group)
+            if not groups:
+                del self._groups_of_conn[conn]
 
     def scan_expired(self) -> int:
         now = self._clock_ms()
@@ -189,6 +201,7 @@ class ConsumerManager:
             stale = [c for c, ch in info.channels.items() if now - ch.last_update_ms > self.channel_expired_ms]
             for conn in stale:
                 ch = info.channels.pop(conn)
+                self._forget(conn, info.group)
                 log.info("consumer channel %s of group %s expired", ch.client_id, info.group)
                 close = getattr(conn, "close", None)
                 if close is not None:

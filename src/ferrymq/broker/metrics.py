@@ -28,6 +28,14 @@ from ferrymq.remoting.metrics_http import MetricsServer
 #: the ``code`` label of a request the handler hands to a callback (answered later, e.g. on a slave's ack)
 ANSWERED_LATER_CODE = -1
 SEND_CODES = (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
+LOOP_LAG_DOC = "How late the event loop ran a 10 ms timer (the time it was held by other work)"
+
+
+def loop_lag_family(probe: Any, labels: list[str], values: list[str]) -> HistogramMetricFamily:
+    """``ferrymq_event_loop_lag_seconds`` from a ``common.aio.LoopLagProbe``."""
+    fam = HistogramMetricFamily("ferrymq_event_loop_lag_seconds", LOOP_LAG_DOC, labels=labels)
+    fam.add_metric(values, probe.cumulative(), probe.sum_s)
+    return fam
 
 
 def histogram_family(name: str, doc: str, labels: list[str],
@@ -84,6 +92,7 @@ class BrokerCollector(Collector):
                                base, [(ids, st.pull_latency)])
         yield self._gauge("ferrymq_long_poll_waiters", "Pull requests parked by long polling", base, ids,
                           ctx.long_polling.parked_count)
+        yield loop_lag_family(ctx.loop_lag, base, ids)
 
         yield from self._offsets(base, ids)
         yield from self._replication(base, ids, st)

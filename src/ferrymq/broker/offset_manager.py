@@ -1,11 +1,16 @@
 """Committed consumer offsets: ``config/consumerOffset.json`` (protocol §5.5).
 
 ``{"offsetTable":{"<topic>@<group>":{0:123,1:45}}}`` — queue-id keys may be bare numbers on read; we
-write them quoted (fastjson reads both). Persisted every flushConsumerOffsetInterval and on stop.
+write them quoted (fastjson reads both). Persisted every flushConsumerOffsetInterval (built in steps and
+written by a worker thread: ``snapshot_if_dirty``) and on stop. The file and its ``.bak`` both unreadable is a
+config error: the broker refuses to start rather than answer offset 0 for every group (config_file.py).
+
+Indexes topic -> groups and group -> topics keep the per-topic and per-group look-ups O(result).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ferrymq.broker.config_file import JsonPersisted
@@ -21,6 +26,9 @@ class ConsumerOffsetManager(JsonPersisted):
         #: on a slave: commits made here (while the master was unreachable) that the master has not taken yet:
         #: ("topic@group", queue id) -> offset
         self.local_commits: dict[tuple[str, int], int] | None = None
+        #: topic -> groups and group -> topics with a key in ``table``
+        self._groups_by_topic: dict[str, set[str]] = {}
+        self._topics_by_group: dict[str, set[str]] = {}
 
     @staticmethod
     def key(topic: str, group: str) -> str:
@@ -30,7 +38,11 @@ class ConsumerOffsetManager(JsonPersisted):
         if offset < 0:  # ali-ons sends -1 for "never consumed"
             return
         key = self.key(topic, group)
-        self.table.setdefault(key, {})[queue_id] = offset
+        queues = self.table.get(key)
+        if queues is None:
+            queues = self.table[key] = {}
+            self._index(topic, group)
+        queues[queue_id] = offset
         self._dirty = True
         if self.local_commits is not None:
             self.local_commits[(key, queue_id)] = offset
@@ -40,26 +52,43 @@ class ConsumerOffsetManager(JsonPersisted):
         return self.table.get(self.key(topic, group), {}).get(queue_id, -1)
 
     def groups_of_topic(self, topic: str) -> set[str]:
-        prefix = topic + TOPIC_GROUP_SEPARATOR
-        return {k[len(prefix):] for k in self.table if k.startswith(prefix)}
+        return set(self._groups_by_topic.get(topic, ()))
 
     def topics_of_group(self, group: str) -> set[str]:
-        suffix = TOPIC_GROUP_SEPARATOR + group
-        return {k[: -len(suffix)] for k in self.table if k.endswith(suffix)}
+        return set(self._topics_by_group.get(group, ()))
 
     def remove_topic(self, topic: str) -> None:
-        prefix = topic + TOPIC_GROUP_SEPARATOR
-        for k in [k for k in self.table if k.startswith(prefix)]:
-            del self.table[k]
+        for group in self._groups_by_topic.pop(topic, set()):
+            self.table.pop(self.key(topic, group), None)
+            topics = self._topics_by_group.get(group)
+            if topics is not None:
+                topics.discard(topic)
+                if not topics:
+                    del self._topics_by_group[group]
         self._dirty = True
 
-    # ---- persistence (load, persist, persist_if_dirty: JsonPersisted) -----------------
+    def _index(self, topic: str, group: str) -> None:
+        self._groups_by_topic.setdefault(topic, set()).add(group)
+        self._topics_by_group.setdefault(group, set()).add(topic)
+
+    def _index_key(self, key: str) -> None:
+        topic, sep, group = key.partition(TOPIC_GROUP_SEPARATOR)
+        if sep:
+            self._index(topic, group)
+
+    # ---- persistence (load, persist, persist_if_dirty, snapshot_if_dirty: JsonPersisted) -----------------
     def encode(self) -> dict[str, Any]:
         return {"offsetTable": {k: dict(v) for k, v in self.table.items()}}
 
+    def snapshot_parts(self) -> tuple[dict[str, Any], str, list[tuple[str, Any]], Callable[[Any], Any]]:
+        return {}, "offsetTable", list(self.table.items()), dict
+
     def decode(self, obj: dict[str, Any]) -> None:
         for k, queues in (obj.get("offsetTable") or {}).items():
-            self.table[str(k)] = {int(q): int(o) for q, o in (queues or {}).items()}
+            key = str(k)
+            if key not in self.table:
+                self._index_key(key)
+            self.table[key] = {int(q): int(o) for q, o in (queues or {}).items()}
 
     def merge_from_master(self, obj: dict[str, Any]) -> dict[tuple[str, int], int]:
         """Slave sync: the master's table wins per queue, except where this slave holds a larger offset
@@ -70,6 +99,8 @@ class ConsumerOffsetManager(JsonPersisted):
         self.decode(obj)
         push: dict[tuple[str, int], int] = {}
         for (key, queue_id), offset in list((self.local_commits or {}).items()):
+            if key not in self.table:
+                self._index_key(key)
             current = self.table.setdefault(key, {}).get(queue_id, -1)
             if offset > current:
                 self.table[key][queue_id] = offset

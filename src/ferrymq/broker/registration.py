@@ -1,10 +1,18 @@
 """Registration with every name server (protocol §3.2, §3.3, §6.7).
 
 REGISTER_BROKER (103) goes to all name servers in parallel at start, every registerNameServerPeriod,
-and at once after a topic is created or updated. Header: brokerName, brokerAddr, clusterName,
-haServerAddr, brokerId, compressed=false, bodyCrc32=0. Body::
+and after topic changes: ``trigger`` registers REGISTER_COALESCE_MS after the first change of a burst (one
+registration for a burst of creates, the route visible well within a second). Header: brokerName,
+brokerAddr, clusterName, haServerAddr, brokerId, compressed, bodyCrc32 (CRC32 of the body & 0x7FFFFFFF).
+
+Plain body (``compressedRegister=false``, the default; every name server reads it)::
 
     {"filterServerList":[],"topicConfigSerializeWrapper":{"dataVersion":{...},"topicConfigTable":{...}}}
+
+assembled from the topic table's kept per-topic fragments (``TopicManager.wrapper_json``: a join, no encode
+of every topic). Compressed body (``compressedRegister=true``, header ``compressed=true``, RocketMQ 4.9's
+name servers and ours): the layout of ``ferrymq.common.register_body_codec``, encoded and deflated in a
+worker thread, so a large topic table never holds the event loop.
 
 A slave remembers the answers' ``haServerAddr`` / ``masterAddr`` (``on_master_info``).
 """
@@ -16,6 +24,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.common.register_body_codec import body_crc32, encode_compressed_register_body
+from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
@@ -24,6 +34,8 @@ log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_MS = 6000
 UNREGISTER_TIMEOUT_MS = 3000
+#: a topic change registers this long after the first change of a burst (later changes ride along)
+REGISTER_COALESCE_MS = 100
 
 
 class NameServerRegistrar:
@@ -37,9 +49,12 @@ class NameServerRegistrar:
         broker_id: int,
         broker_addr: Callable[[], str],
         ha_server_addr: Callable[[], str],
-        topic_wrapper: Callable[[], dict[str, Any]],
+        topic_wrapper: Callable[[], dict[str, Any] | bytes],
         period_ms: int,
         on_master_info: Callable[[str | None, str | None], None] | None = None,
+        topic_table: Callable[[], tuple[DataVersion, list[TopicConfig]]] | None = None,
+        compressed: bool = False,
+        coalesce_ms: int = REGISTER_COALESCE_MS,
     ) -> None:
         self._pool = pool
         self.namesrv_addrs = list(namesrv_addrs)
@@ -51,7 +66,14 @@ class NameServerRegistrar:
         self.broker_id_of: Callable[[], int] | None = None
         self._broker_addr = broker_addr
         self._ha_server_addr = ha_server_addr
+        #: the TopicConfigSerializeWrapper: a dict, or its JSON already encoded
         self._topic_wrapper = topic_wrapper
+        self._default_wrapper = topic_wrapper
+        #: (data version, topic configs) for the compressed body; None: built from the wrapper
+        self._topic_table = topic_table
+        #: send the compressed body (compressedRegister): only to name servers that read it
+        self.compressed = compressed
+        self.coalesce_ms = coalesce_ms
         self.period_ms = period_ms
         self._on_master_info = on_master_info
         self._task: asyncio.Task[None] | None = None
@@ -59,15 +81,15 @@ class NameServerRegistrar:
         self._again = False
         self.registrations = 0
 
-    def _header(self) -> dict[str, Any]:
+    def _header(self, compressed: bool = False, crc32: int = 0) -> dict[str, Any]:
         return {
             "brokerName": self.broker_name,
             "brokerAddr": self._broker_addr(),
             "clusterName": self.cluster_name,
             "haServerAddr": self._ha_server_addr(),
             "brokerId": self.current_broker_id,
-            "compressed": False,
-            "bodyCrc32": 0,
+            "compressed": compressed,
+            "bodyCrc32": crc32,
         }
 
     @property
@@ -75,14 +97,34 @@ class NameServerRegistrar:
         return self.broker_id_of() if self.broker_id_of is not None else self.broker_id
 
     def body(self) -> bytes:
-        return jsonx.dumps({"filterServerList": [], "topicConfigSerializeWrapper": self._topic_wrapper()})
+        """The plain body."""
+        wrapper = self._topic_wrapper()
+        if isinstance(wrapper, dict):
+            wrapper = jsonx.dumps(wrapper)
+        return b'{"filterServerList":[],"topicConfigSerializeWrapper":' + wrapper + b"}"
+
+    async def build_body(self) -> tuple[bytes, bool]:
+        """(body, compressed): the compressed body is encoded in a worker thread from a copy of the table."""
+        if not self.compressed:
+            return self.body(), False
+        if self._topic_table is not None and self._topic_wrapper is self._default_wrapper:
+            version, configs = self._topic_table()
+        else:
+            wrapper = self._topic_wrapper()
+            obj = jsonx.loads(wrapper) if isinstance(wrapper, bytes) else wrapper
+            version = DataVersion.from_json(obj.get("dataVersion"))
+            configs = [TopicConfig.from_json({**tc, "topicName": name})
+                       for name, tc in (obj.get("topicConfigTable") or {}).items()]
+        body = await asyncio.to_thread(encode_compressed_register_body, configs, (), version)
+        return body, True
 
     async def register_all(self) -> int:
         """Register with every name server; returns how many accepted."""
         if not self.namesrv_addrs:
             return 0
-        body = self.body()
-        results = await asyncio.gather(*(self._register_one(a, body) for a in self.namesrv_addrs),
+        body, compressed = await self.build_body()
+        crc32 = body_crc32(body)
+        results = await asyncio.gather(*(self._register_one(a, body, compressed, crc32) for a in self.namesrv_addrs),
                                        return_exceptions=True)
         ok = 0
         for addr, res in zip(self.namesrv_addrs, results, strict=True):
@@ -99,12 +141,13 @@ class NameServerRegistrar:
         self.registrations += 1
         return ok
 
-    async def _register_one(self, addr: str, body: bytes) -> RemotingCommand:
-        cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, self._header(), body)
+    async def _register_one(self, addr: str, body: bytes, compressed: bool, crc32: int) -> RemotingCommand:
+        cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, self._header(compressed, crc32), body)
         return await self._pool.invoke(addr, cmd, REGISTER_TIMEOUT_MS)
 
     def trigger(self) -> None:
-        """Register soon (coalesced); used after topic changes."""
+        """Register soon, coalesced: once ``coalesce_ms`` after the first change of a burst, and once more
+        after the changes that came while a registration was on its way; used after topic changes."""
         if not self.namesrv_addrs:
             return
         if self._pending is not None and not self._pending.done():
@@ -117,6 +160,8 @@ class NameServerRegistrar:
 
     async def _triggered(self) -> None:
         while True:
+            if self.coalesce_ms > 0:
+                await asyncio.sleep(self.coalesce_ms / 1000)
             self._again = False
             try:
                 await self.register_all()

@@ -1,4 +1,9 @@
-"""Consumer group configs: ``config/subscriptionGroup.json`` (protocol §3.5, §5.5)."""
+"""Consumer group configs: ``config/subscriptionGroup.json`` (protocol §3.5, §5.5).
+
+``{"dataVersion":{"counter":n,"timestamp":ms},"subscriptionGroupTable":{"<group>":SubscriptionGroupConfig}}``;
+a change is appended to ``subscriptionGroup.json.journal`` before it is acknowledged and folded into the file
+by the broker's snapshot timer (config_file.py).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ferrymq.broker.config_file import JsonPersisted
+from ferrymq.broker.config_file import JournaledJsonTable
 from ferrymq.broker.headers import JAVA_INT_MAX, JAVA_INT_MIN
 from ferrymq.common.topic import DataVersion
 
@@ -52,7 +57,7 @@ class SubscriptionGroupConfig:
         return cfg
 
 
-class SubscriptionGroupManager(JsonPersisted):
+class SubscriptionGroupManager(JournaledJsonTable):
     def __init__(self, config_dir: str, *, auto_create: bool, clock_ms: Callable[[], int]) -> None:
         super().__init__(config_dir, "subscriptionGroup.json")
         self.auto_create = auto_create
@@ -69,22 +74,37 @@ class SubscriptionGroupManager(JsonPersisted):
         if cfg is None and self.auto_create:
             cfg = SubscriptionGroupConfig(group)
             self.table[group] = cfg
-            self._changed()
+            self._changed(group)
         return cfg
 
     def update(self, cfg: SubscriptionGroupConfig) -> None:
         self.table[cfg.group_name] = cfg
-        self._changed()
+        self._changed(cfg.group_name)
 
     def delete(self, group: str) -> bool:
         if self.table.pop(group, None) is None:
             return False
-        self._changed()
+        self._changed(group)
         return True
 
-    def _changed(self) -> None:
+    def _changed(self, group: str) -> None:
+        """One group was created, replaced or deleted: journaled (O(1)) before the caller answers."""
         self.data_version.next_version(self._clock_ms())
-        self.persist()
+        cfg = self.table.get(group)
+        if cfg is None:
+            self.journal_delete(group)
+        else:
+            self.journal_put(group, cfg.to_json())
+
+    def snapshot_parts(self) -> tuple[dict[str, Any], str, list[tuple[str, Any]], Callable[[Any], Any]]:
+        return ({"dataVersion": self.data_version.to_json()}, "subscriptionGroupTable", list(self.table.items()),
+                SubscriptionGroupConfig.to_json)
+
+    def apply_journal(self, key: str, value: Any | None) -> None:
+        if value is None:
+            self.table.pop(key, None)
+        else:
+            self.table[key] = SubscriptionGroupConfig.from_json({**value, "groupName": key})
 
     def encode(self) -> dict[str, Any]:
         return {
@@ -103,3 +123,4 @@ class SubscriptionGroupManager(JsonPersisted):
         self.table = {}
         self.decode(obj)
         self.persist()
+        self.reset_journal()

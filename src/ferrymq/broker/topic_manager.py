@@ -1,6 +1,11 @@
 """Topic table of one broker: ``config/topics.json``, built-in topics, TBW102 auto-create (§3.6).
 
 ``topics.json``: ``{"dataVersion":{"counter":n,"timestamp":ms},"topicConfigTable":{"<topic>":TopicConfig}}``
+
+A change is appended to ``topics.json.journal`` before it is acknowledged and folded into ``topics.json`` by
+the broker's snapshot timer (config_file.py). The registration body's topic table is kept encoded, one
+fragment per topic, updated with each change, so that a registration costs a join, not an encode of every
+topic (``wrapper_json``).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from ferrymq.broker.config_file import JsonPersisted
+from ferrymq.broker.config_file import JournaledJsonTable
 from ferrymq.common.topic import (
     BENCHMARK_TOPIC,
     DEFAULT_TOPIC,
@@ -24,6 +29,7 @@ from ferrymq.common.topic import (
     TopicConfig,
     is_inherited,
 )
+from ferrymq.remoting import jsonx
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +41,7 @@ BENCHMARK_QUEUE_NUMS = 1024
 CLUSTER_TOPIC_QUEUE_NUMS = 16
 
 
-class TopicManager(JsonPersisted):
+class TopicManager(JournaledJsonTable):
     def __init__(
         self,
         config_dir: str,
@@ -59,6 +65,8 @@ class TopicManager(JsonPersisted):
         self._derived: dict[str, TopicConfig] = {}
         #: topics the master's table dropped (deleted there): never served from the slave's own queues
         self._deleted_on_master: set[str] = set()
+        #: topic -> its ``"name":{TopicConfig JSON}`` fragment of the registration body; None: to rebuild
+        self._fragments: dict[str, bytes] | None = None
         builtins = [
             TopicConfig(SELF_TEST_TOPIC, 1, 1),
             TopicConfig(BENCHMARK_TOPIC, BENCHMARK_QUEUE_NUMS, BENCHMARK_QUEUE_NUMS),
@@ -78,7 +86,10 @@ class TopicManager(JsonPersisted):
     def load(self) -> None:
         super().load()
         if not self.auto_create_topic_enable and DEFAULT_TOPIC in self.table:
-            self.table[DEFAULT_TOPIC].perm = RW
+            tc = self.table[DEFAULT_TOPIC]
+            self.table[DEFAULT_TOPIC] = TopicConfig(tc.topic_name, tc.read_queue_nums, tc.write_queue_nums, RW,
+                                                    tc.topic_filter_type, tc.topic_sys_flag, tc.order)
+        self._fragments = None
 
     def decode(self, obj: dict[str, Any]) -> None:
         for name, raw in (obj.get("topicConfigTable") or {}).items():
@@ -93,9 +104,36 @@ class TopicManager(JsonPersisted):
             "topicConfigTable": {name: tc.to_json() for name, tc in self.table.items()},
         }
 
-    def _changed(self) -> None:
+    def snapshot_parts(self) -> tuple[dict[str, Any], str, list[tuple[str, Any]], Callable[[Any], Any]]:
+        return ({"dataVersion": self.data_version.to_json()}, "topicConfigTable", list(self.table.items()),
+                TopicConfig.to_json)
+
+    def apply_journal(self, key: str, value: Any | None) -> None:
+        if value is None:
+            self.table.pop(key, None)
+        else:
+            self.table[key] = TopicConfig.from_json({**value, "topicName": key})
+
+    def wrapper_json(self) -> bytes:
+        """The TopicConfigSerializeWrapper JSON (as ``encode()``, same content) from the kept fragments."""
+        fragments = self._fragments
+        if fragments is None:
+            fragments = self._fragments = {name: _fragment(tc) for name, tc in self.table.items()}
+        return (b'{"dataVersion":' + jsonx.dumps(self.data_version.to_json()) + b',"topicConfigTable":{'
+                + b",".join(fragments.values()) + b"}}")
+
+    def _changed(self, topic: str) -> None:
+        """One topic was created, replaced or deleted: journaled (O(1)) before the caller answers."""
         self.data_version.next_version(self._clock_ms())
-        self.persist()
+        tc = self.table.get(topic)
+        if tc is None:
+            self.journal_delete(topic)
+            if self._fragments is not None:
+                self._fragments.pop(topic, None)
+        else:
+            self.journal_put(topic, tc.to_json())
+            if self._fragments is not None:
+                self._fragments[topic] = _fragment(tc)
         if self.on_change is not None:
             self.on_change()
 
@@ -130,11 +168,11 @@ class TopicManager(JsonPersisted):
             count = max(ids) + 1
             self.table[topic] = TopicConfig(topic, count, count, RW)
             adopted.append(topic)
+            self._changed(topic)
         self._derived.clear()
         if adopted:
             log.warning("took over %d topic(s) known only from the replicated log: %s", len(adopted),
                         ", ".join(adopted[:10]))
-            self._changed()
         return adopted
 
     # ---- creation ------------------------------------------------------------------------
@@ -155,7 +193,7 @@ class TopicManager(JsonPersisted):
         tc = TopicConfig(topic, nums, nums, template.perm & ~PERM_INHERIT, topic_sys_flag=topic_sys_flag)
         self.table[topic] = tc
         log.info("auto-created topic %s from %s with %d queues", topic, default_topic, nums)
-        self._changed()
+        self._changed(topic)
         return tc
 
     def create_sys_group_topic(self, topic: str, queue_nums: int = SYS_GROUP_TOPIC_QUEUE_NUMS, perm: int = RW,
@@ -166,17 +204,17 @@ class TopicManager(JsonPersisted):
             return existing
         tc = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=topic_sys_flag)
         self.table[topic] = tc
-        self._changed()
+        self._changed(topic)
         return tc
 
     def update(self, tc: TopicConfig) -> None:
         self.table[tc.topic_name] = tc
-        self._changed()
+        self._changed(tc.topic_name)
 
     def delete(self, topic: str) -> bool:
         if self.table.pop(topic, None) is None:
             return False
-        self._changed()
+        self._changed(topic)
         return True
 
     def replace_all(self, obj: dict[str, Any]) -> None:
@@ -189,7 +227,13 @@ class TopicManager(JsonPersisted):
         self._deleted_on_master = (self._deleted_on_master | removed) - set(self.table)
         for name in removed:
             self._derived.pop(name, None)
+        self._fragments = None
         self.persist()
+        self.reset_journal()
 
     def random_queue_id(self, tc: TopicConfig) -> int:
         return random.randrange(max(1, tc.write_queue_nums))
+
+
+def _fragment(tc: TopicConfig) -> bytes:
+    return jsonx.dumps(tc.topic_name) + b":" + jsonx.dumps(tc.to_json())

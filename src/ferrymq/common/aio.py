@@ -11,7 +11,8 @@ task, so a cancellation always propagates.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import bisect
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -36,3 +37,69 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+#: period of the event-loop lag probe's sleep
+LOOP_LAG_PROBE_INTERVAL_S = 0.010
+#: upper bounds of the lag histogram's buckets, in seconds (ferrymq_event_loop_lag_seconds)
+LOOP_LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class LoopLagProbe:
+    """Measures how late the event loop runs a task: a task sleeps LOOP_LAG_PROBE_INTERVAL_S again and again
+    and records each overshoot (the time the loop was held by something else) in a histogram of
+    LOOP_LAG_BUCKETS_S (``cumulative()``, ``sum_s``, ``count``: a Prometheus histogram's parts);
+    ``max_lag_s`` is the longest since ``reset_max``; ``on_sample(lag_s)`` gets every overshoot."""
+
+    def __init__(self, on_sample: Callable[[float], None] | None = None,
+                 interval_s: float = LOOP_LAG_PROBE_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.on_sample = on_sample
+        self.max_lag_s = 0.0
+        self.last_lag_s = 0.0
+        self.count = 0
+        self.sum_s = 0.0
+        self.counts = [0] * (len(LOOP_LAG_BUCKETS_S) + 1)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    def reset_max(self) -> float:
+        """The longest lag since the last reset; starts a new maximum."""
+        value, self.max_lag_s = self.max_lag_s, 0.0
+        return value
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.interval_s)
+            lag_s = max(0.0, loop.time() - before - self.interval_s)
+            self.last_lag_s = lag_s
+            self.count += 1
+            self.sum_s += lag_s
+            self.counts[bisect.bisect_left(LOOP_LAG_BUCKETS_S, lag_s)] += 1
+            if lag_s > self.max_lag_s:
+                self.max_lag_s = lag_s
+            if self.on_sample is not None:
+                self.on_sample(lag_s)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(upper bound, samples at or below it) per bucket, the last one "+Inf"."""
+        out: list[tuple[str, int]] = []
+        acc = 0
+        for bound, n in zip((*(str(b) for b in LOOP_LAG_BUCKETS_S), "+Inf"), self.counts, strict=True):
+            acc += n
+            out.append((bound, acc))
+        return out
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass

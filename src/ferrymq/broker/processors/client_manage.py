@@ -7,11 +7,17 @@ logged, and pulls that rely on it get 27 (FILTER_DATA_NOT_EXIST).
 
 Heartbeat bodies differ by client: C++ sends enums as ints, subVersion as a string, omits empty sets
 and ends with ``\\n``; ali-ons sends names and numbers. Each consumer group gets its config and its
-``%RETRY%<group>`` topic (1 queue, perm 6) auto-created; a new retry topic is registered at once.
+``%RETRY%<group>`` topic (1 queue, perm 6) auto-created; a new retry topic is registered soon (coalesced,
+registration.py).
+
+A heartbeat declaring more than HEARTBEAT_STEP_GROUPS groups is served in steps of that many groups, yielding
+to the event loop between steps, so one client declaring thousands of groups does not hold the broker; each
+group costs O(its subscriptions) (journaled config and retry topic, config_file.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: consumer groups of one heartbeat served between two yields to the event loop
+HEARTBEAT_STEP_GROUPS = 64
+
 
 class ClientManageProcessor:
     def __init__(self, ctx: BrokerController) -> None:
@@ -44,8 +53,7 @@ class ClientManageProcessor:
         dispatcher.register(RequestCode.UNREGISTER_CLIENT, self.unregister_client)
         dispatcher.register(RequestCode.CHECK_CLIENT_CONFIG, self.check_client_config)
 
-    def heart_beat(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
-        ctx = self.ctx
+    def heart_beat(self, conn: Any, cmd: RemotingCommand) -> Any:
         try:
             data = jsonx.loads(cmd.body) if cmd.body.strip() else {}
         except ValueError as exc:
@@ -53,23 +61,53 @@ class ClientManageProcessor:
         if not isinstance(data, dict):
             return cmd.response(R.SYSTEM_ERROR, remark="heartbeat body is not an object")
         client_id = str(data.get("clientID") or data.get("clientId") or conn.peer_addr)
-        for raw in data.get("consumerDataSet") or []:
-            if not isinstance(raw, dict):
-                continue
-            cd = ConsumerData.from_json(raw)
-            if not cd.group:
-                continue
-            sg = ctx.groups.find(cd.group)
-            if sg is not None:
-                ctx.topics.create_sys_group_topic(retry_topic(cd.group), max(1, sg.retry_queue_nums),
-                                                  PERM_READ | PERM_WRITE)
-            if ctx.config.enable_property_filter:
-                self._check_sql_subscriptions(cd)
-            ctx.consumers.register(conn, client_id, cmd.language, cmd.version, cd)
-        for raw in data.get("producerDataSet") or []:
-            if isinstance(raw, dict) and raw.get("groupName"):
-                ctx.producers.register(conn, str(raw["groupName"]), client_id, cmd.language, cmd.version)
+        consumers = data.get("consumerDataSet") or []
+        producers = data.get("producerDataSet") or []
+        if not isinstance(consumers, list):
+            consumers = []
+        if not isinstance(producers, list):
+            producers = []
+        if len(consumers) + len(producers) > HEARTBEAT_STEP_GROUPS:
+            return self._heart_beat_in_steps(conn, cmd, client_id, consumers, producers)
+        for raw in consumers:
+            self._consumer(conn, cmd, client_id, raw)
+        for raw in producers:
+            self._producer(conn, cmd, client_id, raw)
         return cmd.response(R.SUCCESS)
+
+    async def _heart_beat_in_steps(self, conn: Any, cmd: RemotingCommand, client_id: str, consumers: list[Any],
+                                   producers: list[Any]) -> RemotingCommand:
+        items = [(True, raw) for raw in consumers] + [(False, raw) for raw in producers]
+        for start in range(0, len(items), HEARTBEAT_STEP_GROUPS):
+            if start:
+                await asyncio.sleep(0)
+                if getattr(conn, "closed", False):  # its channels were dropped: register nothing more
+                    return cmd.response(R.SYSTEM_ERROR, remark="connection closed")
+            for is_consumer, raw in items[start:start + HEARTBEAT_STEP_GROUPS]:
+                if is_consumer:
+                    self._consumer(conn, cmd, client_id, raw)
+                else:
+                    self._producer(conn, cmd, client_id, raw)
+        return cmd.response(R.SUCCESS)
+
+    def _consumer(self, conn: Any, cmd: RemotingCommand, client_id: str, raw: Any) -> None:
+        if not isinstance(raw, dict):
+            return
+        ctx = self.ctx
+        cd = ConsumerData.from_json(raw)
+        if not cd.group:
+            return
+        sg = ctx.groups.find(cd.group)
+        if sg is not None:
+            ctx.topics.create_sys_group_topic(retry_topic(cd.group), max(1, sg.retry_queue_nums),
+                                              PERM_READ | PERM_WRITE)
+        if ctx.config.enable_property_filter:
+            self._check_sql_subscriptions(cd)
+        ctx.consumers.register(conn, client_id, cmd.language, cmd.version, cd)
+
+    def _producer(self, conn: Any, cmd: RemotingCommand, client_id: str, raw: Any) -> None:
+        if isinstance(raw, dict) and raw.get("groupName"):
+            self.ctx.producers.register(conn, str(raw["groupName"]), client_id, cmd.language, cmd.version)
 
     def unregister_client(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         producer_group = cmd.ext_fields.get("producerGroup") or ""
