@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum, StrEnum
 from typing import Any
 
+from ferrymq.common.http_auth import check_basic, check_token
 from ferrymq.common.properties import read_properties
 from ferrymq.common.tls import TLS_KEYS, TlsClientSettings, TlsServerSettings
 from ferrymq.common.tls import client_settings as tls_client_settings
@@ -121,7 +122,16 @@ class BrokerConfig:
         "brokerRole", "ASYNC_MASTER, SYNC_MASTER or SLAVE. Controller mode: SYNC replication unless "
         "ASYNC_MASTER is written explicitly"))
     metrics_port: int = field(default=-1, metadata=_meta(
-        "metricsPort", "Prometheus endpoint port on listenHost (GET /metrics); -1 = off, 0 = any free port"))
+        "metricsPort", "Prometheus endpoint port on metricsListenHost (GET /metrics); -1 = off, 0 = any free port"))
+    metrics_listen_host: str = field(default="127.0.0.1", metadata=_meta(
+        "metricsListenHost", "Interface of the metrics endpoint (an IP address; 127.0.0.1 = this machine only). "
+        "Its series name topics and groups: elsewhere, set metricsAuthToken or metricsBasicAuth"))
+    metrics_auth_token: str = field(default="", metadata={**_meta(
+        "metricsAuthToken", "Bearer token a scrape must present (Authorization: Bearer <token>, else 401); "
+        "empty = none"), "secret": True})
+    metrics_basic_auth: str = field(default="", metadata={**_meta(
+        "metricsBasicAuth", "user:password a scrape may present as HTTP basic auth instead (else 401); "
+        "empty = none"), "secret": True})
     ha_listen_port: int = field(default=-1, metadata=_meta(
         "haListenPort", "HA port (default listenPort+1)"))
     ha_master_address: str = field(default="", metadata=_meta(
@@ -403,6 +413,17 @@ class BrokerConfig:
             raise ConfigError("listenPort", f"port out of range: {self.listen_port}")
         if self.metrics_port != -1 and not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metricsPort", f"port out of range (-1 = off): {self.metrics_port}")
+        try:
+            ipaddress.ip_address(self.metrics_listen_host)
+        except ValueError:
+            raise ConfigError("metricsListenHost", f"must be an IP address, got {self.metrics_listen_host!r}") from None
+        for key, value, check in (("metricsAuthToken", self.metrics_auth_token, check_token),
+                                  ("metricsBasicAuth", self.metrics_basic_auth, check_basic)):
+            try:
+                if value:
+                    check(value)
+            except ValueError as exc:
+                raise ConfigError(key, str(exc)) from None
         if self.ha_listen_port != -1 and not 0 <= self.ha_listen_port <= 65535:
             raise ConfigError("haListenPort", f"must be -1 (listenPort+1) or a port 0..65535, "
                                               f"got {self.ha_listen_port}")

@@ -1,4 +1,5 @@
-"""The broker's Prometheus metrics (``metricsPort``), served by ``ferrymq.remoting.metrics_http``.
+"""The broker's Prometheus metrics (``metricsPort``), served by ``ferrymq.remoting.metrics_http`` on
+``metricsListenHost`` (127.0.0.1 by default), behind ``metricsAuthToken`` / ``metricsBasicAuth`` when set.
 
 Nothing is counted per message by prometheus_client: ``BrokerStats`` holds plain ints bumped on the event
 loop and ``BrokerCollector`` turns them into metric families at scrape time; the consume-queue lag is computed
@@ -7,6 +8,7 @@ at scrape time from the offset table and the store's max queue offsets. See docs
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
@@ -21,9 +23,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ferrymq.broker.stats import BrokerStats, LatencyHistogram
+from ferrymq.common.http_auth import HttpAuth, is_loopback
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.metrics_http import MetricsServer
+
+log = logging.getLogger(__name__)
 
 #: the ``code`` label of a request the handler hands to a callback (answered later, e.g. on a slave's ack)
 ANSWERED_LATER_CODE = -1
@@ -239,4 +244,9 @@ def broker_metrics_server(ctx: Any) -> MetricsServer | None:
     registry.register(BrokerCollector(ctx))
     ProcessCollector(registry=registry)
     instrument(ctx.dispatcher, ctx.stats)
-    return MetricsServer(registry, ctx.config.listen_host, port)
+    cfg = ctx.config
+    auth = HttpAuth(token=cfg.metrics_auth_token, basic=cfg.metrics_basic_auth)
+    if not auth.required and not is_loopback(cfg.metrics_listen_host):
+        log.warning("metrics on %s:%s without metricsAuthToken or metricsBasicAuth: whoever reaches it reads "
+                    "topic and group names", cfg.metrics_listen_host, port)
+    return MetricsServer(registry, cfg.metrics_listen_host, port, auth)

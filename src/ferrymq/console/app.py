@@ -14,6 +14,9 @@
 
 Errors are pages, never tracebacks: an unknown topic or group is 404, a malformed message id or a missing
 parameter is 400, a cluster that cannot be reached is 502.
+
+Access: with credentials (``common.http_auth.HttpAuth``: ``ferry console --auth-token`` / ``--basic-auth``)
+every path but ``/healthz`` answers 401 with ``WWW-Authenticate`` unless the request carries them.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from typing import Any
 
 import jinja2
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from ferrymq.client import Admin
 from ferrymq.client.admin import check_message_id
+from ferrymq.common.http_auth import HttpAuth
 from ferrymq.console.data import SAMPLE_INTERVAL_S, ConsoleData
 from ferrymq.errors import ClientError, FerryError, TopicNotExistError
 from ferrymq.remoting import jsonx
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 
 _DATA: web.AppKey[ConsoleData] = web.AppKey("data", ConsoleData)
 _ENV: web.AppKey[jinja2.Environment] = web.AppKey("env", jinja2.Environment)
+#: answered without credentials (a liveness probe learns nothing from it)
+OPEN_PATHS = frozenset({"/healthz"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -74,6 +81,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         log.exception("console page %s failed", request.path)
         return _render(request, "error.html", 500, status=500, message="internal error (logged by the console)")
+
+
+def _auth_middleware(auth: HttpAuth) -> Middleware:
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS or auth.allows(request.headers.get("Authorization")):
+            return await handler(request)
+        return web.Response(status=401, text="credentials required\n",
+                            headers={"WWW-Authenticate": auth.challenge()})
+
+    return check
 
 
 async def cluster_page(request: web.Request) -> web.Response:
@@ -145,9 +163,13 @@ async def healthz(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def make_app(admin: Admin, *, sample_interval_s: float = SAMPLE_INTERVAL_S) -> web.Application:
-    """The console application over a started ``Admin`` (the caller closes it)."""
-    app = web.Application(middlewares=[_errors])
+def make_app(admin: Admin, *, sample_interval_s: float = SAMPLE_INTERVAL_S,
+             auth: HttpAuth | None = None) -> web.Application:
+    """The console application over a started ``Admin`` (the caller closes it); ``auth``: who may read it."""
+    middlewares: list[Middleware] = [_errors]
+    if auth is not None and auth.required:
+        middlewares.insert(0, _auth_middleware(auth))
+    app = web.Application(middlewares=middlewares)
     data = ConsoleData(admin)
     app[_DATA] = data
     app[_ENV] = jinja2.Environment(loader=jinja2.PackageLoader("ferrymq.console", "templates"),
@@ -173,11 +195,11 @@ def make_app(admin: Admin, *, sample_interval_s: float = SAMPLE_INTERVAL_S) -> w
     return app
 
 
-async def serve(admin: Admin, host: str, port: int, *,
-                sample_interval_s: float = SAMPLE_INTERVAL_S) -> tuple[web.AppRunner, int]:
+async def serve(admin: Admin, host: str, port: int, *, sample_interval_s: float = SAMPLE_INTERVAL_S,
+                auth: HttpAuth | None = None) -> tuple[web.AppRunner, int]:
     """Start the console on host:port (0 = any free port); the runner (``await runner.cleanup()`` stops it)
     and the bound port."""
-    runner = web.AppRunner(make_app(admin, sample_interval_s=sample_interval_s), access_log=None)
+    runner = web.AppRunner(make_app(admin, sample_interval_s=sample_interval_s, auth=auth), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

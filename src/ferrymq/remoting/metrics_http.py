@@ -8,7 +8,8 @@ loop thread that owns the state: no locks, no "dict changed size during iteratio
 scrape costs the loop the time to render the text (well under a millisecond for a few hundred series).
 
 Requests are bounded: the request head must arrive within ``METRICS_READ_TIMEOUT_S`` and fit in
-``METRICS_MAX_HEAD_BYTES``; other paths get 404; one request per connection (HTTP/1.0, then closed).
+``METRICS_MAX_HEAD_BYTES``; other paths get 404; one request per connection (HTTP/1.0, then closed). With
+credentials (``common.http_auth.HttpAuth``) a scrape without the right ``Authorization`` header gets 401.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ferrymq.common import aio
+from ferrymq.common.http_auth import HttpAuth
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +34,11 @@ METRICS_MAX_HEAD_BYTES = 8192
 class MetricsServer:
     """``GET /metrics`` on ``host:port`` (port 0 = any free port; ``port`` holds the bound one)."""
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+    def __init__(self, registry: CollectorRegistry, host: str, port: int, auth: HttpAuth | None = None) -> None:
         self.registry = registry
         self.host = host
         self.port = port
+        self.auth = auth or HttpAuth()
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -59,13 +62,17 @@ class MetricsServer:
                 return
             parts = head.split(b"\r\n", 1)[0].split()
             path = parts[1].split(b"?", 1)[0] if len(parts) >= 2 else b""
+            extra = ""
             if not head:
                 status, body, ctype = "400 Bad Request", b"request head too large\n", "text/plain"
+            elif not self.auth.allows(_header(head, b"authorization")):
+                status, body, ctype = "401 Unauthorized", b"credentials required\n", "text/plain"
+                extra = f"WWW-Authenticate: {self.auth.challenge()}\r\n"
             elif len(parts) >= 2 and parts[0] == b"GET" and path.decode("latin-1") == METRICS_PATH:
                 status, body, ctype = "200 OK", generate_latest(self.registry), CONTENT_TYPE_LATEST
             else:
                 status, body, ctype = "404 Not Found", f"try GET {METRICS_PATH}\n".encode(), "text/plain"
-            writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}"
                          "Connection: close\r\n\r\n".encode("latin-1") + body)
             await writer.drain()
         except ConnectionError:
@@ -74,3 +81,12 @@ class MetricsServer:
             log.exception("metrics request failed")
         finally:
             writer.close()
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    """The value of header ``name`` (lower case) in a request head, None if absent."""
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            return value.strip()
+    return None
