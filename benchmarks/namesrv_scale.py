@@ -13,9 +13,14 @@ remoting frames, one connection per broker as real brokers do:
 6. ``reads``      GET_ALL_TOPIC_LIST_FROM_NAMESERVER, GET_BROKER_CLUSTER_INFO, GET_TOPICS_BY_CLUSTER;
 7. ``removal``    the big brokers' connections close (the name server drops their 10k routes each).
 
-During every phase a probe connection sends GET_ROUTEINFO_BY_TOPIC every ``PROBE_INTERVAL_S``; its longest
-answer time bounds the name server's longest event-loop stall from outside (it also includes one route
-query's own cost and the benchmark process's scheduling, so it over-states the stall a little).
+During every phase a probe connection sends GET_ROUTEINFO_BY_TOPIC every ``PROBE_INTERVAL_S``; its answer
+times are route-query latency under load (they include waiting behind requests queued before it and the
+benchmark process's own scheduling). The name server's longest event-loop stall per phase is measured
+inside its process: the benchmark runs the name server itself (``--serve``, a ``NameServer`` of whatever
+ferrymq is on the path, so an older tree is measured the same way) beside a task that sleeps 10 ms again
+and again and records how late it wakes (as ``ferrymq_event_loop_lag_seconds`` does); the benchmark reads
+and resets the maximum after each phase over a small HTTP endpoint. With ``--namesrv`` (a name server not
+started here) the column is "-".
 
 Prints p50/p99/max per phase, the probe's p99/max per phase, and the name server's RSS after the estate is
 built. ``measure(ns_addr, ...)`` is importable (e.g. by ``ferry bench --estate``) and returns the figures.
@@ -34,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +64,7 @@ except ImportError:  # older trees kept the codec in the name server
 
 PROBE_INTERVAL_S = 0.01
 #: registrations in flight at once (brokers register independently; this bounds the benchmark's own load)
-REGISTER_CONCURRENCY = 32
+REGISTER_CONCURRENCY = 8
 REQUEST_TIMEOUT_MS = 60_000
 CLUSTER = "EstateCluster"
 QUEUES = 8
@@ -71,11 +77,13 @@ class Phase:
     probe_ms: list[float] = field(default_factory=list)
     failures: int = 0
     wall_s: float = 0.0
+    #: the longest event-loop stall of the name server during the phase (None: not measured)
+    max_stall_ms: float | None = None
 
     def row(self) -> dict[str, Any]:
         return {"phase": self.name, "n": len(self.latencies_ms), "failures": self.failures,
                 "wall_s": round(self.wall_s, 2), **_stats("", self.latencies_ms),
-                **_stats("probe_", self.probe_ms)}
+                **_stats("probe_", self.probe_ms), "max_stall_ms": self.max_stall_ms}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -180,11 +188,24 @@ async def _bounded(jobs: list[Callable[[], Awaitable[None]]], limit: int) -> Non
     await asyncio.gather(*(one(j) for j in jobs))
 
 
+def read_max_lag_ms(lag_addr: str | None) -> float | None:
+    """The longest loop stall (ms) the ``--serve`` process saw since the last read (the read resets it)."""
+    if lag_addr is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{lag_addr}/max-lag", timeout=10) as resp:
+            return round(float(resp.read().decode()) * 1000, 1)
+    except (OSError, ValueError):
+        return None
+
+
 async def measure(ns_addr: str, *, brokers: int = 1000, topics: int = 10_000, topics_per_broker: int = 100,
                   big_brokers: int = 1, route_queries: int = 5000, compressed: bool = False,
-                  rss_of: Callable[[], int | None] | None = None,
+                  rss_of: Callable[[], int | None] | None = None, lag_addr: str | None = None,
                   report: Callable[[str], None] = print) -> dict[str, Any]:
-    """Build the estate on the name server at ``ns_addr`` and measure it; returns {"phases": [...], "rss_mb"}."""
+    """Build the estate on the name server at ``ns_addr`` and measure it; returns {"phases": [...], "rss_mb",
+    "longest_probe_ms", "longest_stall_ms"}. ``lag_addr`` (the ``--serve`` process's endpoint) adds the
+    loop-stall column."""
     estate = Estate(brokers, topics, topics_per_broker, big_brokers, compressed)
     phases: list[Phase] = []
     probe_conn = await connect(ns_addr)
@@ -203,10 +224,13 @@ async def measure(ns_addr: str, *, brokers: int = 1000, topics: int = 10_000, to
         async def run_phase(name: str, jobs: list[Callable[[], Awaitable[None]]], phase: Phase,
                             limit: int = REGISTER_CONCURRENCY) -> None:
             probe.take()
+            await asyncio.to_thread(read_max_lag_ms, lag_addr)
             t0 = time.perf_counter()
             await _bounded(jobs, limit)
             phase.wall_s = time.perf_counter() - t0
             phase.probe_ms = probe.take()
+            await asyncio.sleep(2 * PROBE_INTERVAL_S)  # the lag probe's last sample of the phase is in
+            phase.max_stall_ms = await asyncio.to_thread(read_max_lag_ms, lag_addr)
             phases.append(phase)
             report(_format_row(phase.row()))
 
@@ -250,6 +274,7 @@ async def measure(ns_addr: str, *, brokers: int = 1000, topics: int = 10_000, to
 
         phase = Phase(f"removal of {big_brokers} big broker(s) by connection close")
         probe.take()
+        await asyncio.to_thread(read_max_lag_ms, lag_addr)
         t0 = time.perf_counter()
         for c in big_conns:
             c.close()
@@ -257,10 +282,14 @@ async def measure(ns_addr: str, *, brokers: int = 1000, topics: int = 10_000, to
         phase.wall_s = time.perf_counter() - t0
         phase.latencies_ms.append(phase.wall_s * 1000)
         phase.probe_ms = probe.take()
+        await asyncio.sleep(2 * PROBE_INTERVAL_S)
+        phase.max_stall_ms = await asyncio.to_thread(read_max_lag_ms, lag_addr)
         phases.append(phase)
         report(_format_row(phase.row()))
+        stalls = [p.max_stall_ms for p in phases if p.max_stall_ms is not None]
         return {"phases": [p.row() for p in phases], "rss_mb": rss_mb,
-                "longest_probe_ms": max((max(p.probe_ms) for p in phases if p.probe_ms), default=None)}
+                "longest_probe_ms": max((max(p.probe_ms) for p in phases if p.probe_ms), default=None),
+                "longest_stall_ms": max(stalls, default=None)}
     finally:
         await probe.stop()
         for c in [probe_conn, *conns, *big_conns]:
@@ -293,8 +322,10 @@ async def _wait_gone(conn: Connection, names: list[str]) -> None:
 
 
 def _format_row(row: dict[str, Any]) -> str:
+    stall = "-" if row["max_stall_ms"] is None else row["max_stall_ms"]
     return (f"| {row['phase']:<58} | {row['n']:>6} | {row['p50_ms']:>8} | {row['p99_ms']:>8} | "
-            f"{row['max_ms']:>8} | {row['probe_p99_ms']:>8} | {row['probe_max_ms']:>8} | {row['failures']} |")
+            f"{row['max_ms']:>8} | {row['probe_p99_ms']:>8} | {row['probe_max_ms']:>8} | {stall:>8} | "
+            f"{row['failures']} |")
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -313,22 +344,60 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_namesrv(log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+LAG_PROBE_INTERVAL_S = 0.010
+
+
+async def _serve(port: int, lag_port: int) -> None:
+    """The name server under test and, beside it on the same loop, the stall probe and its endpoint."""
+    from ferrymq.namesrv.app import NameServer
+
+    loop = asyncio.get_running_loop()
+    state = {"max_lag_s": 0.0}
+
+    async def lag_probe() -> None:
+        while True:
+            before = loop.time()
+            await asyncio.sleep(LAG_PROBE_INTERVAL_S)
+            state["max_lag_s"] = max(state["max_lag_s"], loop.time() - before - LAG_PROBE_INTERVAL_S)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        value, state["max_lag_s"] = state["max_lag_s"], 0.0
+        body = f"{value:.6f}".encode()
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    server = NameServer("127.0.0.1", port)
+    await server.start()
+    http = await asyncio.start_server(answer, "127.0.0.1", lag_port)
+    probe = asyncio.ensure_future(lag_probe())
+    try:
+        await asyncio.Event().wait()
+    finally:
+        probe.cancel()
+        http.close()
+        await server.stop()
+
+
+def start_namesrv(log_dir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    """This script's ``--serve`` process: (process, remoting host:port, lag endpoint host:port)."""
+    port, lag_port = _free_port(), _free_port()
     log = open(log_dir / "namesrv.log", "ab")  # noqa: SIM115 (closed with the process)
-    proc = subprocess.Popen([sys.executable, "-m", "ferrymq.cli", "namesrv", "--listen", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port), str(lag_port)],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"127.0.0.1:{port}"
+            socket.create_connection(("127.0.0.1", lag_port), timeout=0.2).close()
+            return proc, f"127.0.0.1:{port}", f"127.0.0.1:{lag_port}"
         except OSError:
             if proc.poll() is not None:
                 raise RuntimeError(f"namesrv exited {proc.returncode}; see {log_dir / 'namesrv.log'}") from None
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("namesrv did not open its port within 30 s")
+    raise RuntimeError("namesrv did not open its ports within 30 s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,13 +409,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--route-queries", type=int, default=5000)
     ap.add_argument("--compressed", action="store_true", help="the small brokers register compressed too")
     ap.add_argument("--namesrv", help="measure this running name server (host:port) instead of starting one")
+    ap.add_argument("--serve", nargs=2, type=int, metavar=("PORT", "LAG_PORT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.serve:
+        asyncio.run(_serve(*args.serve))
+        return 0
     with tempfile.TemporaryDirectory(prefix="ns-scale-") as tmp:
         proc = None
         if args.namesrv:
-            ns_addr, rss_of = args.namesrv, None
+            ns_addr, rss_of, lag_addr = args.namesrv, None, None
         else:
-            proc, ns_addr = start_namesrv(Path(tmp))
+            proc, ns_addr, lag_addr = start_namesrv(Path(tmp))
             pid = proc.pid
             base = rss_bytes(pid)
             print(f"name server pid {pid} on {ns_addr}, RSS at start {round((base or 0) / 2**20, 1)} MiB")
@@ -354,13 +427,13 @@ def main(argv: list[str] | None = None) -> int:
             def rss_of() -> int | None:
                 return rss_bytes(pid)
         print("| phase                                                      |      n |  p50 ms  |  p99 ms  |"
-              "  max ms  | probe p99 | probe max | fail |")
-        print("|" + "---|" * 8)
+              "  max ms  | probe p99 | probe max | longest loop stall | fail |")
+        print("|" + "---|" * 9)
         try:
             out = asyncio.run(measure(ns_addr, brokers=args.brokers, topics=args.topics,
                                       topics_per_broker=args.topics_per_broker, big_brokers=args.big_brokers,
                                       route_queries=args.route_queries, compressed=args.compressed,
-                                      rss_of=rss_of))
+                                      rss_of=rss_of, lag_addr=lag_addr))
         finally:
             if proc is not None:
                 proc.terminate()
@@ -369,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-    print(f"longest probe answer (bounds the longest loop stall): {out['longest_probe_ms']} ms; "
-          f"RSS {out['rss_mb']} MiB")
+    print(f"longest loop stall: {out['longest_stall_ms']} ms; longest probe answer: {out['longest_probe_ms']} ms; "
+          f"name server RSS {out['rss_mb']} MiB")
     return 0
 
 

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ferrymq.cli.namesrv import command
 from ferrymq.namesrv.app import NameServer
+from support.aio import wait_for
 
 
 @pytest.fixture
@@ -44,6 +45,19 @@ async def test_scrape_counts_the_registered_broker(namesrv: NameServer, broker: 
     assert m["ferrymq_namesrv_broker_groups"] == 1 and m["ferrymq_namesrv_clusters"] == 1
     assert m["ferrymq_namesrv_topics"] >= 1
     assert m["process_resident_memory_bytes"] > 0
+
+
+async def test_event_loop_lag_histogram(namesrv: NameServer) -> None:
+    assert namesrv.metrics_server is not None
+    port = namesrv.metrics_server.port
+
+    async def sampled() -> dict[str, float] | None:
+        m = await scrape(port)
+        return m if m.get("ferrymq_event_loop_lag_seconds_count", 0) > 0 else None
+
+    m = await wait_for(sampled, what="a loop-lag sample")
+    assert m["ferrymq_event_loop_lag_seconds_sum"] >= 0
+    assert m["ferrymq_event_loop_lag_seconds_bucket"] <= m["ferrymq_event_loop_lag_seconds_count"]
 
 
 def test_metrics_port_out_of_range_is_a_usage_error() -> None:

@@ -77,9 +77,9 @@ class NameServer:
         self._scan_first_delay_ms = scan_first_delay_ms
         self._server: RemotingServer | None = None
         self._scan_task: asyncio.Task[None] | None = None
-        #: Prometheus endpoint on host:metrics_port (-1 = off)
         #: the event loop's lateness (ferrymq_event_loop_lag_seconds)
         self.loop_lag = LoopLagProbe()
+        #: Prometheus endpoint on host:metrics_port (-1 = off)
         self.metrics_server = namesrv_metrics_server(self.routes, host, metrics_port, self.loop_lag)
 
     @property
