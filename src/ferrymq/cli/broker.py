@@ -97,9 +97,9 @@ def command(ctx: click.Context, config_path: str | None, namesrv: str | None, lo
 
 
 def _add_ops_verbs() -> None:
-    from ferrymq.cli import broker_ops
+    from ferrymq.cli import admin_verbs, broker_ops
 
-    for verb in broker_ops.VERBS:
+    for verb in (*broker_ops.VERBS, *admin_verbs.BROKER_VERBS):
         command.add_command(verb)
 
 

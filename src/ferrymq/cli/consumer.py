@@ -32,9 +32,9 @@ def progress(namesrv: str, group: str, topic: str | None, as_json: bool) -> None
 
 
 def _add_ops_verbs() -> None:
-    from ferrymq.cli import consumer_ops
+    from ferrymq.cli import admin_verbs, consumer_ops
 
-    for verb in consumer_ops.CONSUMER_VERBS:
+    for verb in (*consumer_ops.CONSUMER_VERBS, *admin_verbs.CONSUMER_VERBS):
         command.add_command(verb)
 
 

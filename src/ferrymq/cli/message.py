@@ -87,3 +87,13 @@ def _show_at(namesrv: str, topic: str, broker_name: str | None, queue_id: int, q
     msg = run(go())
     emit([message_row(msg)], ["topic", "queueId", "queueOffset", "msgId", "offsetMsgId", "tags", "keys", "body"],
          as_json=as_json)
+
+
+def _add_ops_verbs() -> None:
+    from ferrymq.cli import admin_verbs
+
+    for verb in admin_verbs.MESSAGE_VERBS:
+        command.add_command(verb)
+
+
+_add_ops_verbs()

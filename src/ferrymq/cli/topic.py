@@ -102,9 +102,9 @@ def delete(namesrv: str, topic: str, cluster: str | None, as_json: bool) -> None
 
 
 def _add_ops_verbs() -> None:
-    from ferrymq.cli import consumer_ops
+    from ferrymq.cli import admin_verbs, consumer_ops
 
-    for verb in consumer_ops.TOPIC_VERBS:
+    for verb in (*consumer_ops.TOPIC_VERBS, *admin_verbs.TOPIC_VERBS):
         command.add_command(verb)
 
 

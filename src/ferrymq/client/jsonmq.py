@@ -47,7 +47,12 @@ def mq_keyed_map(data: bytes, field: str) -> list[tuple[MessageQueue, Any]]:
         obj = loads_mq_keys(data)
     except ValueError as exc:
         raise ProtocolError(f"{field}: body is not JSON ({exc})") from None
-    table = obj.get(field) if isinstance(obj, dict) else None
+    return mq_table_entries(obj.get(field) if isinstance(obj, dict) else None, field)
+
+
+def mq_table_entries(table: Any, field: str) -> list[tuple[MessageQueue, Any]]:
+    """The (queue, value) pairs of one MessageQueue-keyed table already parsed by ``loads_mq_keys`` (a map or
+    one of the list shapes above), e.g. a table nested deeper than the body's top level."""
     out: list[tuple[MessageQueue, Any]] = []
     if isinstance(table, list):
         for item in table:
