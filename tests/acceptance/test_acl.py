@@ -81,6 +81,9 @@ BROKER_ADMIN_REQUESTS: list[tuple[int, dict[str, str]]] = [
     (RequestCode.UPDATE_BROKER_CONFIG, {}),
     (222, {"topic": "AclTopic", "group": "AclGroup", "timestamp": "0", "isForce": "true"}),  # reset offsets
     (329, {}),  # DELETE_EXPIRED_COMMITLOG
+    (RequestCode.CLONE_GROUP_OFFSET, {"srcGroup": GROUP, "destGroup": "AclScratchGroup", "topic": TOPIC}),
+    (RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE, {}),
+    (RequestCode.CLEAN_UNUSED_TOPIC, {}),
 ]
 
 
@@ -175,6 +178,25 @@ def test_admin_codes_need_admin(acl_cluster: Cluster, code: int, fields: dict[st
         assert "needs an admin account" in (resp.remark or "")
     resp = signed_request(acl_cluster.broker_addr, code, fields, ADMIN, body)
     assert resp.code == ResponseCode.SUCCESS, (code, resp.remark)
+
+
+def test_replay_under_another_code_and_shifted_numbers_are_refused(acl_cluster: Cluster) -> None:
+    addr = acl_cluster.broker_addr
+    fields = dict(BROKER_ADMIN_REQUESTS[0][1], topic="AclReplayTopic")
+    create = RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, fields)
+    signature.sign(create.ext_fields, create.body, *ADMIN)
+    assert request(addr, create.code, create.ext_fields).code == ResponseCode.SUCCESS
+    replay = request(addr, RequestCode.DELETE_TOPIC_IN_BROKER, create.ext_fields)  # the same signed header
+    assert replay.code == ResponseCode.NO_PERMISSION and "not defined for request code 215" in (replay.remark or "")
+    assert "AclReplayTopic" in json.loads(request(addr, RequestCode.GET_ALL_TOPIC_CONFIG, create.ext_fields).body
+                                          or b"{}").get("topicConfigTable", {})
+    pull = RemotingCommand.request(RequestCode.PULL_MESSAGE, {
+        "consumerGroup": GROUP, "topic": TOPIC, "queueId": 0, "queueOffset": 123, "maxMsgNums": 32, "sysFlag": 4,
+        "commitOffset": 0, "suspendTimeoutMillis": 0, "subscription": "*", "subVersion": 0})
+    signature.sign(pull.ext_fields, pull.body, *SUB)
+    shifted = dict(pull.ext_fields, queueId="01", queueOffset="23")  # signs like queueId=0, queueOffset=123
+    resp = request(addr, RequestCode.PULL_MESSAGE, shifted)
+    assert resp.code == ResponseCode.NO_PERMISSION and "not a canonical decimal" in (resp.remark or "")
 
 
 def test_whitelist_by_reload_and_broken_reload_keeps_last_good(acl_cluster: Cluster) -> None:
