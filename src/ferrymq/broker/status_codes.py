@@ -13,6 +13,7 @@ PutMessageStatus → SEND response:
 | PROPERTIES_SIZE_EXCEEDED      | 13   | the message is illegal ...      | no            |
 | SERVICE_NOT_AVAILABLE         | 14   | service not available now ...   | no            |
 | DISK_FULL                     | 14   | ... the broker's disk is full   | no            |
+| OPEN_FILES_EXHAUSTED          | 14   | ... cannot open a store file    | no            |
 | OS_PAGECACHE_BUSY             | 1    | [PC_SYNCHRONIZED]broker busy... | no            |
 | UNKNOWN_ERROR (and any other) | 1    | UNKNOWN_ERROR                   | no            |
 
@@ -43,6 +44,9 @@ SERVICE_NOT_AVAILABLE_REMARK = "service not available now, maybe disk full or th
 DISK_FULL_REMARK = ("service not available now: the broker's disk is full (used above diskSpaceWarningLevelRatio); "
                     "sends are accepted again when space returns")
 
+OPEN_FILES_EXHAUSTED_REMARK = ("service not available now: the broker cannot open a store file (too many open files: "
+                               "EMFILE/ENFILE); sends to this queue are accepted again when descriptors are free")
+
 
 class SendOutcome(NamedTuple):
     code: int
@@ -64,6 +68,7 @@ PUT_STATUS_TABLE: dict[str, SendOutcome] = {
                                                               "length limit 32k.", False),
     "SERVICE_NOT_AVAILABLE": SendOutcome(R.SERVICE_NOT_AVAILABLE, SERVICE_NOT_AVAILABLE_REMARK, False),
     "DISK_FULL": SendOutcome(R.SERVICE_NOT_AVAILABLE, DISK_FULL_REMARK, False),
+    "OPEN_FILES_EXHAUSTED": SendOutcome(R.SERVICE_NOT_AVAILABLE, OPEN_FILES_EXHAUSTED_REMARK, False),
     "OS_PAGECACHE_BUSY": SendOutcome(R.SYSTEM_ERROR, "[PC_SYNCHRONIZED]broker busy, start flow control for a while",
                                      False),
     "UNKNOWN_ERROR": SendOutcome(R.SYSTEM_ERROR, "UNKNOWN_ERROR", False),

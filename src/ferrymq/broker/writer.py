@@ -5,6 +5,12 @@ Everything here runs on the event loop thread except the flush thread behind ``F
 Reput is scheduled with ``loop.call_soon`` at most once per loop iteration, so a burst of sends on
 many connections is dispatched in one go; a slave's replicated bytes are dispatched within 1 ms
 (``schedule_reput_within``), after the HA client has reported them to the master.
+
+A put is preceded by the store's ``prepare_put`` (its consume queue unit can be written: the file exists,
+is mapped and has its blocks reserved), so a send is acknowledged only when its dispatch can be made; a
+refusal (no descriptor left, a full disk) is answered with its status. A dispatch that still stops short
+of the log's end (e.g. a batch beyond the reserved chunk on a full disk) is retried every
+``DISPATCH_RETRY_INTERVAL_MS`` until it succeeds, without waiting for another send.
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ from ferrymq.broker.config import BrokerConfig, BrokerRole, FlushDiskType
 from ferrymq.broker.flush import FlushService
 from ferrymq.common import aio
 from ferrymq.common.message import MessageExtBrokerInner
+from ferrymq.store.results import PutMessageResult
 
 log = logging.getLogger(__name__)
 
 #: records dispatched per loop iteration before yielding to other work
 REPUT_BATCH_RECORDS = 10_000
+#: a dispatch that stopped short of the commit log's end is tried again this often until it catches up
+DISPATCH_RETRY_INTERVAL_MS = 200
 
 QueueKey = tuple[str, int]
 
@@ -38,6 +47,9 @@ class MessageWriter:
         self._pending_keys: set[QueueKey] = set()
         self._wake_all = False
         self._reput_scheduled = False
+        self._retry_handle: asyncio.TimerHandle | None = None
+        #: the store's check before a put (``MessageStore.prepare_put``), if it has one
+        self._prepare: Callable[[str, int, int], Any] | None = getattr(store, "prepare_put", None)
         #: ``BrokerStats`` (set by the broker): stored messages/bytes per topic, SYNC_MASTER wait times
         self.stats: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -70,12 +82,22 @@ class MessageWriter:
 
     # ---- puts -------------------------------------------------------------------------------
     def put(self, inner: MessageExtBrokerInner) -> Any:
+        prepare = self._prepare
+        if prepare is not None:
+            refused = prepare(inner.topic, inner.queue_id, inner.sys_flag)
+            if refused is not None:
+                return PutMessageResult(refused)
         result = self._store.put_message(inner)
         if result.append_result is not None:
             self._appended((inner.topic, inner.queue_id), result.append_result)
         return result
 
     def put_batch(self, inners: list[MessageExtBrokerInner]) -> Any:
+        prepare = self._prepare
+        if prepare is not None and inners:
+            refused = prepare(inners[0].topic, inners[0].queue_id, inners[0].sys_flag)
+            if refused is not None:
+                return PutMessageResult(refused)
         result = self._store.put_messages(inners)
         if result.append_result is not None and inners:
             self._appended((inners[0].topic, inners[0].queue_id), result.append_result)
@@ -88,6 +110,9 @@ class MessageWriter:
         put_raw = getattr(self._store, "put_batch_raw", None)
         if put_raw is None:
             return None
+        prepare = self._prepare
+        if prepare is not None and prepare(topic, queue_id, sys_flag) is not None:
+            return None  # put_batch answers the refusal
         result = put_raw(topic, queue_id, batch_body, merge_props, cluster, sys_flag, born_timestamp, born_host,
                          store_host, reconsume_times)
         if result is not None and result.append_result is not None:
@@ -101,6 +126,9 @@ class MessageWriter:
         put_raw = self._put_one_raw
         if put_raw is None:
             return None
+        prepare = self._prepare
+        if prepare is not None and prepare(topic, queue_id, sys_flag) is not None:
+            return None  # put answers the refusal
         res = put_raw(topic, queue_id, body, props, cluster, flag, sys_flag, born_timestamp, born_host, store_host,
                       reconsume_times)
         if res is not None and res[0].append_result is not None:
@@ -160,12 +188,24 @@ class MessageWriter:
             n = 0
         if n >= REPUT_BATCH_RECORDS:
             self.schedule_reput()
+        elif getattr(self._store, "dispatch_behind_bytes", 0) > 0:
+            self._schedule_retry()  # stopped short (a file could not be had): again by itself, no send needed
         keys, self._pending_keys = self._pending_keys, set()
         wake_all, self._wake_all = self._wake_all, False
         if wake_all:
             self._on_dispatched(None)
         elif keys:
             self._on_dispatched(keys)
+
+    def _schedule_retry(self) -> None:
+        if self._retry_handle is not None:
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        self._retry_handle = loop.call_later(DISPATCH_RETRY_INTERVAL_MS / 1000, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_handle = None
+        self.schedule_reput(wake_all=True)  # the keys of the stalled records are not known here
 
     def reput_now(self) -> None:
         """Dispatch everything appended so far (start-up, tests)."""

@@ -78,6 +78,9 @@ class StoreConfig:
     max_topic_length: int = 127
     recover_segments_normal: int = 3  # segments CRC-walked on a normal (clean) start
     dispatch_pending_max: int = 100_000  # master's in-memory dispatch queue bound
+    #: consume queue files mapped (and holding descriptors) at once; 0: derived from RLIMIT_NOFILE
+    #: (queue_table.default_max_open_segment_files)
+    max_open_segment_files: int = 0
     #: percent of the store's file system in use above which expired segments are deleted at once
     disk_max_used_space_ratio: int = 75
     #: percent above which the forced cleanup runs (message_store.check_disk_space)
@@ -101,6 +104,8 @@ class StoreConfig:
             raise ValueError(f"commit_log_preallocation must be one of {', '.join(COMMIT_LOG_PREALLOCATION_MODES)}")
         if self.mapped_file_size_commit_log < 4096:
             raise ValueError("mapped_file_size_commit_log must be at least 4096 bytes")
+        if self.max_open_segment_files < 0:
+            raise ValueError("max_open_segment_files must be >= 0 (0: derived from RLIMIT_NOFILE)")
         if self.index_hash_slot_num <= 0 or self.index_max_num <= 1:
             raise ValueError("index_hash_slot_num must be > 0 and index_max_num > 1")
         parse_delay_levels(self.message_delay_level)

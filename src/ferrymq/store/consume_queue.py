@@ -10,6 +10,13 @@ Unit *n* (queue offset *n*) lives at global byte n×20; files are named by their
 byte. When a queue's first file starts below its first unit (a slave that joined late, or a
 queue whose first message has queue offset > 0), the leading slots hold blank units
 ``(0, 0x7FFFFFFF, 0)``. A blank unit is never served.
+
+Files keep their full logical size (``mappedFileSizeConsumeQueue``, as RocketMQ's) but are sparse: their blocks
+are reserved ``CQ_RESERVE_CHUNK_BYTES`` at a time ahead of the writes (``MappedFile.reserve_ahead``), so a queue
+with one message costs one chunk of disk and a full disk is a clean ``StoreDiskFullError`` (the put is refused,
+or the dispatch retries) instead of a SIGBUS on a write into a hole of the map. The files are mapped through the
+store's ``OpenFilePool`` (at most ``maxOpenSegmentFiles`` at once); every access goes through
+``MappedFile.mapped()``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import sys
 from itertools import chain
 
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE
-from ferrymq.store.mapped_file import MappedFile
+from ferrymq.store.mapped_file import MappedFile, OpenFilePool
 from ferrymq.store.mapped_file_queue import MappedFileQueue
 
 UNIT = struct.Struct(">qiq")
@@ -33,6 +40,8 @@ _WORDS_PER_UNIT = CQ_STORE_UNIT_SIZE // 4
 #: most units ``put_units`` packs with one struct (a Struct per count is cached)
 _UNITS_PACK_MAX = 256
 _UNITS_PACKERS: dict[int, struct.Struct] = {}
+#: blocks of a consume queue file reserved at a time, ahead of the writes (a multiple of the 4 KiB page)
+CQ_RESERVE_CHUNK_BYTES = 64 * 1024
 
 
 def _chunk_all_valid(chunk: bytes) -> bool:
@@ -50,13 +59,14 @@ def _chunk_all_valid(chunk: bytes) -> bool:
 
 
 class ConsumeQueue:
-    def __init__(self, root_dir: str, topic: str, queue_id: int, file_size: int) -> None:
+    def __init__(self, root_dir: str, topic: str, queue_id: int, file_size: int,
+                 pool: OpenFilePool | None = None) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size
-        # blocks reserved when a file is created: a full disk fails the creation (StoreDiskFullError, the
-        # dispatch retries), never a SIGBUS on a later write into a hole of the map
-        self.mfq = MappedFileQueue(os.path.join(root_dir, topic, str(queue_id)), file_size, preallocate=True)
+        # sparse files; blocks reserved a chunk ahead of the writes (CQ_RESERVE_CHUNK_BYTES): a full disk fails
+        # the reservation (StoreDiskFullError), never a SIGBUS on a later write into a hole of the map
+        self.mfq = MappedFileQueue(os.path.join(root_dir, topic, str(queue_id)), file_size, pool=pool)
         self.min_logic_offset = 0  # bytes (queue offset × 20)
         self.max_phy_end = 0  # phy offset + size of the newest unit (how far dispatch got)
 
@@ -85,7 +95,7 @@ class ConsumeQueue:
         last = self.mfq.last()
         if last is None:
             return
-        mm = last.mm
+        mm = last.mapped()
         pos = 0
         while pos < last.file_size:
             end = min(last.file_size, pos + _SCAN_CHUNK_UNITS * CQ_STORE_UNIT_SIZE)
@@ -102,14 +112,18 @@ class ConsumeQueue:
             if stop:
                 break
         last.wrote_position = last.flushed_position = pos
+        last.reserved_position = pos  # the written blocks exist; the next write reserves on from here
         self.mfq.flushed_where = last.file_from_offset + pos
         self.max_phy_end = self._compute_max_phy_end()
 
     def _compute_max_phy_end(self) -> int:
         for mf in reversed(self.mfq.files):
             pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
+            if pos < 0:
+                continue
+            mm = mf.mapped()
             while pos >= 0:
-                phy, size, _tags = UNIT.unpack_from(mf.mm, pos)
+                phy, size, _tags = UNIT.unpack_from(mm, pos)
                 if size != BLANK_SIZE:
                     return int(phy + size)
                 pos -= CQ_STORE_UNIT_SIZE
@@ -122,7 +136,10 @@ class ConsumeQueue:
             self.min_logic_offset = 0
             return
         lo, hi = 0, first.wrote_position // CQ_STORE_UNIT_SIZE
-        mm = first.mm
+        if hi == 0:
+            self.min_logic_offset = first.file_from_offset
+            return
+        mm = first.mapped()
         while lo < hi:  # units are ordered by phy offset; blanks (phy 0) sort first
             mid = (lo + hi) // 2
             phy, size, _tags = UNIT.unpack_from(mm, mid * CQ_STORE_UNIT_SIZE)
@@ -134,6 +151,32 @@ class ConsumeQueue:
 
     # --- write -------------------------------------------------------------------------------
 
+    def _first_file(self, expected: int) -> None:
+        """Start the queue with the file holding byte ``expected`` (blank units before it)."""
+        self.mfq.create_file(self.mfq.segment_start_of(expected))
+        self._fill_blanks(expected)
+        self.min_logic_offset = expected
+
+    def prepare_unit(self, queue_offset: int) -> None:
+        """Make sure the unit for ``queue_offset`` can be written: the file it goes to exists, is mapped and has
+        its blocks reserved. Raises StoreDiskFullError / StoreOpenFilesError / StoreDirError otherwise (the put
+        is refused before anything is stored). Writes nothing but blank units a new queue starts with."""
+        expected = queue_offset * CQ_STORE_UNIT_SIZE
+        files = self.mfq.files
+        if not files:
+            self._first_file(expected)
+            files = self.mfq.files
+        last = files[-1]
+        if expected < last.file_from_offset + last.wrote_position:
+            return  # present already (a re-dispatch)
+        if last.is_full():
+            last = self.mfq.create_file(last.end_offset)
+        rel = expected - last.file_from_offset
+        if rel >= last.file_size:
+            return  # beyond the last file (a gap): the dispatch fills it
+        last.mapped()
+        last.reserve_ahead(rel + CQ_STORE_UNIT_SIZE, CQ_RESERVE_CHUNK_BYTES)
+
     def put_unit(self, phy_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
         """Write the unit for ``queue_offset``; a unit already present is left alone (re-dispatch)."""
         expected = queue_offset * CQ_STORE_UNIT_SIZE
@@ -141,26 +184,39 @@ class ConsumeQueue:
         if files:  # fast path: the unit goes right at the end of a last file with room
             last = files[-1]
             wrote = last.wrote_position
-            if last.file_from_offset + wrote == expected and wrote + CQ_STORE_UNIT_SIZE <= last.file_size:
-                UNIT.pack_into(last.mm, wrote, phy_offset, size, tags_code)
-                last.wrote_position = wrote + CQ_STORE_UNIT_SIZE
+            end = wrote + CQ_STORE_UNIT_SIZE
+            if last.file_from_offset + wrote == expected and end <= last.file_size:
+                mm = last.mapped()
+                if end > last.reserved_position:
+                    last.reserve_ahead(end, CQ_RESERVE_CHUNK_BYTES)
+                UNIT.pack_into(mm, wrote, phy_offset, size, tags_code)
+                last.wrote_position = end
                 if phy_offset + size > self.max_phy_end:
                     self.max_phy_end = phy_offset + size
                 return True
         if self.mfq.last() is None:
-            self.mfq.create_file(self.mfq.segment_start_of(expected))
-            self._fill_blanks(expected)
-            self.min_logic_offset = expected
+            self._first_file(expected)
         current = self.mfq.max_offset
         if expected < current:
             return False
         if expected > current:
             self._fill_blanks(expected)
         mf = self.mfq.last_for_write(expected)
-        mf.append(UNIT.pack(phy_offset, size, tags_code))
+        self._append(mf, UNIT.pack(phy_offset, size, tags_code))
         if phy_offset + size > self.max_phy_end:
             self.max_phy_end = phy_offset + size
         return True
+
+    @staticmethod
+    def _append(mf: MappedFile, data: bytes) -> None:
+        """Write ``data`` at ``mf``'s wrote position (room checked by the caller), its blocks reserved first."""
+        pos = mf.wrote_position
+        end = pos + len(data)
+        mm = mf.mapped()
+        if end > mf.reserved_position:
+            mf.reserve_ahead(end, CQ_RESERVE_CHUNK_BYTES)
+        mm[pos:end] = data
+        mf.wrote_position = end
 
     def put_units(self, first_queue_offset: int, units: list[tuple[int, int, int]]) -> bool:
         """``put_unit`` for (phy_offset, size, tags_code) units at consecutive queue offsets from
@@ -174,13 +230,16 @@ class ConsumeQueue:
         if files and 0 < n <= _UNITS_PACK_MAX:
             last = files[-1]
             wrote = last.wrote_position
-            if (last.file_from_offset + wrote == first_queue_offset * CQ_STORE_UNIT_SIZE
-                    and wrote + n * CQ_STORE_UNIT_SIZE <= last.file_size):
+            end = wrote + n * CQ_STORE_UNIT_SIZE
+            if last.file_from_offset + wrote == first_queue_offset * CQ_STORE_UNIT_SIZE and end <= last.file_size:
                 packer = _UNITS_PACKERS.get(n)
                 if packer is None:
                     packer = _UNITS_PACKERS[n] = struct.Struct(">" + "qiq" * n)
-                packer.pack_into(last.mm, wrote, *chain.from_iterable(units))
-                last.wrote_position = wrote + n * CQ_STORE_UNIT_SIZE
+                mm = last.mapped()
+                if end > last.reserved_position:
+                    last.reserve_ahead(end, CQ_RESERVE_CHUNK_BYTES)
+                packer.pack_into(mm, wrote, *chain.from_iterable(units))
+                last.wrote_position = end
                 phy, size, _tags = units[-1]
                 if phy + size > self.max_phy_end:
                     self.max_phy_end = phy + size
@@ -204,7 +263,10 @@ class ConsumeQueue:
             end = wrote + n_bytes
             if (end <= last.file_size and n_bytes and not n_bytes % CQ_STORE_UNIT_SIZE
                     and last.file_from_offset + wrote == first_queue_offset * CQ_STORE_UNIT_SIZE):
-                last.mm[wrote:end] = units
+                mm = last.mapped()
+                if end > last.reserved_position:
+                    last.reserve_ahead(end, CQ_RESERVE_CHUNK_BYTES)
+                mm[wrote:end] = units
                 last.wrote_position = end
                 phy, size = _PHY_SIZE.unpack_from(units, n_bytes - CQ_STORE_UNIT_SIZE)
                 if phy + size > self.max_phy_end:
@@ -223,8 +285,7 @@ class ConsumeQueue:
                     n = min(room, count - i)
                     start = i * CQ_STORE_UNIT_SIZE
                     stop = start + n * CQ_STORE_UNIT_SIZE
-                    last.mm[wrote : wrote + n * CQ_STORE_UNIT_SIZE] = units[start:stop]
-                    last.wrote_position = wrote + n * CQ_STORE_UNIT_SIZE
+                    self._append(last, units[start:stop])
                     phy, size, _tags = UNIT.unpack_from(units, stop - CQ_STORE_UNIT_SIZE)
                     if phy + size > self.max_phy_end:
                         self.max_phy_end = phy + size
@@ -243,7 +304,7 @@ class ConsumeQueue:
             guard -= 1
             mf = self.mfq.last_for_write(self.mfq.max_offset)
             n = min(mf.remaining, until - self.mfq.max_offset) // CQ_STORE_UNIT_SIZE
-            mf.append(BLANK_UNIT * n)
+            self._append(mf, BLANK_UNIT * n)
 
     # --- read --------------------------------------------------------------------------------
 
@@ -264,7 +325,7 @@ class ConsumeQueue:
         loc = self._locate(queue_offset)
         if loc is None:
             return None
-        phy, size, tags = UNIT.unpack_from(loc[0].mm, loc[1])
+        phy, size, tags = UNIT.unpack_from(loc[0].mapped(), loc[1])
         if size == BLANK_SIZE:
             return None
         return phy, size, tags
@@ -276,7 +337,7 @@ class ConsumeQueue:
             return None
         mf, rel = loc
         end = min(mf.wrote_position, rel + max_bytes)
-        return mf.mm[rel:end]
+        return mf.mapped()[rel:end]
 
     # --- shrink ------------------------------------------------------------------------------
 
@@ -289,10 +350,11 @@ class ConsumeQueue:
             if last is None:
                 break
             units = last.wrote_position // CQ_STORE_UNIT_SIZE
+            mm = last.mapped()
             lo, hi = 0, units  # first dirty unit in the last file
             while lo < hi:
                 mid = (lo + hi) // 2
-                phy, size, _tags = UNIT.unpack_from(last.mm, mid * CQ_STORE_UNIT_SIZE)
+                phy, size, _tags = UNIT.unpack_from(mm, mid * CQ_STORE_UNIT_SIZE)
                 if size != BLANK_SIZE and phy >= phy_offset:
                     hi = mid
                 else:
@@ -313,7 +375,7 @@ class ConsumeQueue:
         """Delete leading files whose every unit points below ``min_phy_offset`` (never the last)."""
         count = 0
         for mf in self.mfq.files[:-1]:
-            phy, size, _tags = UNIT.unpack_from(mf.mm, mf.file_size - CQ_STORE_UNIT_SIZE)
+            phy, size, _tags = UNIT.unpack_from(mf.mapped(), mf.file_size - CQ_STORE_UNIT_SIZE)
             if size != BLANK_SIZE and phy < min_phy_offset:
                 count += 1
             else:

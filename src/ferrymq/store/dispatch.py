@@ -13,6 +13,7 @@ parser is the fallback (slave, start-up re-dispatch, or an overflowed pending qu
 from __future__ import annotations
 
 import logging
+import time
 from types import ModuleType
 
 from ferrymq.common.message import (
@@ -29,7 +30,7 @@ from ferrymq.common.message_codec import RecordCheck, RecordMeta, check_record_m
 from ferrymq.store import speedups
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE, StoreConfig
-from ferrymq.store.errors import StoreDiskFullError
+from ferrymq.store.errors import StoreError
 from ferrymq.store.index import IndexService, java_hash_fast
 from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.queue_table import ConsumeQueueTable, topic_dir_name_ok
@@ -67,6 +68,8 @@ DISPATCH_RUN_UNITS_MAX = 256
 DISPATCH_RUN_RECORDS_MAX = 1024
 #: most records one native scan_dispatch call walks (one window of units and index entries)
 NATIVE_SCAN_RECORDS_MAX = 4096
+#: a dispatch that stays paused for the same reason is logged again after this long
+STALL_LOG_INTERVAL_S = 10.0
 
 
 def index_keys_of(properties: str) -> list[str]:
@@ -99,6 +102,9 @@ class Dispatcher:
         self._corrupt_logged_at = -1
         self._tags_codes: dict[str, int] = {}
         self._topic_ok: dict[str, bool] = {}
+        #: why the last reput stopped short of the log's end (a file could not be opened or reserved), or ""
+        self.stalled_reason = ""
+        self._stall_logged_at_s = 0.0
         #: the C extension, or None for the pure-Python path (read once: tests switch it per store)
         self.native = speedups.NATIVE
 
@@ -217,13 +223,24 @@ class Dispatcher:
 
     def reput(self, max_records: int | None = None) -> int:
         """Dispatch complete records from ``reput_phy_offset`` on; returns how many. When a consume queue
-        file cannot be created (the disk is full) the dispatch stops at that record and the next reput tries
-        again (units already written are skipped then: queue offsets only grow)."""
+        file cannot be created, opened or reserved (a full disk, no descriptor left) the dispatch stops at that
+        record, ``stalled_reason`` says why, and the next reput tries again (units already written are skipped
+        then: queue offsets only grow); the broker retries on a timer until it succeeds."""
         try:
-            return self._reput(max_records)
-        except StoreDiskFullError as exc:
-            log.error("reput paused at phy offset %d: %s", self.reput_phy_offset, exc)
+            count = self._reput(max_records)
+        except StoreError as exc:
+            reason = str(exc)
+            now_s = time.monotonic()
+            if reason != self.stalled_reason or now_s - self._stall_logged_at_s >= STALL_LOG_INTERVAL_S:
+                self._stall_logged_at_s = now_s
+                log.error("dispatch paused at phy offset %d (retried until it succeeds): %s",
+                          self.reput_phy_offset, reason)
+            self.stalled_reason = reason
             return 0
+        if self.stalled_reason:
+            log.warning("dispatch resumed at phy offset %d", self.reput_phy_offset)
+            self.stalled_reason = ""
+        return count
 
     def _reput(self, max_records: int | None) -> int:
         limit = _UNLIMITED if max_records is None else max_records

@@ -5,7 +5,8 @@
     StoreError
     ├── StoreDirError        a store directory cannot be created, opened or locked
     │   ├── StoreLockedError another process holds the store lock
-    │   └── StoreDiskFullError no room on disk to reserve a file's blocks (ENOSPC)
+    │   ├── StoreDiskFullError no room on disk to reserve a file's blocks (ENOSPC)
+    │   └── StoreOpenFilesError no file descriptor left to open a store file (EMFILE, ENFILE)
     ├── StoreCorruptError    files on disk are inconsistent beyond automatic repair
     └── StoreConfigMismatchError the files on disk were written with another setting (``key``)
 """
@@ -32,6 +33,11 @@ class StoreCorruptError(StoreError):
 class StoreDiskFullError(StoreDirError):
     """The file system has no room for the blocks a store file needs (reserved before they are written, so a
     full disk is this error instead of a SIGBUS on a write into a hole of a memory map)."""
+
+
+class StoreOpenFilesError(StoreDirError):
+    """No file descriptor is left to open a store file (EMFILE / ENFILE), even after releasing the least
+    recently used consume queue files."""
 
 
 class StoreConfigMismatchError(StoreError):

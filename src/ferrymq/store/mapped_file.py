@@ -13,21 +13,52 @@ error when the segment is created instead of a SIGBUS on a later write into a ho
 fallocate get a sparse file. A segment that already exists at its full size (e.g. one zero-filled ahead
 by ``segment_warmer``, what the commit log uses by default: ``StoreConfig.commit_log_preallocation``) is
 mapped as it is.
+
+Consume queue files are sparse and reserve their blocks incrementally instead (``reserve_ahead``): a file keeps
+its full logical size (the on-disk format of RocketMQ), but only the blocks up to ``reserved_position`` are
+allocated, a chunk at a time ahead of the writes, so a queue holding one message costs one chunk of disk.
+
+Files of an ``OpenFilePool`` (the consume queues: one or more per queue, so an estate of 100,000 queues would
+otherwise hold 200,000 descriptors and 100,000 maps) are mapped only while in use: the pool keeps at most
+``max_open`` of them mapped and releases the least recently used one (unmapped and closed; blocks, positions
+and page-cache data stay) when another must open, or when opening fails for lack of descriptors (EMFILE,
+ENFILE). Their users reach the map through ``mapped()``, which reopens a released file.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TypeVar
 
-from ferrymq.store.errors import StoreCorruptError, StoreDirError, StoreDiskFullError
+from ferrymq.store.errors import StoreCorruptError, StoreDirError, StoreDiskFullError, StoreOpenFilesError
+
+log = logging.getLogger(__name__)
 
 OS_PAGE_SIZE = mmap.PAGESIZE
 _ZERO_CHUNK = 1 << 20
 #: posix_fallocate errors meaning "this file system cannot do it" (a sparse file is used instead)
 _FALLOCATE_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+#: open(2) / dup(2) errors meaning "no descriptor left" (per process, per system)
+_NO_DESCRIPTOR = frozenset({errno.EMFILE, errno.ENFILE})
+#: fewest files an OpenFilePool keeps mapped (an operation may use two files of a queue at once)
+MIN_POOLED_OPEN_FILES = 4
+
+
+def _released_map() -> mmap.mmap:
+    """A closed map: what a released file's ``mm`` is, so a use without ``mapped()`` fails loudly."""
+    mm = mmap.mmap(-1, 1)
+    mm.close()
+    return mm
+
+
+_RELEASED = _released_map()
+_T = TypeVar("_T")
 
 
 def offset_to_file_name(offset: int) -> str:
@@ -71,43 +102,173 @@ def _abandon(fd: int, created_path: str | None) -> None:
             pass
 
 
+class OpenFilePool:
+    """The files mapped at once among its members, at most ``max_open``, least recently used first out.
+
+    Used from one thread (the store's writer); a member's ``flush`` may run on another (it opens a transient
+    descriptor for a released file). ``mapped_files`` and ``max_open`` are the figures the broker exports."""
+
+    def __init__(self, max_open: int) -> None:
+        self.max_open = max(MIN_POOLED_OPEN_FILES, max_open)
+        self._lru: OrderedDict[MappedFile, None] = OrderedDict()
+        #: files released to make room (LRU), and opens that found no descriptor even after releasing
+        self.released_total = 0
+        self.open_failures_total = 0
+
+    @property
+    def mapped_files(self) -> int:
+        return len(self._lru)
+
+    def admit(self, mf: MappedFile) -> None:
+        """``mf`` was just mapped: make it the most recent, release the oldest beyond ``max_open``."""
+        lru = self._lru
+        lru[mf] = None
+        lru.move_to_end(mf)
+        while len(lru) > self.max_open and self.release_oldest(mf):
+            pass
+
+    def touch(self, mf: MappedFile) -> None:
+        lru = self._lru
+        if mf in lru:
+            lru.move_to_end(mf)
+
+    def discard(self, mf: MappedFile) -> None:
+        self._lru.pop(mf, None)
+
+    def release_oldest(self, keep: MappedFile | None) -> bool:
+        """Release the least recently used member other than ``keep``; False if there is none."""
+        for mf in self._lru:
+            if mf is keep:
+                continue
+            del self._lru[mf]
+            mf.release()
+            self.released_total += 1
+            return True
+        return False
+
+
 class MappedFile:
     __slots__ = (
-        "path", "file_from_offset", "file_size", "mm", "wrote_position", "flushed_position",
-        "_fd", "_lock", "_closed",
+        "path", "file_from_offset", "file_size", "mm", "wrote_position", "flushed_position", "reserved_position",
+        "pool", "_fd", "_lock", "_closed",
     )  # fmt: skip
 
-    def __init__(self, path: str, file_from_offset: int, file_size: int, *, preallocate: bool = False) -> None:
+    def __init__(self, path: str, file_from_offset: int, file_size: int, *, preallocate: bool = False,
+                 pool: OpenFilePool | None = None, open_now: bool = True) -> None:
+        """Open (creating it if absent) and map the segment at ``path``. With ``open_now=False`` (a pooled file
+        that exists at its full size, e.g. at load) it starts released: ``mapped()`` opens it."""
         self.path = path
         self.file_from_offset = file_from_offset
         self.file_size = file_size
         self.wrote_position = 0
         self.flushed_position = 0
+        #: bytes from the segment start whose blocks are known to be reserved (``reserve_ahead``)
+        self.reserved_position = 0
+        self.pool = pool
+        self.mm = _RELEASED
+        self._fd = -1
         self._lock = threading.Lock()
         self._closed = False
+        if open_now:
+            self._open(create=True, preallocate=preallocate)
+
+    def _retry_descriptors(self, what: str, call: Callable[[], _T]) -> _T:
+        """``call()``; when it finds no descriptor left, release the pool's least recently used file and try
+        again (StoreOpenFilesError when none is left to release)."""
+        while True:
+            try:
+                return call()
+            except OSError as exc:
+                if exc.errno not in _NO_DESCRIPTOR:
+                    raise
+                pool = self.pool
+                if pool is None or not pool.release_oldest(self):
+                    if pool is not None:
+                        pool.open_failures_total += 1
+                    raise StoreOpenFilesError(f"cannot {what} {self.path}: {exc}") from exc
+
+    def _open(self, *, create: bool, preallocate: bool = False) -> None:
+        path = self.path
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._retry_descriptors("open segment", lambda: os.open(path, flags, 0o644))
+        except StoreOpenFilesError:
+            raise
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreDiskFullError(f"cannot create segment {path}: {exc}") from exc
             raise StoreDirError(f"cannot open segment {path}: {exc}") from exc
         created = False
         try:
             actual = os.fstat(fd).st_size
-            if actual == 0:
+            if actual == 0 and create:
                 created = True
-                _size_new_segment(fd, file_size, preallocate)
-            elif actual != file_size:
-                raise StoreCorruptError(f"segment {path} has size {actual}, expected {file_size}")
-            self.mm = mmap.mmap(fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                _size_new_segment(fd, self.file_size, preallocate)
+            elif actual != self.file_size:
+                raise StoreCorruptError(f"segment {path} has size {actual}, expected {self.file_size}")
+            size = self.file_size
+            mm = self._retry_descriptors(
+                "map segment", lambda: mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
         except StoreDiskFullError as exc:
             _abandon(fd, path if created else None)
             raise StoreDiskFullError(f"cannot create segment {path}: {exc}") from exc
+        except StoreOpenFilesError:
+            _abandon(fd, path if created else None)
+            raise
         except OSError as exc:
             _abandon(fd, path if created else None)
             raise StoreDirError(f"cannot map segment {path}: {exc}") from exc
         except BaseException:
             _abandon(fd, path if created else None)
             raise
-        self._fd = fd
+        with self._lock:
+            self._fd = fd
+            self.mm = mm
+        if created and preallocate:
+            self.reserved_position = self.file_size
+        if self.pool is not None:
+            self.pool.admit(self)
+
+    @property
+    def is_mapped(self) -> bool:
+        return self._fd >= 0
+
+    def mapped(self) -> mmap.mmap:
+        """The map, reopening a released file (StoreOpenFilesError / StoreDirError when it cannot be had);
+        a pooled file becomes the pool's most recent."""
+        if self._fd >= 0:
+            pool = self.pool
+            if pool is not None:
+                pool.touch(self)
+            return self.mm
+        if self._closed:
+            raise StoreDirError(f"segment {self.path} is closed")
+        self._open(create=False)
+        return self.mm
+
+    def release(self) -> bool:
+        """Unmap and close the file but keep it usable (``mapped()`` reopens it): data already written stays
+        in the page cache and is persisted by ``flush`` or the kernel. False if it is still in use."""
+        with self._lock:
+            if self._closed or self._fd < 0:
+                return True
+            try:
+                self.mm.close()
+            except BufferError:  # an exported memoryview is still alive: keep the file mapped
+                return False
+            os.close(self._fd)
+            self._fd = -1
+            self.mm = _RELEASED
+        return True
+
+    def reserve_ahead(self, end: int, chunk: int) -> None:
+        """Make sure the blocks of [0, end) are reserved, reserving up to the next multiple of ``chunk`` past
+        ``end`` (one ``posix_fallocate`` per chunk of writes). The file must be mapped (``mapped()``)."""
+        if end <= self.reserved_position:
+            return
+        target = min(self.file_size, -(-max(end, self.reserved_position + chunk) // chunk) * chunk)
+        self.reserve(self.reserved_position, target - self.reserved_position)
+        self.reserved_position = target
 
     def reserve(self, pos: int, length: int) -> None:
         """Reserve the blocks of [pos, pos+length) (``posix_fallocate``) so writes there through the map
@@ -184,7 +345,7 @@ class MappedFile:
         with self._lock:
             if self._closed:
                 return flushed
-            os.fdatasync(self._fd)
+            self._fdatasync()
         if wrote > self.flushed_position:
             self.flushed_position = wrote
         return self.flushed_position
@@ -193,12 +354,25 @@ class MappedFile:
         """fdatasync regardless of positions (files written at random positions, e.g. the index)."""
         with self._lock:
             if not self._closed:
-                os.fdatasync(self._fd)
+                self._fdatasync()
+
+    def _fdatasync(self) -> None:
+        """fdatasync the file (lock held); a released file through a transient descriptor (the page cache
+        is per file, so this persists what was written through the earlier map)."""
+        if self._fd >= 0:
+            os.fdatasync(self._fd)
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def zero_from(self, pos: int) -> None:
         """Zero [pos, file_size) (torn-tail cleanup). Holes of the sparse file are skipped
         (``SEEK_DATA``) and chunks that already read as zeros are not rewritten."""
         zeros = bytes(_ZERO_CHUNK)
+        mm = self.mapped()
         while pos < self.file_size:
             try:
                 data_at = os.lseek(self._fd, pos, os.SEEK_DATA)
@@ -209,8 +383,8 @@ class MappedFile:
             pos = max(pos, data_at)
             end = min(self.file_size, pos + _ZERO_CHUNK)
             n = end - pos
-            if self.mm[pos:end] != zeros[:n]:
-                self.mm[pos:end] = zeros[:n]
+            if mm[pos:end] != zeros[:n]:
+                mm[pos:end] = zeros[:n]
             pos = end
 
     def last_modified_ms(self) -> int:
@@ -228,11 +402,15 @@ class MappedFile:
             if self._closed:
                 return
             self._closed = True
-            try:
-                self.mm.close()
-            except BufferError:  # an exported memoryview is still alive; the GC will unmap it
-                pass
-            os.close(self._fd)
+            if self._fd >= 0:
+                try:
+                    self.mm.close()
+                except BufferError:  # an exported memoryview is still alive; the GC will unmap it
+                    pass
+                os.close(self._fd)
+                self._fd = -1
+        if self.pool is not None:
+            self.pool.discard(self)
 
     def destroy(self) -> None:
         self.close()

@@ -13,7 +13,7 @@ import os
 import threading
 
 from ferrymq.store.errors import StoreCorruptError, StoreDirError
-from ferrymq.store.mapped_file import MappedFile, offset_to_file_name
+from ferrymq.store.mapped_file import MappedFile, OpenFilePool, offset_to_file_name
 from ferrymq.store.segment_warmer import SegmentWarmer, remove_stray_prepared
 
 log = logging.getLogger(__name__)
@@ -24,10 +24,12 @@ class MappedFileQueue:
     the list rather than editing it in place, so a flush thread can iterate a snapshot."""
 
     def __init__(self, store_path: str, mapped_file_size: int, *, preallocate: bool = False,
-                 warm: bool = False) -> None:
+                 warm: bool = False, pool: OpenFilePool | None = None) -> None:
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
         self.preallocate = preallocate  # new segments get their blocks reserved (MappedFile)
+        #: segments are mapped only while in use, at most the pool's limit at once (loaded released)
+        self.pool = pool
         #: the next segment is zero-filled ahead of need on a background thread (segment_warmer.py)
         self.warm = warm
         self._warmer: SegmentWarmer | None = None
@@ -65,7 +67,13 @@ class MappedFileQueue:
                 for f in files:
                     f.close()
                 raise StoreCorruptError(f"{path}: size {size} != configured {self.mapped_file_size}")
-            mf = MappedFile(path, int(name), self.mapped_file_size)
+            try:
+                mf = MappedFile(path, int(name), self.mapped_file_size, pool=self.pool,
+                                open_now=self.pool is None)
+            except BaseException:
+                for f in files:
+                    f.close()
+                raise
             mf.wrote_position = mf.flushed_position = self.mapped_file_size
             if files and files[-1].end_offset != mf.file_from_offset:
                 for f in [*files, mf]:
@@ -147,7 +155,7 @@ class MappedFileQueue:
                 warmer.take()  # the zero-filled file is now at ``path`` (False: MappedFile makes it)
             else:
                 warmer.cancel()
-        mf = MappedFile(path, file_from_offset, self.mapped_file_size, preallocate=self.preallocate)
+        mf = MappedFile(path, file_from_offset, self.mapped_file_size, preallocate=self.preallocate, pool=self.pool)
         if not self.files:
             self.flushed_where = file_from_offset
         self.files = [*self.files, mf]

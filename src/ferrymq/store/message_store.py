@@ -13,7 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from ferrymq.common.message import MessageExt, MessageExtBrokerInner
+from ferrymq.common.message import (
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    MessageExt,
+    MessageExtBrokerInner,
+)
 from ferrymq.common.message_codec import RecordCheck, RecordFormatError, check_record, decode_record
 from ferrymq.store.checkpoint import (
     StoreCheckpoint,
@@ -25,7 +31,14 @@ from ferrymq.store.checkpoint import (
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
 from ferrymq.store.dispatch import Dispatcher
-from ferrymq.store.errors import StoreConfigMismatchError, StoreDirError, StoreError, StoreLockedError
+from ferrymq.store.errors import (
+    StoreConfigMismatchError,
+    StoreDirError,
+    StoreDiskFullError,
+    StoreError,
+    StoreLockedError,
+    StoreOpenFilesError,
+)
 from ferrymq.store.filter import MessageFilter
 from ferrymq.store.index import IndexService
 from ferrymq.store.queue_table import ConsumeQueueTable
@@ -41,6 +54,9 @@ from ferrymq.store.results import (
 log = logging.getLogger(__name__)
 
 _HOUR_MS = 3_600_000
+#: a put refused because a consume queue file cannot be had is logged at most once per this interval
+PUT_REFUSED_LOG_INTERVAL_S = 5.0
+_NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
 
 #: answers the lowest commit log phy offset some subscribed group has not consumed yet, or None when every
 #: subscribed group has consumed everything (or none is known); supplied by the broker (``MessageStore.
@@ -93,7 +109,7 @@ class MessageStore:
         #: the file system is past disk_space_warning_level_ratio (check_disk_space): puts are refused
         self._disk_full = False
         self.queues = ConsumeQueueTable(
-            config.store_path_consume_queue, config.mapped_file_size_consume_queue
+            config.store_path_consume_queue, config.mapped_file_size_consume_queue, config.max_open_segment_files
         )
         self.index: IndexService | None = (
             IndexService(config.store_path_index, config.index_hash_slot_num, config.index_max_num, clock_ms)
@@ -110,6 +126,7 @@ class MessageStore:
         #: held while the checkpoint is written (flush_consume_queues) and for all of truncate_to, so a flush
         #: thread never writes a dispatched offset beyond a cut being made
         self._checkpoint_lock = threading.Lock()
+        self._put_refused_logged_at_s = -PUT_REFUSED_LOG_INTERVAL_S
         #: where subscribed groups stand (the broker's offsets); None: no group protects any segment
         self.unconsumed_phy_floor: UnconsumedFloorProvider | None = None
         #: percent of the store's file system in use at the last check_disk_space (-1: not measured yet)
@@ -239,6 +256,30 @@ class MessageStore:
         ``accepting_puts`` follows ``running``)."""
         return self.commit_log.put_one_raw(topic, queue_id, body, props, cluster, flag, sys_flag, born_timestamp,
                                            born_host, store_host, reconsume_times)
+
+    def prepare_put(self, topic: str, queue_id: int, sys_flag: int) -> PutMessageStatus | None:
+        """Before a put to (topic, queue_id): make sure its consume queue unit can be written (the file
+        exists, is mapped, its blocks reserved), so a put is only acknowledged when its dispatch can be made.
+        None if so (or nothing to prepare), else the status refusing the put."""
+        if ((sys_flag & SYSFLAG_TRANSACTION_MASK) in _NO_CQ or not self._running or self.config.is_slave
+                or self.disk_full or self.commit_log._encode_topic(topic) is None or not 0 <= queue_id < 1 << 31):
+            return None  # no consume queue unit / the put itself refuses
+        key = (topic, queue_id)
+        try:
+            self.queues.prepare_unit(topic, queue_id, self.commit_log.topic_queue_table.get(key, 0))
+        except StoreError as exc:
+            return self._refuse_put(key, exc)
+        return None
+
+    def _refuse_put(self, key: tuple[str, int], exc: StoreError) -> PutMessageStatus:
+        status = (PutMessageStatus.DISK_FULL if isinstance(exc, StoreDiskFullError)
+                  else PutMessageStatus.OPEN_FILES_EXHAUSTED if isinstance(exc, StoreOpenFilesError)
+                  else PutMessageStatus.CREATE_MAPEDFILE_FAILED)
+        now_s = time.monotonic()
+        if now_s - self._put_refused_logged_at_s >= PUT_REFUSED_LOG_INTERVAL_S:
+            self._put_refused_logged_at_s = now_s
+            log.error("send to %s queue %d refused (%s): %s", key[0], key[1], status.name, exc)
+        return status
 
     def reput(self, max_records: int | None = None) -> int:
         return self.dispatcher.reput(max_records)

@@ -1,17 +1,35 @@
-"""All consume queues of a store, keyed by (topic, queue id)."""
+"""All consume queues of a store, keyed by (topic, queue id); their files share one ``OpenFilePool``."""
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import shutil
 import threading
 
 from ferrymq.store.consume_queue import ConsumeQueue
+from ferrymq.store.errors import StoreError
+from ferrymq.store.mapped_file import OpenFilePool
 
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
+
+
+#: consume queue files mapped at once by default: this share of the process's descriptor limit (each mapped
+#: file holds two descriptors: its own and the one the map keeps), the rest for connections, the commit log, ...
+OPEN_SEGMENT_FILES_FD_SHARE = 1 / 8
+#: ... and at most this many (each is also one of the kernel's vm.max_map_count maps, 65,530 by default)
+OPEN_SEGMENT_FILES_MAX_DEFAULT = 16_384
+
+
+def default_max_open_segment_files() -> int:
+    """``maxOpenSegmentFiles`` when not set: an eighth of the soft RLIMIT_NOFILE, at most 16,384."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return OPEN_SEGMENT_FILES_MAX_DEFAULT
+    return max(1, min(OPEN_SEGMENT_FILES_MAX_DEFAULT, int(soft * OPEN_SEGMENT_FILES_FD_SHARE)))
 
 
 def topic_dir_name_ok(topic: str) -> bool:
@@ -19,9 +37,11 @@ def topic_dir_name_ok(topic: str) -> bool:
 
 
 class ConsumeQueueTable:
-    def __init__(self, root_dir: str, file_size: int) -> None:
+    def __init__(self, root_dir: str, file_size: int, max_open_files: int = 0) -> None:
+        """``max_open_files``: consume queue files mapped at once (0: ``default_max_open_segment_files()``)."""
         self.root_dir = root_dir
         self.file_size = file_size
+        self.pool = OpenFilePool(max_open_files or default_max_open_segment_files())
         self.queues: dict[QueueKey, ConsumeQueue] = {}
         self._dirty: set[ConsumeQueue] = set()
         self._dirty_lock = threading.Lock()
@@ -36,7 +56,7 @@ class ConsumeQueueTable:
             for name in sorted(os.listdir(topic_dir)):
                 if not name.isdigit() or not os.path.isdir(os.path.join(topic_dir, name)):
                     continue
-                cq = ConsumeQueue(self.root_dir, topic, int(name), self.file_size)
+                cq = ConsumeQueue(self.root_dir, topic, int(name), self.file_size, self.pool)
                 cq.load()
                 self.queues[(topic, int(name))] = cq
 
@@ -47,9 +67,15 @@ class ConsumeQueueTable:
         key = (topic, queue_id)
         cq = self.queues.get(key)
         if cq is None:
-            cq = ConsumeQueue(self.root_dir, topic, queue_id, self.file_size)
+            cq = ConsumeQueue(self.root_dir, topic, queue_id, self.file_size, self.pool)
             self.queues[key] = cq
         return cq
+
+    def prepare_unit(self, topic: str, queue_id: int, queue_offset: int) -> None:
+        """``ConsumeQueue.prepare_unit`` for the queue (created if new): its next unit can be written, or a
+        StoreError (StoreDiskFullError, StoreOpenFilesError, ...) says why not."""
+        cq = self.queues.get((topic, queue_id)) or self.get_or_create(topic, queue_id)
+        cq.prepare_unit(queue_offset)
 
     def mark_dirty(self, cq: ConsumeQueue) -> None:
         if cq not in self._dirty:
@@ -60,8 +86,18 @@ class ConsumeQueueTable:
         """Flush queues written since the last flush (safe from a second thread)."""
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
+        failed: list[ConsumeQueue] = []
+        error: BaseException | None = None
         for cq in dirty:
-            cq.flush()
+            try:
+                cq.flush()
+            except (OSError, StoreError) as exc:  # e.g. no descriptor for a released file: next time
+                failed.append(cq)
+                error = exc
+        if failed:
+            with self._dirty_lock:
+                self._dirty.update(failed)
+            raise StoreError(f"{len(failed)} consume queue(s) not flushed: {error}") from error
 
     def max_phy_end(self) -> int:
         return max((cq.max_phy_end for cq in self.queues.values()), default=0)

@@ -17,6 +17,8 @@ class PutMessageStatus(enum.Enum):
     #: the store's file system is above diskSpaceWarningLevelRatio (MessageStore.check_disk_space)
     DISK_FULL = "DISK_FULL"
     CREATE_MAPEDFILE_FAILED = "CREATE_MAPEDFILE_FAILED"
+    #: no file descriptor left to open the queue's consume queue file (EMFILE / ENFILE)
+    OPEN_FILES_EXHAUSTED = "OPEN_FILES_EXHAUSTED"
     MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
