@@ -2,7 +2,7 @@
 
 | code | request                           | answer                                                  |
 |------|-----------------------------------|---------------------------------------------------------|
-| 17   | UPDATE_AND_CREATE_TOPIC           | SUCCESS; registers at once                              |
+| 17   | UPDATE_AND_CREATE_TOPIC           | SUCCESS (journaled first); registers within 100 ms      |
 | 215  | DELETE_TOPIC_IN_BROKER            | SUCCESS                                                 |
 | 200  | UPDATE_AND_CREATE_SUBSCRIPTIONGROUP | SUCCESS                                               |
 | 207  | DELETE_SUBSCRIPTIONGROUP          | SUCCESS                                                 |
