@@ -204,6 +204,14 @@ def test_three_controllers_failover(procs: ProcessGroup, tmp_path: Path) -> None
         assert report["controller"]["leaderAddr"] == leader
         table = ferry("controller", "status", "--controller", ";".join(addrs))
         assert table.returncode == 0 and NAME in table.stdout and "master" in table.stdout, table.stderr
+        # mqadmin getSyncStateSet / getControllerMetaData
+        one = ferry("controller", "sync-state-set", "--controller", followers[0], "-b", NAME, "--json")
+        assert one.returncode == 0, one.stderr
+        assert json.loads(one.stdout)["syncStateSet"] == [1, 2]
+        missing = ferry("controller", "sync-state-set", "--controller", followers[0], "-b", "no-such-group")
+        assert missing.returncode == 1 and "no-such-group" in missing.stderr
+        meta = ferry("controller", "metadata", "--controller", followers[0], "--json")
+        assert meta.returncode == 0 and json.loads(meta.stdout)["leaderAddr"] == leader, meta.stderr
 
         # SIGKILL the Raft leader: another controller leads with the same state
         ctl[leader].kill()

@@ -183,3 +183,53 @@ def status(controller: str, as_json: bool, timeout_ms: int) -> None:
         console.print(f"{title}: no broker groups")
         return
     console.print(table)
+
+
+@command.command("sync-state-set")
+@controller_option
+@click.option("-b", "--broker-name", required=True, help="broker group (brokerName)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@click.option("--timeout-ms", default=3000, show_default=True, type=click.IntRange(1, 600_000))
+def sync_state_set(controller: str, broker_name: str, as_json: bool, timeout_ms: int) -> None:
+    """One broker group's master, epochs and SyncStateSet (mqadmin getSyncStateSet)."""
+    from ferrymq.client.controller_admin import ControllerAdmin
+
+    async def go() -> list[dict[str, Any]]:
+        async with ControllerAdmin(controller, timeout_ms=timeout_ms) as admin:
+            return await admin.sync_state_data(broker_name)
+    try:
+        groups = [g for g in asyncio.run(go()) if g.get("brokerName") == broker_name]
+    except FerryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_START_FAILED)
+    if not groups:
+        click.echo(f"error: the controllers know no broker group {broker_name!r}", err=True)
+        sys.exit(EXIT_START_FAILED)
+    if as_json:
+        click.echo(json.dumps(groups[0], indent=2, sort_keys=True))
+        return
+    for row in replica_rows(groups):
+        click.echo("  ".join(f"{c}={row.get(c, '')}" for c in STATUS_COLUMNS))
+
+
+@command.command("metadata")
+@controller_option
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@click.option("--timeout-ms", default=3000, show_default=True, type=click.IntRange(1, 600_000))
+def metadata(controller: str, as_json: bool, timeout_ms: int) -> None:
+    """The controllers' Raft metadata: leader, term, peers (mqadmin getControllerMetaData)."""
+    from ferrymq.client.controller_admin import ControllerAdmin
+
+    async def go() -> dict[str, Any]:
+        async with ControllerAdmin(controller, timeout_ms=timeout_ms) as admin:
+            return await admin.metadata()
+    try:
+        meta = asyncio.run(go())
+    except FerryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_START_FAILED)
+    if as_json:
+        click.echo(json.dumps(meta, indent=2, sort_keys=True))
+        return
+    for key, value in sorted(meta.items()):
+        click.echo(f"{key:<16} {value}")
