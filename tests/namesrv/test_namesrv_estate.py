@@ -1,6 +1,7 @@
 """The name server at estate size (issue 24): a large changed topic table is applied in steps that yield to
-the event loop, an unchanged one is not read at all, the per-cluster topic index agrees with the tables, and
-the expiry scan removes silent brokers in bounded batches."""
+the event loop, an unchanged one is not read at all, a large broker group leaves the routes at once and its
+QueueData in steps, the per-cluster topic index agrees with the tables, and the expiry scan removes silent
+brokers in bounded batches."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from ferrymq.common.register_body_codec import encode_compressed_register_body
 from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.namesrv.app import NameServer
 from ferrymq.namesrv.processors import REGISTER_INLINE_MAX_TOPICS, REGISTER_STEP_TOPICS
-from ferrymq.namesrv.route_table import RouteTable
+from ferrymq.namesrv.route_table import REMOVE_INLINE_MAX_TOPICS, REMOVE_STEP_TOPICS, RouteTable
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Connection
+from support.aio import wait_for
 from support.clock import ManualClock
 
 N_TOPICS = REGISTER_INLINE_MAX_TOPICS + 3 * REGISTER_STEP_TOPICS
@@ -169,3 +171,51 @@ def test_expiry_scan_in_batches_oldest_first() -> None:
     rest = [g.addr for g in table.scan_not_active_brokers()]
     assert rest == [f"10.0.0.{i}:1" for i in (5, 6, 7, 8, 9)]
     assert table.live_addrs() == ["10.0.0.3:1", "10.0.0.4:1"]
+
+
+def big_group_table() -> tuple[RouteTable, list[int]]:
+    calls: list[int] = []
+    table = RouteTable(clock_ms=ManualClock(T0_MS), on_retire=lambda: calls.append(1))
+    table.register_broker("C", ADDR, "big", 0, data_version=DataVersion(1, 0),
+                          topic_configs=table_of(REMOVE_INLINE_MAX_TOPICS + 500), channel="big-conn")
+    table.register_broker("C", "10.0.0.9:1", "small", 0, data_version=DataVersion(1, 0),
+                          topic_configs=table_of(3), channel="small-conn")
+    return table, calls
+
+
+def test_large_group_removed_in_steps_hidden_at_once() -> None:
+    table, calls = big_group_table()
+    assert table.on_channel_closed("big-conn") == [ADDR]
+    assert calls == [1]
+    assert table.get_topic_route("T00010") is None  # only "big" served it: gone from routes at once
+    shared = table.get_topic_route("T00001")
+    assert shared is not None and [q.broker_name for q in shared.queue_datas] == ["small"]
+    steps = 0
+    while table.drain_retired(REMOVE_STEP_TOPICS):
+        steps += 1
+    assert steps == (REMOVE_INLINE_MAX_TOPICS + 500 - 1) // REMOVE_STEP_TOPICS
+    assert table.all_topics() == ["T00000", "T00001", "T00002"]
+    assert table.topics_by_cluster("C") == ["T00000", "T00001", "T00002"]
+
+
+def test_group_registering_again_while_retiring_keeps_its_new_routes() -> None:
+    table, _ = big_group_table()
+    table.on_channel_closed("big-conn")
+    table.drain_retired(REMOVE_STEP_TOPICS)  # part of the old QueueData is gone
+    table.register_broker("C", ADDR, "big", 0, data_version=DataVersion(2, 0), topic_configs=table_of(5),
+                          channel="big-conn-2")
+    assert not table.drain_retired(REMOVE_STEP_TOPICS)  # nothing left to drain: finished on re-registration
+    assert table.all_topics() == [f"T{i:05d}" for i in range(5)]
+    route = table.get_topic_route("T00004")
+    assert route is not None and [q.broker_name for q in route.queue_datas] == ["big"]
+    assert table.topics_by_cluster("C") == [f"T{i:05d}" for i in range(5)]
+
+
+async def test_name_server_drains_a_closed_big_broker(server: NameServer) -> None:
+    conn = Connection()
+    topics = table_of(REMOVE_INLINE_MAX_TOPICS + 500)
+    server.routes.register_broker("C", ADDR, "big", 0, data_version=DataVersion(1, 0), topic_configs=topics,
+                                  channel=conn)
+    server._on_closed(conn)
+    assert routed(server, topics) == 0
+    await wait_for(lambda: not server.routes.all_topics(), what="the retired broker's QueueData drained")

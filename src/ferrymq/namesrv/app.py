@@ -18,6 +18,7 @@ from ferrymq.namesrv.processors import NamesrvProcessors
 from ferrymq.namesrv.route_table import (
     BROKER_CHANNEL_EXPIRED_MS,
     EXPIRY_SCAN_BATCH,
+    REMOVE_STEP_TOPICS,
     SCAN_NOT_ACTIVE_BROKER_FIRST_DELAY_MS,
     SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS,
     ClockMs,
@@ -61,7 +62,8 @@ class NameServer:
         self.tls = tls or TlsServerSettings()
         self.tls.context()
         self._port = port
-        self.routes = RouteTable(clock_ms or wall_clock_ms, broker_expired_ms)
+        self.routes = RouteTable(clock_ms or wall_clock_ms, broker_expired_ms, on_retire=self._schedule_drain)
+        self._drain_task: asyncio.Task[None] | None = None
         self.kv = KVConfigManager(kv_config_path)
         #: aclEnable: the write operations need a signed admin account (acl/guard.py); None when off
         self.acl_guard = AclGuard(acl_path) if acl_path is not None else None
@@ -105,6 +107,10 @@ class NameServer:
         log.info("name server listening on %s", self.addr)
 
     async def stop(self) -> None:
+        if self._drain_task is not None and not self._drain_task.done():
+            self._drain_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain_task
         if self._scan_task is not None:
             self._scan_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -134,6 +140,19 @@ class NameServer:
         access_key = cmd.ext_fields.get(signature.ACCESS_KEY)
         account = guard.acl.accounts.get(access_key) if access_key else None
         return account is None or bool(account.admin)  # no account: the peer passed the global white list
+
+    def _schedule_drain(self) -> None:
+        """A large broker group was removed: drop its QueueData in steps, yielding to the loop between them."""
+        if self._drain_task is None or self._drain_task.done():
+            try:
+                self._drain_task = asyncio.ensure_future(self._drain_retired())
+            except RuntimeError:  # no running loop: drain now
+                while self.routes.drain_retired(REMOVE_STEP_TOPICS):
+                    pass
+
+    async def _drain_retired(self) -> None:
+        while self.routes.drain_retired(REMOVE_STEP_TOPICS):
+            await asyncio.sleep(0)
 
     def _on_closed(self, conn: Connection) -> None:
         self.routes.on_channel_closed(conn)

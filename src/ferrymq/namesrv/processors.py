@@ -137,8 +137,11 @@ class NamesrvProcessors:
             return self._register_in_steps(cmd, reg)
         wanted = self.routes.topics_wanted(broker_addr, broker_name, broker_id, table.data_version)
         if not wanted or table.topic_count <= REGISTER_INLINE_MAX_TOPICS:
-            topics = table.all_topics() if wanted else table.skip_topics()
-            result = self._register(reg, topics, table.data_version)
+            if wanted:
+                result = self._register(reg, table.all_topics(), table.data_version)
+            else:
+                table.skip_topics()
+                result = self._register(reg, None, table.data_version)
             return self._register_answer(cmd, result)
         return self._register_in_steps(cmd, reg)
 
@@ -160,7 +163,8 @@ class NamesrvProcessors:
                 table = reg.table
                 if not self.routes.topics_wanted(reg.broker_addr, reg.broker_name, reg.broker_id,
                                                  table.data_version):
-                    return self._register_answer(cmd, self._register(reg, table.skip_topics(), table.data_version))
+                    table.skip_topics()
+                    return self._register_answer(cmd, self._register(reg, None, table.data_version))
                 # liveness now; the DataVersion only once the whole table is in (a registration of the same
                 # version arriving meanwhile then applies it again instead of skipping a half-applied table)
                 result = self._register(reg, None, None)

@@ -15,6 +15,11 @@ Tables (all keyed by strings from the wire):
 | ``_channel_addrs``    | channel      | {broker addr} registered over that connection         |
 | ``_filter_servers``   | broker addr  | [filter server addr]                                   |
 
+A broker group removed in steps is "retiring" (``_retiring``: brokerName -> (cluster, topics left)): it has
+no BrokerData and no cluster membership at once, routes leave its QueueData out, and ``drain_retired`` removes
+the QueueData and the cluster-index counts a step at a time (the app calls it from a task when ``on_retire``
+fires). A group that registers again while retiring first finishes its retirement.
+
 Invariants: every address in a BrokerData has one ``_addr_slot`` entry and one ``_live`` entry; a
 brokerName with no addresses has no BrokerData, no cluster membership and no QueueData; a topic with no
 QueueData has no entry. The indexes keep every operation's cost to what it touches, never the whole estate:
@@ -25,7 +30,7 @@ QueueData has no entry. The indexes keep every operation's cost to what it touch
 | register, version changed / first  | O(topics in the body); ``upsert_topics`` lets the caller split it into steps |
 | route of a topic                   | O(brokers serving the topic)                                |
 | topics of a cluster                | O(topics of the cluster) (the answer's size)                |
-| remove a broker (unregister, close, expiry) | O(topics of that broker)                           |
+| remove a broker (unregister, close, expiry) | O(topics of that broker), in steps of ``REMOVE_STEP_TOPICS`` when there are more than ``REMOVE_INLINE_MAX_TOPICS`` and ``on_retire`` is set |
 | expiry scan                        | O(expired brokers + 1): ``_live`` is kept in last-update order |
 
 A "channel" is any hashable token for the connection a registration arrived on (the app passes its
@@ -53,6 +58,10 @@ SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS = 10_000
 SCAN_NOT_ACTIVE_BROKER_FIRST_DELAY_MS = 5_000
 #: Brokers one call of the expiry scan removes at most (the app calls again at once while there are more).
 EXPIRY_SCAN_BATCH = 50
+#: A removed broker group with more topics than this has its QueueData removed in steps (when on_retire is set).
+REMOVE_INLINE_MAX_TOPICS = 2_000
+#: Topics one ``drain_retired`` step removes.
+REMOVE_STEP_TOPICS = 1_000
 
 ClockMs = Callable[[], int]
 
@@ -102,6 +111,9 @@ class RouteTable:
     _addr_slot: dict[str, _Slot] = field(init=False, repr=False, default_factory=dict)
     _channel_addrs: dict[Hashable, set[str]] = field(init=False, repr=False, default_factory=dict)
     _filter_servers: dict[str, list[str]] = field(init=False, repr=False, default_factory=dict)
+    _retiring: dict[str, tuple[str, list[str]]] = field(init=False, repr=False, default_factory=dict)
+    #: called when a removed broker group's QueueData is left for ``drain_retired`` (None: removed inline)
+    on_retire: Callable[[], None] | None = field(default=None, repr=False)
 
     def counts(self) -> dict[str, int]:
         """Sizes of the tables (the name server's metrics)."""
@@ -128,6 +140,8 @@ class RouteTable:
         self._vacate_other_slot(broker_addr, broker_name, broker_id)
         self._join_cluster(cluster, broker_name)
 
+        if broker_name in self._retiring:  # registered again before its old QueueData was all gone
+            self._finish_retiring(broker_name)
         brokers = self._brokers.get(broker_name)
         first = brokers is None
         if brokers is None:
@@ -300,6 +314,8 @@ class RouteTable:
         queue_datas = []
         broker_datas = []
         for name, qd in queues.items():
+            if name in self._retiring:
+                continue
             queue_datas.append(QueueData(qd.broker_name, qd.read_queue_nums, qd.write_queue_nums, qd.perm,
                                          qd.topic_sys_flag))
             bd = self._brokers.get(name)
@@ -420,21 +436,49 @@ class RouteTable:
             self._remove_broker_name(slot.broker_name)
 
     def _remove_broker_name(self, broker_name: str) -> None:
-        """The group lost its last address: its cluster membership and all its QueueData go."""
+        """The group lost its last address: its cluster membership and all its QueueData go (in steps for a
+        large group when ``on_retire`` is set)."""
         bd = self._brokers.pop(broker_name, None)
+        cluster = bd.cluster if bd is not None else ""
         if bd is not None:
-            self._leave_cluster(bd.cluster, broker_name)
-        for topic in self._broker_topics.pop(broker_name, set()):
-            if bd is not None:
-                self._uncount_cluster_topic(bd.cluster, topic)
+            self._leave_cluster(cluster, broker_name)
+        topics = list(self._broker_topics.pop(broker_name, ()))
+        log.info("broker group %s removed", broker_name)
+        if len(topics) > REMOVE_INLINE_MAX_TOPICS and self.on_retire is not None:
+            self._retiring[broker_name] = (cluster, topics)
+            self.on_retire()
+            return
+        self._drop_queue_data(broker_name, cluster, topics)
+
+    def drain_retired(self, max_topics: int = REMOVE_STEP_TOPICS) -> bool:
+        """Remove up to ``max_topics`` QueueData of retiring broker groups; True while some are left."""
+        budget = max_topics
+        while self._retiring and budget > 0:
+            name = next(iter(self._retiring))
+            cluster, topics = self._retiring[name]
+            step = topics[-budget:]
+            del topics[-budget:]
+            budget -= len(step)
+            self._drop_queue_data(name, cluster, step)
+            if not topics:
+                del self._retiring[name]
+        return bool(self._retiring)
+
+    def _finish_retiring(self, broker_name: str) -> None:
+        cluster, topics = self._retiring.pop(broker_name)
+        self._drop_queue_data(broker_name, cluster, topics)
+
+    def _drop_queue_data(self, broker_name: str, cluster: str, topics: Iterable[str]) -> None:
+        for topic in topics:
+            if cluster:
+                self._uncount_cluster_topic(cluster, topic)
             queues = self._topic_queues.get(topic)
             if queues is None:
                 continue
             queues.pop(broker_name, None)
             if not queues:
                 del self._topic_queues[topic]
-                log.info("topic %s removed: no broker serves it", topic)
-        log.info("broker group %s removed", broker_name)
+                log.debug("topic %s removed: no broker serves it", topic)
 
     def _drop_broker_topic(self, broker_name: str, topic: str) -> None:
         topics = self._broker_topics.get(broker_name)
