@@ -113,6 +113,9 @@ async def test_scrape_after_sends_and_pulls(broker: BrokerController) -> None:
         assert m[("ferrymq_pull_latency_seconds_count", ())] == 1
         assert m[("ferrymq_long_poll_waiters", ())] == 0
         assert m[("ferrymq_replica_failures_total", (("status", "FLUSH_SLAVE_TIMEOUT"),))] == 0
+        assert 1 <= m[("ferrymq_store_open_files", ())] <= m[("ferrymq_store_open_files_limit", ())]
+        assert m[("ferrymq_store_file_open_failures_total", ())] == 0
+        assert m[("process_open_fds", ())] <= m[("process_max_fds", ())]
 
         info = jsonx.loads((await client.call(28)).body)["table"]
         tps10s, tps1m, tps10m = (float(x) for x in info["putTps"].split(" "))

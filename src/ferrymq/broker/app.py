@@ -102,6 +102,7 @@ def store_config_of(cfg: BrokerConfig) -> StoreConfig:
         store_path_commit_log=cfg.commit_log_dir,
         mapped_file_size_commit_log=cfg.mapped_file_size_commit_log,
         mapped_file_size_consume_queue=cfg.mapped_file_size_consume_queue,
+        max_open_segment_files=cfg.max_open_segment_files,
         commit_log_preallocation=cfg.commit_log_preallocation,
         disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
         disk_space_clean_forcibly_ratio=cfg.disk_space_clean_forcibly_ratio,

@@ -95,6 +95,10 @@ class BrokerConfig:
         "in the first two. ferrymq extension"))
     mapped_file_size_consume_queue: int = field(default=300_000 * 20, metadata=_meta(
         "mappedFileSizeConsumeQueue", "Consume queue file size in bytes (multiple of 20)"))
+    max_open_segment_files: int = field(default=0, metadata=_meta(
+        "maxOpenSegmentFiles", "Consume queue files mapped at once (each holds two file descriptors); the least "
+        "recently used is closed when another must open and reopened on its next use. 0: an eighth of the "
+        "descriptor limit (RLIMIT_NOFILE, raised to its hard limit at start), at most 16384. ferrymq extension"))
     flush_disk_type: FlushDiskType = field(default=FlushDiskType.ASYNC_FLUSH, metadata=_meta(
         "flushDiskType", "ASYNC_FLUSH or SYNC_FLUSH (group commit)"))
     flush_interval_commit_log_ms: int = field(default=500, metadata=_meta(
@@ -319,6 +323,9 @@ class BrokerConfig:
         return max(REGISTER_PERIOD_MIN_MS, min(REGISTER_PERIOD_MAX_MS, self.register_name_server_period_ms))
 
     def validate(self) -> None:
+        if self.max_open_segment_files < 0:
+            raise ConfigError("maxOpenSegmentFiles", f"must be >= 0 (0: derived from the descriptor limit), "
+                              f"got {self.max_open_segment_files}")
         if self.commit_log_preallocation not in COMMIT_LOG_PREALLOCATION_MODES:
             raise ConfigError("commitLogPreallocation",
                               f"must be one of {', '.join(COMMIT_LOG_PREALLOCATION_MODES)}, "

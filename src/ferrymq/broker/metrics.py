@@ -98,6 +98,16 @@ class BrokerCollector(Collector):
         yield self._gauge("ferrymq_long_poll_waiters", "Pull requests parked by long polling", base, ids,
                           ctx.long_polling.parked_count)
         yield loop_lag_family(ctx.loop_lag, base, ids)
+        pool = getattr(getattr(ctx.store, "queues", None), "pool", None)
+        if pool is not None:  # the process's descriptors vs its limit: process_open_fds / process_max_fds
+            yield self._gauge("ferrymq_store_open_files", "Consume queue files mapped now (two file descriptors "
+                              "each)", base, ids, pool.mapped_files)
+            yield self._gauge("ferrymq_store_open_files_limit", "Consume queue files mapped at most at once "
+                              "(maxOpenSegmentFiles)", base, ids, pool.max_open)
+            fails = CounterMetricFamily("ferrymq_store_file_open_failures", "Store files that could not be opened "
+                                        "for lack of file descriptors (EMFILE/ENFILE)", labels=base)
+            fails.add_metric(ids, pool.open_failures_total)
+            yield fails
 
         yield from self._offsets(base, ids)
         yield from self._replication(base, ids, st)

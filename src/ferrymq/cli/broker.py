@@ -45,8 +45,12 @@ async def _run(config_path: str, namesrv: str | None) -> None:
     from ferrymq.broker.config import load_config
     from ferrymq.store.errors import StoreConfigMismatchError, StoreDirError
 
+    from ferrymq.store.queue_table import raise_open_files_limit
+
     overrides = {"namesrvAddr": namesrv} if namesrv else None
     cfg = load_config(config_path, overrides)
+    soft, hard = raise_open_files_limit()  # before the store sizes its open files from it
+    logging.getLogger(__name__).info("open files limit %s (hard %s)", soft, hard)
     try:
         ctl = BrokerController(cfg)
         await ctl.start()

@@ -32,6 +32,21 @@ def default_max_open_segment_files() -> int:
     return max(1, min(OPEN_SEGMENT_FILES_MAX_DEFAULT, int(soft * OPEN_SEGMENT_FILES_FD_SHARE)))
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit, as servers do at start (the default soft limit, often
+    1,024, is far below what an estate of queues and connections needs); returns (soft, hard) afterwards.
+    Left as it is when the system refuses."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open files limit from %d to %d: %s", soft, hard, exc)
+            return soft, hard
+        soft = hard
+    return soft, hard
+
+
 def topic_dir_name_ok(topic: str) -> bool:
     return bool(topic) and "/" not in topic and "\x00" not in topic and topic not in (".", "..")
 
