@@ -38,8 +38,9 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"common", "remoting"},
     "spark": {"common", "remoting", "client"},
     "console": {"common", "remoting", "client"},
+    "proxy": {"common", "remoting", "client"},
     "cli": {"common", "remoting", "store", "ha", "acl", "namesrv", "broker", "controller", "client", "spark",
-            "console"},
+            "console", "proxy"},
 }
 #: stdlib/third-party modules that mean I/O or an event loop
 NETWORK_OR_LOOP = {"asyncio", "socket", "selectors", "ssl", "uvloop", "socketserver", "http", "urllib"}

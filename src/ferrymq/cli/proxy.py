@@ -1,0 +1,72 @@
+"""``ferry proxy -n NAMESRV --listen 127.0.0.1:8081``: serve RocketMQ 5 clients over gRPC (cluster mode).
+
+The proxy finds the brokers through the name servers and translates ``apache.rocketmq.v2`` calls onto the
+4.x remoting protocol (docs/grpc.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+from ferrymq.cli.broker import EXIT_CONFIG_ERROR, LOG_LEVELS, event_loop_factory, wait_for_signal
+from ferrymq.common import logthrottle
+from ferrymq.errors import ConfigError, FerryError
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.UsageError(f"--listen: expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+async def _run(config: object) -> None:
+    from ferrymq.proxy.server import ProxyServer
+
+    server = ProxyServer(config)  # type: ignore[arg-type]
+    await server.start()
+    try:
+        click.echo(f"ferrymq gRPC proxy serving on {server.config.listen_host}:{server.port} "
+                   f"(name servers {server.config.namesrv_addr})")
+        sys.stdout.flush()
+        await wait_for_signal()
+    finally:
+        await server.stop()
+
+
+@click.command("proxy")
+@click.option("-n", "--namesrv", required=True, help='name servers, e.g. "127.0.0.1:9876;127.0.0.1:9877"')
+@click.option("--listen", default="127.0.0.1:8081", show_default=True, help="HOST:PORT of the gRPC endpoint")
+@click.option("--fifo-group", "fifo_groups", multiple=True,
+              help="a consumer group consumed in FIFO order (repeatable)")
+@click.option("--max-delivery-attempts", type=int, default=None,
+              help="deliveries before a message moves to %DLQ%<group> (default 17)")
+@click.option("--access-key", default="", help="ACL credentials of the proxy's calls to the brokers")
+@click.option("--secret-key", default="")
+@click.option("--log-level", default="INFO", show_default=True)
+def command(namesrv: str, listen: str, fifo_groups: tuple[str, ...], max_delivery_attempts: int | None,
+            access_key: str, secret_key: str, log_level: str) -> None:
+    """Serve RocketMQ 5 clients (gRPC, apache.rocketmq.v2) in front of the brokers the name servers know."""
+    from ferrymq.proxy.config import DEFAULT_MAX_DELIVERY_ATTEMPTS, ProxyConfig
+
+    host, port = parse_listen(listen)
+    if log_level.upper() not in LOG_LEVELS:
+        raise click.UsageError(f"--log-level: expected one of {', '.join(LOG_LEVELS)}")
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logthrottle.install()
+    config = ProxyConfig(namesrv, listen_host=host, listen_port=port, fifo_groups=frozenset(fifo_groups),
+                         max_delivery_attempts=max_delivery_attempts or DEFAULT_MAX_DELIVERY_ATTEMPTS,
+                         access_key=access_key, secret_key=secret_key)
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(_run(config))
+    except ConfigError as exc:
+        click.echo(f"config error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    except (FerryError, OSError) as exc:
+        click.echo(f"proxy failed: {exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,588 @@
+"""``apache.rocketmq.v2.MessagingService`` served on top of ferrymq's 4.x client (routes from the name
+servers, SEND_MESSAGE_V2, PULL_MESSAGE, consumer offsets).
+
+Every RPC answers: a v2 ``Status`` for expected outcomes (``translate.status_of_error`` maps broker codes
+and faults), gRPC UNIMPLEMENTED for the RPCs this proxy does not serve (the generated servicer's default).
+docs/grpc.md lists what each RPC does here and where it differs from RocketMQ's proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from ferrymq.client import api, routes
+from ferrymq.client.config import ClientConfig, parse_name_servers
+from ferrymq.client.consumer.core import ConsumerCore
+from ferrymq.client.instance import ClientInstance
+from ferrymq.client.producer import Producer
+from ferrymq.client.values import PullStatus, SendStatus
+from ferrymq.common.aio import wait_event
+from ferrymq.common.route import MessageQueue as RemotingQueue
+from ferrymq.common.route import TopicRouteData
+from ferrymq.errors import FerryError, TopicNotExistError
+from ferrymq.proxy import translate as tr
+from ferrymq.proxy.config import ProxyConfig
+from ferrymq.proxy.pop import PopQueue, SerialSource
+from ferrymq.proxy.v2 import definition_pb2 as pb
+from ferrymq.proxy.v2 import service_pb2 as spb
+from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
+from ferrymq.remoting.codes import RequestCode
+
+log = logging.getLogger(__name__)
+
+#: messages one PULL asks for while filling a queue's pop state
+PULL_BATCH = 32
+#: the largest ReceiveMessage batch (RocketMQ's proxy: 32)
+MAX_RECEIVE_BATCH = 32
+#: invisible duration when a ReceiveMessage names none (auto-renewing push consumers)
+DEFAULT_INVISIBLE_MS = 30_000
+#: long-polling time when a ReceiveMessage names none
+DEFAULT_LONG_POLLING_MS = 20_000
+#: the part of the gRPC deadline kept free for the answer to travel back
+DEADLINE_MARGIN_MS = 1_000
+#: while nothing is ready, the broker long poll on one queue lasts at most this long before the other
+#: queues of the broker group are looked at again
+RECEIVE_POLL_SLICE_MS = 1_000
+#: remoting request timeout of the proxy's own calls (pull, offsets, send-back)
+REMOTING_TIMEOUT_MS = 5_000
+#: gRPC metadata key carrying the 5.x client id
+CLIENT_ID_KEY = "x-mq-client-id"
+#: Telemetry answers: producer retry policy (RocketMQ's proxy defaults)
+PRODUCER_MAX_ATTEMPTS = 3
+PRODUCER_BACKOFF_INITIAL_MS = 10
+PRODUCER_BACKOFF_MAX_MS = 1_000
+PRODUCER_BACKOFF_MULTIPLIER = 2.0
+#: push consumers' receive batch (Subscription.receive_batch_size)
+PUSH_RECEIVE_BATCH = 32
+#: the first delay level a retry waits (RocketMQ: a retry starts at level 3, 10 s)
+FIRST_RETRY_DELAY_LEVEL = 3
+
+
+@dataclass(slots=True)
+class _ClientInfo:
+    client_type: int = pb.CLIENT_TYPE_UNSPECIFIED
+    group: str = ""
+    subscriptions: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+class _GroupHooks:
+    """Makes a 5.x consumer group visible to the brokers as a CONSUME_ACTIVELY consumer of the proxy's
+    client (``ferry consumer ...`` verbs list it); rebalancing is the proxy's own business."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.topics: dict[str, tuple[str, str]] = {}
+
+    def consumer_data(self) -> dict[str, Any]:
+        return {"consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "consumeType": "CONSUME_ACTIVELY",
+                "groupName": self.group, "messageModel": "CLUSTERING", "unitMode": False,
+                "subscriptionDataSet": [api.subscription_data(t, e, 0, k) for t, (e, k) in self.topics.items()]}
+
+    def subscribed_topics(self) -> set[str]:
+        return set(self.topics)
+
+    def rebalance_now(self) -> None:
+        return None
+
+    def running_info(self) -> dict[str, Any]:
+        return {"properties": {"consumeType": "CONSUME_ACTIVELY"}, "subscriptionSet": [],
+                "mqTable": {}, "statusTable": {}}
+
+    async def reset_offsets(self, topic: str, offsets: dict[RemotingQueue, int]) -> None:
+        return None
+
+
+PopKey = tuple[str, str, str, int]  # group, topic, broker name, queue id
+
+
+class MessagingService(sgrpc.MessagingServiceServicer):
+    def __init__(self, config: ProxyConfig, *, clock_ms: Any = None) -> None:
+        self.config = config
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        client_config = ClientConfig(parse_name_servers(config.namesrv_addr), access_key=config.access_key,
+                                     secret_key=config.secret_key, tls=config.tls)
+        client_config.instance_name = f"grpc-proxy-{secrets.token_hex(4)}"
+        self.instance = ClientInstance(client_config)
+        self.producer = Producer.bound_to(self.instance, config.producer_group)
+        #: receipt handles name this process: a handle from an earlier run is refused
+        self.epoch = secrets.token_hex(4)
+        self.serials = SerialSource()
+        self.pop_queues: dict[PopKey, PopQueue] = {}
+        self._pop_locks: dict[PopKey, asyncio.Lock] = {}
+        self._cores: dict[str, ConsumerCore] = {}
+        self._dirty: set[PopKey] = set()
+        self._clients: dict[str, _ClientInfo] = {}
+        #: set when this proxy stored a message of the topic (wakes waiting receives)
+        self._arrivals: dict[str, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        #: the address routes and assignments name (set by the server once it listens)
+        self.advertised_host = config.listen_host
+        self.advertised_port = config.listen_port
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.instance.start()
+        self._tasks.append(asyncio.create_task(self._commit_loop(), name="ferrymq-grpc-commit"))
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await self.commit_offsets()
+        except Exception as exc:  # the brokers may be gone already
+            log.warning("final offset commit failed: %s", exc)
+        await self.instance.close()
+
+    # ---- helpers ---------------------------------------------------------------------------------------
+    def _client_id(self, context: grpc.aio.ServicerContext) -> str:
+        for key, value in context.invocation_metadata() or ():
+            if key == CLIENT_ID_KEY:
+                return str(value)
+        return ""
+
+    def _core(self, group: str) -> ConsumerCore:
+        core = self._cores.get(group)
+        if core is None:
+            core = self._cores[group] = ConsumerCore(self.instance, group)
+        return core
+
+    def _hooks(self, group: str) -> _GroupHooks:
+        hooks = self.instance.consumers.get(group)
+        if not isinstance(hooks, _GroupHooks):
+            hooks = _GroupHooks(group)
+            self.instance.consumers[group] = hooks
+        return hooks
+
+    async def _route(self, topic: str) -> TopicRouteData:
+        return await self.instance.get_route(topic)
+
+    def _arrival(self, topic: str) -> asyncio.Event:
+        event = self._arrivals.get(topic)
+        if event is None:
+            event = self._arrivals[topic] = asyncio.Event()
+        return event
+
+    # ---- QueryRoute ------------------------------------------------------------------------------------
+    async def QueryRoute(self, request: spb.QueryRouteRequest, context: Any) -> spb.QueryRouteResponse:
+        topic = request.topic.name
+        if not topic:
+            return spb.QueryRouteResponse(status=tr.status(pb.ILLEGAL_TOPIC, "topic is empty"))
+        try:
+            route = await self.instance.update_route(topic)
+        except TopicNotExistError:
+            return spb.QueryRouteResponse(status=tr.status(pb.TOPIC_NOT_FOUND, f"topic {topic} does not exist"))
+        except FerryError as exc:
+            return spb.QueryRouteResponse(status=tr.status_of_error(exc))
+        endpoints = request.endpoints if len(request.endpoints.addresses) else self.own_endpoints(context)
+        queues = tr.route_queues(request.topic, self._queue_perms(route), endpoints)
+        return spb.QueryRouteResponse(status=tr.status(), message_queues=queues)
+
+    def own_endpoints(self, context: Any) -> pb.Endpoints:
+        """The address routes name when the client did not say which one it used."""
+        return tr.endpoints_of(self.advertised_host, self.advertised_port)
+
+    @staticmethod
+    def _queue_perms(route: TopicRouteData) -> list[tuple[str, int, int]]:
+        out = []
+        for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
+            bd = route.broker(qd.broker_name)
+            if bd is None:
+                continue
+            writable = bd.master_addr() is not None
+            for queue_id in range(max(qd.read_queue_nums, qd.write_queue_nums)):
+                perm = 0
+                if queue_id < qd.read_queue_nums:
+                    perm |= qd.perm & 4
+                if queue_id < qd.write_queue_nums and writable:
+                    perm |= qd.perm & 2
+                out.append((qd.broker_name, queue_id, perm))
+        return out
+
+    # ---- Heartbeat / NotifyClientTermination ------------------------------------------------------------
+    async def Heartbeat(self, request: spb.HeartbeatRequest, context: Any) -> spb.HeartbeatResponse:
+        info = self._clients.setdefault(self._client_id(context), _ClientInfo())
+        info.client_type = request.client_type
+        if request.HasField("group") and request.group.name:
+            info.group = request.group.name
+        return spb.HeartbeatResponse(status=tr.status())
+
+    async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
+                                      context: Any) -> spb.NotifyClientTerminationResponse:
+        self._clients.pop(self._client_id(context), None)
+        return spb.NotifyClientTerminationResponse(status=tr.status())
+
+    # ---- Telemetry ---------------------------------------------------------------------------------------
+    async def Telemetry(self, request_iterator: AsyncIterator[spb.TelemetryCommand],
+                        context: Any) -> AsyncIterator[spb.TelemetryCommand]:
+        client_id = self._client_id(context)
+        async for command in request_iterator:
+            which = command.WhichOneof("command")
+            if which == "settings":
+                yield spb.TelemetryCommand(status=tr.status(), settings=self.settings_for(client_id, command.settings))
+            elif which in ("thread_stack_trace", "verify_message_result"):
+                log.debug("telemetry %s from %s ignored", which, client_id)
+            else:
+                yield spb.TelemetryCommand(status=tr.status(pb.NOT_IMPLEMENTED, f"telemetry {which} not served"))
+
+    def settings_for(self, client_id: str, settings: pb.Settings) -> pb.Settings:
+        """The settings answer: the client's own, completed with what the server decides (retry policy,
+        FIFO flag, batch size, limits), as RocketMQ's proxy does."""
+        info = self._clients.setdefault(client_id, _ClientInfo())
+        info.client_type = settings.client_type
+        out = pb.Settings()
+        out.CopyFrom(settings)
+        if settings.WhichOneof("pub_sub") == "subscription":
+            sub = settings.subscription
+            group = sub.group.name
+            info.group = group
+            hooks = self._hooks(group)
+            for entry in sub.subscriptions:
+                expr = tr.filter_of(entry.expression)
+                info.subscriptions[entry.topic.name] = expr
+                hooks.topics[entry.topic.name] = expr
+            fifo = group in self.config.fifo_groups
+            out.subscription.fifo = fifo
+            out.subscription.receive_batch_size = PUSH_RECEIVE_BATCH
+            if not sub.HasField("long_polling_timeout"):
+                out.subscription.long_polling_timeout.CopyFrom(tr.to_duration(DEFAULT_LONG_POLLING_MS))
+            out.backoff_policy.max_attempts = self.config.max_delivery_attempts
+            if fifo:
+                backoff = out.backoff_policy.exponential_backoff
+                backoff.initial.CopyFrom(tr.to_duration(1_000))
+                backoff.max.CopyFrom(tr.to_duration(60_000))
+                backoff.multiplier = 2.0
+            else:
+                levels = self.config.delay_levels_ms[FIRST_RETRY_DELAY_LEVEL - 1:] or self.config.delay_levels_ms
+                out.backoff_policy.customized_backoff.next.extend(tr.to_duration(ms) for ms in levels)
+        else:
+            out.publishing.max_body_size = self.config.max_body_bytes
+            out.publishing.validate_message_type = True
+            out.backoff_policy.max_attempts = PRODUCER_MAX_ATTEMPTS
+            backoff = out.backoff_policy.exponential_backoff
+            backoff.initial.CopyFrom(tr.to_duration(PRODUCER_BACKOFF_INITIAL_MS))
+            backoff.max.CopyFrom(tr.to_duration(PRODUCER_BACKOFF_MAX_MS))
+            backoff.multiplier = PRODUCER_BACKOFF_MULTIPLIER
+        return out
+
+    # ---- SendMessage -------------------------------------------------------------------------------------
+    async def SendMessage(self, request: spb.SendMessageRequest, context: Any) -> spb.SendMessageResponse:
+        if not request.messages:
+            return spb.SendMessageResponse(status=tr.status(pb.BAD_REQUEST, "no message to send"))
+        entries = [await self._send_one(m) for m in request.messages]
+        codes = {e.status.code for e in entries}
+        if len(entries) == 1 or len(codes) > 1:
+            overall = entries[0].status if len(entries) == 1 else tr.status(pb.MULTIPLE_RESULTS, "see entries")
+        else:
+            overall = entries[0].status
+        return spb.SendMessageResponse(status=overall, entries=entries)
+
+    async def _send_one(self, message: pb.Message) -> spb.SendResultEntry:
+        try:
+            out = tr.to_remoting_message(message, now_ms=self.clock_ms(), delay_levels_ms=self.config.delay_levels_ms,
+                                         producer_group=self.config.producer_group,
+                                         max_body_bytes=self.config.max_body_bytes)
+            if out.transactional:
+                raise tr.TranslateError(pb.UNSUPPORTED, "transactional messages are not served over gRPC yet")
+            queue = None
+            if out.message_group is not None:
+                mqs, _ = await self.producer.publish_queues(out.message.topic)
+                queue = tr.fifo_queue(out.message_group, mqs)
+            result = await self.producer.send(out.message, queue=queue)
+        except Exception as exc:
+            log.debug("send of %s failed: %s", message.system_properties.message_id, exc)
+            return spb.SendResultEntry(status=tr.status_of_error(exc), message_id=message.system_properties.message_id)
+        self._arrival(out.message.topic).set()
+        code = {SendStatus.SEND_OK: pb.OK, SendStatus.FLUSH_DISK_TIMEOUT: pb.MASTER_PERSISTENCE_TIMEOUT,
+                SendStatus.FLUSH_SLAVE_TIMEOUT: pb.SLAVE_PERSISTENCE_TIMEOUT,
+                SendStatus.SLAVE_NOT_AVAILABLE: pb.HA_NOT_AVAILABLE}[result.status]
+        return spb.SendResultEntry(status=tr.status(code, result.status.value), message_id=out.message_id,
+                                   offset=result.queue_offset)
+
+    # ---- QueryAssignment ---------------------------------------------------------------------------------
+    async def QueryAssignment(self, request: spb.QueryAssignmentRequest,
+                              context: Any) -> spb.QueryAssignmentResponse:
+        """One assignment per broker group with readable queues (a ReceiveMessage pops from every queue of
+        its broker group, as RocketMQ's proxy does)."""
+        topic = request.topic.name
+        try:
+            route = await self._route(topic)
+        except TopicNotExistError:
+            return spb.QueryAssignmentResponse(status=tr.status(pb.TOPIC_NOT_FOUND, f"topic {topic} does not exist"))
+        except FerryError as exc:
+            return spb.QueryAssignmentResponse(status=tr.status_of_error(exc))
+        endpoints = request.endpoints if len(request.endpoints.addresses) else self.own_endpoints(context)
+        brokers = sorted({mq.broker_name for mq in routes.subscribe_queues(topic, route)})
+        assignments = [pb.Assignment(message_queue=pb.MessageQueue(
+            topic=request.topic, id=-1, permission=pb.READ_WRITE,  # type: ignore[arg-type]
+            broker=pb.Broker(name=name, id=0, endpoints=endpoints),
+            accept_message_types=tr.ACCEPTED_MESSAGE_TYPES)) for name in brokers]  # type: ignore[arg-type]
+        return spb.QueryAssignmentResponse(status=tr.status(), assignments=assignments)
+
+    # ---- ReceiveMessage ------------------------------------------------------------------------------------
+    async def ReceiveMessage(self, request: spb.ReceiveMessageRequest,
+                             context: Any) -> AsyncIterator[spb.ReceiveMessageResponse]:
+        group, topic = request.group.name, request.message_queue.topic.name
+        broker_name = request.message_queue.broker.name
+        if not group:
+            yield spb.ReceiveMessageResponse(status=tr.status(pb.ILLEGAL_CONSUMER_GROUP, "consumer group is empty"))
+            return
+        invisible_ms = (tr.duration_ms(request.invisible_duration) if request.HasField("invisible_duration")
+                        else DEFAULT_INVISIBLE_MS)
+        if invisible_ms <= 0:
+            yield spb.ReceiveMessageResponse(status=tr.status(pb.ILLEGAL_INVISIBLE_TIME, "invisible duration <= 0"))
+            return
+        poll_ms = (tr.duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout")
+                   else DEFAULT_LONG_POLLING_MS)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            poll_ms = min(poll_ms, max(0, int(remaining * 1000) - DEADLINE_MARGIN_MS))
+        batch = max(1, min(request.batch_size or MAX_RECEIVE_BATCH, MAX_RECEIVE_BATCH))
+        expression = tr.filter_of(request.filter_expression if request.HasField("filter_expression") else None)
+        self._hooks(group).topics.setdefault(topic, expression)
+        try:
+            deliveries = await self._receive(group, topic, broker_name, request.message_queue.id, batch,
+                                             invisible_ms, poll_ms, expression)
+        except Exception as exc:
+            log.debug("receive %s/%s failed: %s", group, topic, exc)
+            yield spb.ReceiveMessageResponse(status=tr.status_of_error(exc))
+            return
+        if not deliveries:
+            yield spb.ReceiveMessageResponse(status=tr.status(pb.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        yield spb.ReceiveMessageResponse(status=tr.status())
+        yield spb.ReceiveMessageResponse(delivery_timestamp=tr.to_timestamp(self.clock_ms()))
+        for key, delivery in deliveries:
+            handle = tr.ReceiptHandle(self.epoch, delivery.serial, key[3], delivery.entry.message.queue_offset,
+                                      key[2]).encode()
+            yield spb.ReceiveMessageResponse(message=tr.to_grpc_message(
+                delivery.entry.message, receipt_handle=handle, invisible_ms=invisible_ms,
+                delivery_attempt=delivery.attempt))
+
+    async def _readable_queue_ids(self, topic: str, broker_name: str) -> list[int]:
+        route = await self._route(topic)
+        ids = [mq.queue_id for mq in routes.subscribe_queues(topic, route) if mq.broker_name == broker_name]
+        if not ids:
+            raise tr.TranslateError(pb.TOPIC_NOT_FOUND, f"topic {topic} has no readable queue on {broker_name}")
+        return ids
+
+    async def _pop_queue(self, key: PopKey) -> PopQueue:
+        pq = self.pop_queues.get(key)
+        if pq is not None:
+            return pq
+        async with self._lock(key):
+            pq = self.pop_queues.get(key)
+            if pq is None:
+                group, topic, broker_name, queue_id = key
+                mq = RemotingQueue(topic, broker_name, queue_id)
+                core = self._core(group)
+                start = await core.fetch_committed_offset(mq)
+                if start < 0:  # a new group reads the queue from its first message
+                    start = await core.query_offset(RequestCode.GET_MIN_OFFSET, mq)
+                pq = self.pop_queues[key] = PopQueue(start, fifo=group in self.config.fifo_groups)
+            return pq
+
+    def _lock(self, key: PopKey) -> asyncio.Lock:
+        lock = self._pop_locks.get(key)
+        if lock is None:
+            lock = self._pop_locks[key] = asyncio.Lock()
+        return lock
+
+    async def _fill(self, key: PopKey, pq: PopQueue, expression: tuple[str, str], *, block_ms: int = 0) -> None:
+        """Pull more of the queue when nothing held is ready (``block_ms``: a broker long poll)."""
+        lock = self._lock(key)
+        if lock.locked() and block_ms == 0:
+            return  # another receive is pulling this queue
+        async with lock:
+            now = self.clock_ms()
+            if pq.room() <= 0 or pq.has_ready(now) or pq.blocked(now):
+                return
+            mq = RemotingQueue(key[1], key[2], key[3])
+            result = await self._core(key[0]).pull(
+                mq, pq.pull_offset, min(PULL_BATCH, pq.room()), sub_expression=expression[0],
+                expression_type=expression[1], block=block_ms > 0, suspend_timeout_ms=block_ms,
+                timeout_ms=block_ms + REMOTING_TIMEOUT_MS)
+            if result.status is PullStatus.FOUND:
+                pq.add_pulled(result.messages, result.next_begin_offset)
+            elif result.status is PullStatus.OFFSET_ILLEGAL:
+                pq.reset_pull_offset(result.next_begin_offset)
+                self._dirty.add(key)
+            elif result.next_begin_offset > pq.pull_offset:  # filtered out: progress all the same
+                pq.add_pulled([], result.next_begin_offset)
+                self._dirty.add(key)
+
+    async def _receive(self, group: str, topic: str, broker_name: str, start_queue_id: int, batch: int,
+                       invisible_ms: int, poll_ms: int,
+                       expression: tuple[str, str]) -> list[tuple[PopKey, Any]]:
+        ids = await self._readable_queue_ids(topic, broker_name)
+        first = start_queue_id if start_queue_id in ids else ids[0]
+        pivot = ids.index(first)
+        ids = ids[pivot:] + ids[:pivot]
+        deadline = self.clock_ms() + poll_ms
+        arrival = self._arrival(topic)
+        while True:
+            arrival.clear()
+            out: list[tuple[PopKey, Any]] = []
+            for queue_id in ids:
+                key = (group, topic, broker_name, queue_id)
+                pq = await self._pop_queue(key)
+                await self._fill(key, pq, expression)
+                taken, dead = pq.take(self.clock_ms(), batch - len(out), invisible_ms,
+                                      self.config.max_delivery_attempts, self.serials)
+                out.extend((key, d) for d in taken)
+                for entry in dead:
+                    self._tasks.append(asyncio.create_task(self._to_dead_letter(key, entry.message.queue_offset)))
+                if len(out) >= batch:
+                    break
+            if out:
+                return out
+            now = self.clock_ms()
+            if now >= deadline or self._closing:
+                return out
+            wait_ms = min(deadline - now, RECEIVE_POLL_SLICE_MS)
+            for queue_id in ids:
+                due = self.pop_queues[(group, topic, broker_name, queue_id)].next_visible_ms()
+                if due is not None:
+                    wait_ms = max(1, min(wait_ms, due - now))
+            key = (group, topic, broker_name, ids[0])
+            pq = self.pop_queues[key]
+            if not self._lock(key).locked() and pq.room() > 0 and not pq.blocked(now):
+                long_poll = asyncio.ensure_future(self._fill(key, pq, expression, block_ms=wait_ms))
+                woken = asyncio.ensure_future(arrival.wait())
+                try:
+                    await asyncio.wait({long_poll, woken}, timeout=(wait_ms + REMOTING_TIMEOUT_MS) / 1000,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in (long_poll, woken):
+                        task.cancel()
+                    await asyncio.gather(long_poll, woken, return_exceptions=True)
+            else:
+                await wait_event(arrival, wait_ms / 1000)
+
+    # ---- AckMessage / ChangeInvisibleDuration / ForwardMessageToDeadLetterQueue ---------------------------------
+    def _held(self, group: str, topic: str, handle_text: str) -> tuple[PopKey, PopQueue, tr.ReceiptHandle]:
+        handle = tr.ReceiptHandle.decode(handle_text)
+        if handle.epoch != self.epoch:
+            raise tr.TranslateError(pb.INVALID_RECEIPT_HANDLE,
+                                    "receipt handle of an earlier proxy run (the message is delivered again)")
+        key = (group, topic, handle.broker_name, handle.queue_id)
+        pq = self.pop_queues.get(key)
+        if pq is None:
+            raise tr.TranslateError(pb.INVALID_RECEIPT_HANDLE, "receipt handle names no queue of this group")
+        return key, pq, handle
+
+    async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
+        group, topic = request.group.name, request.topic.name
+        results = []
+        for entry in request.entries:
+            try:
+                key, pq, handle = self._held(group, topic, entry.receipt_handle)
+                if not pq.ack(handle.queue_offset, handle.serial):
+                    raise tr.TranslateError(pb.INVALID_RECEIPT_HANDLE,
+                                            "receipt handle expired (acknowledged already or delivered again)")
+                self._dirty.add(key)
+                st = tr.status()
+            except tr.TranslateError as exc:
+                st = tr.status_of_error(exc)
+            results.append(spb.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                                     status=st))
+        return spb.AckMessageResponse(status=self._overall([r.status for r in results]), entries=results)
+
+    @staticmethod
+    def _overall(statuses: list[pb.Status]) -> pb.Status:
+        if not statuses:
+            return tr.status(pb.BAD_REQUEST, "no entry")
+        if len(statuses) == 1 or all(s.code == pb.OK for s in statuses):
+            return statuses[0]
+        return tr.status(pb.MULTIPLE_RESULTS, "see entries")
+
+    async def ChangeInvisibleDuration(self, request: spb.ChangeInvisibleDurationRequest,
+                                      context: Any) -> spb.ChangeInvisibleDurationResponse:
+        try:
+            _, pq, handle = self._held(request.group.name, request.topic.name, request.receipt_handle)
+            duration = tr.duration_ms(request.invisible_duration)
+            if duration < 0:
+                raise tr.TranslateError(pb.ILLEGAL_INVISIBLE_TIME, "invisible duration < 0")
+            serial = pq.change_invisible(handle.queue_offset, handle.serial, self.clock_ms() + duration, self.serials)
+            if serial is None:
+                raise tr.TranslateError(pb.INVALID_RECEIPT_HANDLE,
+                                        "receipt handle expired (acknowledged already or delivered again)")
+        except tr.TranslateError as exc:
+            return spb.ChangeInvisibleDurationResponse(status=tr.status_of_error(exc))
+        new_handle = tr.ReceiptHandle(self.epoch, serial, handle.queue_id, handle.queue_offset, handle.broker_name)
+        return spb.ChangeInvisibleDurationResponse(status=tr.status(), receipt_handle=new_handle.encode())
+
+    async def ForwardMessageToDeadLetterQueue(self, request: spb.ForwardMessageToDeadLetterQueueRequest,
+                                              context: Any) -> spb.ForwardMessageToDeadLetterQueueResponse:
+        try:
+            key, pq, handle = self._held(request.group.name, request.topic.name, request.receipt_handle)
+            entry = pq.entries.get(handle.queue_offset)
+            if entry is None or entry.serial != handle.serial:
+                raise tr.TranslateError(pb.INVALID_RECEIPT_HANDLE, "receipt handle expired")
+            await self._to_dead_letter(key, handle.queue_offset, raise_errors=True)
+        except Exception as exc:
+            return spb.ForwardMessageToDeadLetterQueueResponse(status=tr.status_of_error(exc))
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=tr.status())
+
+    async def _to_dead_letter(self, key: PopKey, queue_offset: int, *, raise_errors: bool = False) -> None:
+        """Move a held message to ``%DLQ%<group>`` (the broker's CONSUMER_SEND_MSG_BACK with delay level -1)
+        and forget it; on failure it stays held and is offered again after its invisible time."""
+        pq = self.pop_queues.get(key)
+        entry = pq.entries.get(queue_offset) if pq is not None else None
+        if pq is None or entry is None:
+            return
+        group, _, broker_name, _ = key
+        msg = entry.message
+        try:
+            addr = self.instance.master_addr(broker_name)
+            if addr is None:
+                raise tr.TranslateError(pb.INTERNAL_SERVER_ERROR, f"broker {broker_name} has no master")
+            cmd = api.build_send_back(group=group, phy_offset=msg.phy_offset, delay_level=-1,
+                                      origin_msg_id=tr.message_id_of(msg), origin_topic=msg.topic,
+                                      max_reconsume_times=self.config.max_delivery_attempts)
+            api.check(await self.instance.invoke(addr, cmd, REMOTING_TIMEOUT_MS))
+        except Exception as exc:
+            log.warning("moving %s offset %d to the dead-letter queue failed: %s", key, queue_offset, exc)
+            if raise_errors:
+                raise
+            return
+        pq.remove(queue_offset)
+        self._dirty.add(key)
+
+    # ---- offsets ---------------------------------------------------------------------------------------------
+    async def commit_offsets(self) -> None:
+        """Write each changed queue's acknowledged progress as the group's consumer offset."""
+        dirty, self._dirty = self._dirty, set()
+        for key in dirty:
+            pq = self.pop_queues.get(key)
+            if pq is None:
+                continue
+            offset = pq.commit_offset()
+            if offset == pq.committed_offset:
+                continue
+            group, topic, broker_name, queue_id = key
+            try:
+                await self._core(group).commit_offset(RemotingQueue(topic, broker_name, queue_id), offset)
+            except Exception as exc:
+                log.debug("offset commit of %s failed: %s", key, exc)
+                self._dirty.add(key)
+                continue
+            pq.committed_offset = offset
+
+    async def _commit_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self.config.offset_commit_interval_ms / 1000)
+            try:
+                await self.commit_offsets()
+            except Exception as exc:
+                log.warning("offset commit round failed: %s", exc)
+            self._tasks = [t for t in self._tasks if not t.done()]

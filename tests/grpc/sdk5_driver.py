@@ -1,0 +1,152 @@
+"""Drives the real RocketMQ 5.x Python SDK (PyPI ``rocketmq-python-client``) for the gRPC tests.
+
+Run as ``python sdk5_driver.py '<json args>'`` with PYTHONPATH naming the SDK's own install directory
+(its import name ``rocketmq`` is also the 4.x C++ client's). Every event is one JSON line appended to
+``args["out"]``; the last line is ``{"done": ...}`` with a summary.
+
+Verbs (``args["verb"]``):
+
+* ``produce``: ``count`` messages to ``topic``, bodies ``<prefix>-<seq>``; optional ``groups`` (message
+  groups cycled: FIFO), ``tag``, ``keys``, ``delay_s`` (delivery timestamp = now + delay_s), ``props``.
+* ``simple``: a SimpleConsumer of ``group`` on ``topic`` receiving batches of ``batch`` with invisible
+  duration ``invisible_s`` until ``expect`` messages were acked (``ack_every``: ack only every n-th
+  receive of a message; 0 = never) or ``timeout_s`` passes.
+* ``push``: a PushConsumer of ``group`` on ``topic`` until ``expect`` messages were consumed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+
+def emit(out: str, record: dict[str, Any]) -> None:
+    with open(out, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def message_record(m: Any) -> dict[str, Any]:
+    return {"body": m.body.decode(), "message_id": m.message_id, "attempt": m.delivery_attempt,
+            "group": m.message_group, "tag": m.tag, "keys": sorted(m.keys or []),
+            "props": dict(m.properties or {}), "topic": m.topic, "t": time.time()}
+
+
+def produce(a: dict[str, Any]) -> dict[str, Any]:
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    producer = Producer(ClientConfiguration(a["endpoints"], Credentials(), request_timeout=a.get("rpc_s", 10)),
+                        (a["topic"],))
+    producer.startup()
+    ok = 0
+    try:
+        for seq in range(a["count"]):
+            msg = Message()
+            msg.topic = a["topic"]
+            msg.body = f"{a['prefix']}-{seq}".encode()
+            if a.get("tag"):
+                msg.tag = a["tag"]
+            if a.get("keys"):
+                msg.keys = f"k{seq}"
+            groups = a.get("groups")
+            if groups:
+                msg.message_group = groups[seq % len(groups)]
+            if a.get("delay_s"):
+                msg.delivery_timestamp = int(time.time() + a["delay_s"])
+            for k, v in (a.get("props") or {}).items():
+                msg.add_property(k, v)
+            try:
+                receipt = producer.send(msg)
+                emit(a["out"], {"seq": seq, "ok": True, "message_id": receipt.message_id, "t": time.time()})
+                ok += 1
+            except Exception as exc:
+                emit(a["out"], {"seq": seq, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        producer.shutdown()
+    return {"sent": ok}
+
+
+def simple(a: dict[str, Any]) -> dict[str, Any]:
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
+
+    expr = FilterExpression(a.get("expression", "*"))
+    consumer = SimpleConsumer(ClientConfiguration(a["endpoints"], Credentials(), request_timeout=a.get("rpc_s", 10)),
+                              a["group"], {a["topic"]: expr}, await_duration=a.get("await_s", 2))
+    consumer.startup()
+    acked = received = 0
+    ack_every = a.get("ack_every", 1)
+    seen: dict[str, int] = {}
+    deadline = time.time() + a["timeout_s"]
+    try:
+        while acked < a["expect"] and time.time() < deadline:
+            if a.get("receives_expected") and received >= a["receives_expected"]:
+                break
+            try:
+                messages = consumer.receive(a.get("batch", 16), a.get("invisible_s", 15))
+            except Exception as exc:
+                emit(a["out"], {"error": f"{type(exc).__name__}: {exc}", "t": time.time()})
+                time.sleep(0.2)
+                continue
+            for m in messages:
+                received += 1
+                rec = message_record(m)
+                seen[rec["body"]] = seen.get(rec["body"], 0) + 1
+                do_ack = ack_every and seen[rec["body"]] % ack_every == 0
+                if do_ack:
+                    consumer.ack(m)
+                    acked += 1
+                rec["acked"] = bool(do_ack)
+                emit(a["out"], rec)
+    finally:
+        consumer.shutdown()
+    return {"acked": acked, "received": received}
+
+
+def push(a: dict[str, Any]) -> dict[str, Any]:
+    from rocketmq import (
+        ClientConfiguration,
+        ConsumeResult,
+        Credentials,
+        FilterExpression,
+        MessageListener,
+        PushConsumer,
+    )
+
+    count = {"n": 0}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    class Listener(MessageListener):
+        def consume(self, message: Any) -> Any:
+            with lock:
+                emit(a["out"], message_record(message))
+                count["n"] += 1
+                if count["n"] >= a["expect"]:
+                    done.set()
+            return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(ClientConfiguration(a["endpoints"], Credentials(), request_timeout=a.get("rpc_s", 10)),
+                            a["group"], Listener(), {a["topic"]: FilterExpression(a.get("expression", "*"))})
+    consumer.startup()
+    try:
+        done.wait(a["timeout_s"])
+    finally:
+        consumer.shutdown()
+    return {"consumed": count["n"]}
+
+
+def main() -> None:
+    args = json.loads(sys.argv[1])
+    verb = {"produce": produce, "simple": simple, "push": push}[args["verb"]]
+    try:
+        summary = verb(args)
+    except Exception as exc:
+        emit(args["out"], {"done": False, "error": f"{type(exc).__name__}: {exc}"})
+        sys.exit(1)
+    emit(args["out"], {"done": True, **summary})
+
+
+if __name__ == "__main__":
+    main()
