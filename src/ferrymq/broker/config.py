@@ -136,6 +136,15 @@ class BrokerConfig:
     metrics_basic_auth: str = field(default="", metadata={**_meta(
         "metricsBasicAuth", "user:password a scrape may present as HTTP basic auth instead (else 401); "
         "empty = none"), "secret": True})
+    enable_grpc_server: bool = field(default=False, metadata=_meta(
+        "enableGrpcServer", "Serve RocketMQ 5 clients over gRPC (apache.rocketmq.v2) from the broker process "
+        "(local mode, docs/grpc.md); needs namesrvAddr"))
+    grpc_server_port: int = field(default=8081, metadata=_meta(
+        "grpcServerPort", "Port of the gRPC endpoint on listenHost (enableGrpcServer); 0 = any free port"))
+    grpc_fifo_groups: str = field(default="", metadata=_meta(
+        "grpcFifoGroups", "Comma-separated consumer groups the gRPC endpoint delivers in FIFO order"))
+    grpc_max_delivery_attempts: int = field(default=17, metadata=_meta(
+        "grpcMaxDeliveryAttempts", "Deliveries of a message to a gRPC consumer before it moves to %DLQ%<group>"))
     ha_listen_port: int = field(default=-1, metadata=_meta(
         "haListenPort", "HA port (default listenPort+1)"))
     ha_master_address: str = field(default="", metadata=_meta(
@@ -323,6 +332,10 @@ class BrokerConfig:
         return max(REGISTER_PERIOD_MIN_MS, min(REGISTER_PERIOD_MAX_MS, self.register_name_server_period_ms))
 
     def validate(self) -> None:
+        if self.enable_grpc_server and not 0 <= self.grpc_server_port <= 65535:
+            raise ConfigError("grpcServerPort", f"port out of range: {self.grpc_server_port}")
+        if self.grpc_max_delivery_attempts < 1:
+            raise ConfigError("grpcMaxDeliveryAttempts", f"must be >= 1, got {self.grpc_max_delivery_attempts}")
         if self.max_open_segment_files < 0:
             raise ConfigError("maxOpenSegmentFiles", f"must be >= 0 (0: derived from the descriptor limit), "
                               f"got {self.max_open_segment_files}")

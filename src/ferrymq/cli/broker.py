@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -44,7 +45,6 @@ async def _run(config_path: str, namesrv: str | None) -> None:
     from ferrymq.broker.app import BrokerController
     from ferrymq.broker.config import load_config
     from ferrymq.store.errors import StoreConfigMismatchError, StoreDirError
-
     from ferrymq.store.queue_table import raise_open_files_limit
 
     overrides = {"namesrvAddr": namesrv} if namesrv else None
@@ -58,13 +58,36 @@ async def _run(config_path: str, namesrv: str | None) -> None:
         raise ConfigError("storePathRootDir", str(exc)) from None
     except StoreConfigMismatchError as exc:  # a store written with another layout setting
         raise ConfigError(exc.key, str(exc)) from None
+    grpc_server = None
     try:
+        if cfg.enable_grpc_server:  # local mode of the gRPC endpoint (docs/grpc.md)
+            grpc_server = await _start_grpc(ctl)
         click.echo(f"ferrymq broker {cfg.broker_name} (id {cfg.broker_id}, {cfg.broker_role.value}) serving on "
                    f"{ctl.bind_addr} (registered as {ctl.broker_addr})")
         sys.stdout.flush()
         await wait_for_signal()
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop()
         await ctl.stop()
+
+
+async def _start_grpc(ctl: Any) -> Any:
+    """The gRPC proxy in the broker process, finding brokers through this broker's name servers."""
+    from ferrymq.proxy.config import ProxyConfig
+    from ferrymq.proxy.server import ProxyServer
+
+    cfg = ctl.config
+    if not cfg.namesrv_addr:
+        raise ConfigError("enableGrpcServer", "the gRPC endpoint needs namesrvAddr")
+    server = ProxyServer(ProxyConfig(
+        ";".join(cfg.namesrv_addr), listen_host=cfg.listen_host, listen_port=cfg.grpc_server_port,
+        delay_levels_ms=tuple(ctl.delay_levels_ms), max_delivery_attempts=cfg.grpc_max_delivery_attempts,
+        fifo_groups=frozenset(g.strip() for g in cfg.grpc_fifo_groups.split(",") if g.strip()),
+        tls=cfg.tls_client))
+    await server.start()
+    click.echo(f"ferrymq gRPC endpoint serving on {cfg.listen_host}:{server.port}")
+    return server
 
 
 @click.group("broker", invoke_without_command=True)
