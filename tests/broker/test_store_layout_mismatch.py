@@ -41,6 +41,7 @@ def test_broker_on_a_store_with_other_segment_size_exits_2_with_one_line(tmp_pat
 @pytest.mark.parametrize(("sizes", "configured"), [
     ([MIB, MIB], 2 * MIB),      # smaller segments, two of them
     ([2 * MIB], MIB),           # one bigger segment
+    ([MIB, MIB // 2], 2 * MIB),  # smaller segments, the newest torn
 ])
 def test_check_segment_size_refuses_another_layout(tmp_path: Path, sizes: list[int], configured: int) -> None:
     for i, size in enumerate(sizes):
@@ -50,8 +51,9 @@ def test_check_segment_size_refuses_another_layout(tmp_path: Path, sizes: list[i
     assert info.value.key == "mappedFileSizeCommitLog" and str(sizes[0]) in str(info.value)
 
 
-@pytest.mark.parametrize("sizes", [[], [MIB], [MIB // 2]])  # nothing, the right size, a torn only segment
+@pytest.mark.parametrize("sizes", [[], [MIB], [MIB // 2], [1000, MIB]])  # nothing, right, torn only, damaged first
 def test_check_segment_size_accepts_its_own_layout(tmp_path: Path, sizes: list[int]) -> None:
+    """(A damaged segment among right-sized ones is for the loading to report as damage, not a config error.)"""
     for i, size in enumerate(sizes):
         _segment(tmp_path, i * MIB, size)
     check_segment_size(str(tmp_path), MIB)

@@ -212,7 +212,7 @@ def test_full_disk_on_roll_answers_disk_full_then_recovers(tmp_path: Path, monke
         assert len(os.listdir(tmp_path / "commitlog")) == 1
         monkeypatch.setattr(mf_mod.os, "posix_fallocate", real)
         monkeypatch.setattr("ferrymq.store.message_store.os.statvfs",
-                            lambda path: SimpleNamespace(f_blocks=1000, f_bavail=500))
+                            lambda path: SimpleNamespace(f_blocks=1000, f_bfree=500, f_bavail=500, f_frsize=4096))
         store.check_disk_space()
         result = store.put_message(inner(body=b"y" * 4000))
         assert result.status is PutMessageStatus.PUT_OK

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from ferrymq.store.errors import StoreError
+
 log = logging.getLogger(__name__)
 
 #: SYNC_FLUSH: the thread also wakes this often without requests (to flush stragglers)
@@ -68,6 +70,7 @@ class FlushService:
 
     def _run(self) -> None:
         last_cq_flush = 0.0
+        failing: str | None = None  # the cause of the failing flushes, logged once (a full disk: every round)
         while not self._stopping:
             self._wake.wait((SYNC_FLUSH_IDLE_WAIT_MS if self.sync_flush else self._interval_ms) / 1000)
             self._wake.clear()
@@ -77,9 +80,18 @@ class FlushService:
                 if now - last_cq_flush >= FLUSH_CONSUME_QUEUE_INTERVAL_MS / 1000:
                     last_cq_flush = now
                     self._store.flush_consume_queues()
+            except (OSError, StoreError) as exc:  # the disk refused (full, I/O error): one line, not a traceback
+                cause = f"{type(exc).__name__}: {exc}"
+                if cause != failing:
+                    failing = cause
+                    log.error("flush failed (retried every round until it succeeds): %s", cause)
+                continue
             except Exception:
                 log.exception("flush failed")
                 continue
+            if failing is not None:
+                failing = None
+                log.warning("flush succeeded again")
             if self.sync_flush:
                 self._resolve(self._store.flushed_phy_offset)
         self._resolve(None)

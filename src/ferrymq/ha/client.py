@@ -264,7 +264,9 @@ class HAClient:
             await asyncio.gather(ticker, return_exceptions=True)
             link.detach()
             self.last_close_reason = proto.close_reason
-            log.info("HA session with master %s ended: %s", addr, proto.close_reason)
+            refused = (proto.close_reason or "").startswith("the master refused")
+            log.log(logging.ERROR if refused else logging.INFO, "HA session with master %s ended: %s", addr,
+                    proto.close_reason)
             proto.close("session ended")
             self._close_writer()
             self._proto = None

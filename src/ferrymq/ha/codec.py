@@ -234,6 +234,10 @@ class TransferDecoder:
         self._start = 0
         self._end = n
 
+    def unparsed(self, n: int) -> bytes:
+        """Up to ``n`` received bytes not parsed yet (what a bad header was made of, for the error message)."""
+        return bytes(self._view[self._start : min(self._end, self._start + n)])
+
     def take_frames(self, nbytes: int) -> list[tuple[int, memoryview]]:
         """``nbytes`` were written at the start of the last ``get_buffer()`` region: return every
         transfer now complete, bodies as views into the buffer (valid until the next ``get_buffer``).

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ferrymq.errors import ProtocolError
+from ferrymq.ha.auth import CHALLENGE_MAGIC
 from ferrymq.ha.codec import DEFAULT_READ_CHUNK, MAX_TRANSFER_BODY_SIZE, TransferDecoder, encode_report
 from ferrymq.ha.config import DEFAULT_REPORT_EVERY_BYTES, DEFAULT_REPORT_MAX_DELAY_MS, HAConfig
 from ferrymq.ha.conn_base import CloseConnection, SendBytes, TableConnection
@@ -213,6 +214,10 @@ class SlaveConnection(TableConnection[SlaveState, SlaveInput, Output]):
         try:
             frames = decoder.take_frames(nbytes)
         except ProtocolError as exc:
+            if decoder.unparsed(len(CHALLENGE_MAGIC)) == CHALLENGE_MAGIC:
+                # the stream opens with an HA authentication challenge, not a transfer header
+                return self._do_close(now_ms, "the master refused the handshake: it requires HA authentication "
+                                              "(haSecret is set on the master, not on this slave)")
             return self._do_close(now_ms, f"bad transfer: {exc}")
         if not frames:
             return []

@@ -13,6 +13,9 @@
 
 Offsets 24..39 are a ferrymq extension (RocketMQ ignores them); 0 there means "unknown", which
 makes recovery re-dispatch from the commit log start — slow but safe.
+
+``queueoffsets`` (``write_queue_offsets``) records how far each consume queue reached, so recovery can tell a
+queue file deleted or cut by hand from an idle queue.
 """
 
 from __future__ import annotations
@@ -96,3 +99,62 @@ def fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# --- queue offsets snapshot ------------------------------------------------------------------------------
+
+QUEUE_OFFSETS_FILE = "queueoffsets"
+_QUEUE_OFFSETS_HEADER = "ferrymq-queue-offsets-v1"
+
+
+def write_queue_offsets(path: str, next_offsets: dict[tuple[str, int], int]) -> None:
+    """Write the queue offsets snapshot atomically (a temporary file, fsync, rename, directory fsync).
+
+    ``queueoffsets`` is UTF-8 text, one line per consume queue after a header line:
+
+    | line     | fields (tab-separated)                 | meaning                                                  |
+    |----------|----------------------------------------|----------------------------------------------------------|
+    | 1        | ``ferrymq-queue-offsets-v1``           | format marker                                            |
+    | 2..n     | topic, queue id, next queue offset     | the queue held units up to (not including) that offset   |
+
+    Recovery reads it as a lower bound: a consume queue found shorter (or missing) is rebuilt from the commit log
+    (recovery.rebuild_short_queues). Topic names never hold a tab or a newline (topic_dir_name_ok and the
+    broker's topic name rule)."""
+    lines = [_QUEUE_OFFSETS_HEADER]
+    lines.extend(f"{topic}\t{queue_id}\t{next_offset}" for (topic, queue_id), next_offset in next_offsets.items()
+                 if "\t" not in topic and "\n" not in topic)
+    data = ("\n".join(lines) + "\n").encode()
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def read_queue_offsets(path: str) -> dict[tuple[str, int], int]:
+    """The snapshot ``write_queue_offsets`` wrote; {} when there is none or it is unreadable (no rebuild is
+    then triggered by it: the snapshot only ever adds repairs)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    lines = text.split("\n")
+    if not lines or lines[0] != _QUEUE_OFFSETS_HEADER:
+        return {}
+    out: dict[tuple[str, int], int] = {}
+    for line in lines[1:]:
+        parts = line.split("\t")
+        if len(parts) != 3:
+            continue
+        try:
+            out[(parts[0], int(parts[1]))] = int(parts[2])
+        except ValueError:
+            continue
+    return out

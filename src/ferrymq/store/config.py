@@ -127,6 +127,10 @@ class StoreConfig:
         return os.path.join(self.store_path_root_dir, "checkpoint")
 
     @property
+    def queue_offsets_path(self) -> str:
+        return os.path.join(self.store_path_root_dir, "queueoffsets")
+
+    @property
     def abort_path(self) -> str:
         return os.path.join(self.store_path_root_dir, "abort")
 

@@ -26,7 +26,9 @@ from ferrymq.store.checkpoint import (
     abort_file_exists,
     create_abort_file,
     fsync_dir,
+    read_queue_offsets,
     remove_abort_file,
+    write_queue_offsets,
 )
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
@@ -43,7 +45,7 @@ from ferrymq.store.filter import MessageFilter
 from ferrymq.store.index import IndexService
 from ferrymq.store.queue_table import ConsumeQueueTable
 from ferrymq.store.reader import StoreReader
-from ferrymq.store.recovery import recover
+from ferrymq.store.recovery import rebuild_short_queues, recover
 from ferrymq.store.results import (
     GetMessageResult,
     PutMessageResult,
@@ -54,6 +56,9 @@ from ferrymq.store.results import (
 log = logging.getLogger(__name__)
 
 _HOUR_MS = 3_600_000
+#: the queue offsets snapshot (recovery's way to tell a consume queue deleted on disk) is rewritten this often
+#: by the consume queue flush, besides at start, clean stop, topic deletion and truncation
+QUEUE_OFFSETS_SNAPSHOT_INTERVAL_S = 60.0
 #: a put refused because a consume queue file cannot be had is logged at most once per this interval
 PUT_REFUSED_LOG_INTERVAL_S = 5.0
 _NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
@@ -70,8 +75,8 @@ def wall_clock_ms() -> int:
 
 def check_segment_size(commit_log_dir: str, configured_bytes: int) -> None:
     """StoreConfigMismatchError if the commit log on disk was written with another segment size: its first
-    segment is of another size (unless it is the only one and shorter: a torn newest segment, which loading
-    extends with zeros). One directory listing and one ``stat``."""
+    segment is of another size, and so is the second (unless the first is the only one and shorter: a torn newest
+    segment, which loading extends with zeros; a lone odd first segment is damage). One listing, two ``stat``."""
     try:
         names = sorted(n for n in os.listdir(commit_log_dir) if len(n) == 20 and n.isdigit())
     except OSError:
@@ -85,6 +90,15 @@ def check_segment_size(commit_log_dir: str, configured_bytes: int) -> None:
         return
     if found == configured_bytes or (found < configured_bytes and len(names) == 1):
         return
+    if len(names) > 1:
+        # the second segment must agree (it may be a torn, shorter newest one); a lone odd first segment is
+        # damage, which loading reports
+        try:
+            second = os.path.getsize(os.path.join(commit_log_dir, names[1]))
+        except OSError:
+            return
+        if not (second == found or (len(names) == 2 and second < found)):
+            return
     raise StoreConfigMismatchError(
         "mappedFileSizeCommitLog",
         f"the commit log in {commit_log_dir} was written with {found}-byte segments ({names[0]}), this broker "
@@ -133,6 +147,8 @@ class MessageStore:
         self.disk_used_pct = -1.0
         #: the forced cleanup found nothing it may delete (logged once per episode)
         self._forced_cleanup_blocked = False
+        #: time.monotonic() of the last queue offsets snapshot (checkpoint.write_queue_offsets)
+        self._queue_offsets_written_s = -QUEUE_OFFSETS_SNAPSHOT_INTERVAL_S
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -173,10 +189,14 @@ class MessageStore:
         if self.index is not None:
             self.index.load()
         reput_from = recover(c, self.commit_log, self.queues, self.checkpoint, abnormal)
+        # a consume queue deleted or cut on disk is rebuilt whatever the checkpoint says
+        rebuild_short_queues(self.commit_log, self.queues, read_queue_offsets(c.queue_offsets_path), reput_from,
+                             self.dispatcher.tags_code)
         self.commit_log.replica_verified_phy = self.commit_log.max_offset  # recovered: checked by the walk
         self.dispatcher.reput_phy_offset = reput_from
         create_abort_file(c.abort_path)
         self.dispatcher.reput()  # catch up before serving
+        self._write_queue_offsets(self._queue_offsets())
         log.info(
             "store loaded (%s start): commit log [%d, %d), %d consume queues",
             "abnormal" if abnormal else "normal", self.min_phy_offset, self.max_phy_offset,
@@ -191,6 +211,7 @@ class MessageStore:
         self.commit_log.flush()
         self.dispatcher.reput()
         self.flush_consume_queues()
+        self._write_queue_offsets(self._queue_offsets())
         remove_abort_file(self.config.abort_path)
         self._close_files()
 
@@ -321,7 +342,13 @@ class MessageStore:
     def _flush_consume_queues(self) -> None:
         reput = self.dispatcher.reput_phy_offset
         dispatch_ts = self.dispatcher.last_dispatch_timestamp
+        now_s = time.monotonic()
+        offsets = None
+        if now_s - self._queue_offsets_written_s >= QUEUE_OFFSETS_SNAPSHOT_INTERVAL_S:
+            offsets = self._queue_offsets()  # taken before the flush: every unit it counts is flushed below
         self.queues.flush()
+        if offsets is not None:
+            self._write_queue_offsets(offsets)
         if self.index is not None:
             self.index.flush()
         cp = self.checkpoint
@@ -406,6 +433,18 @@ class MessageStore:
     def delete_topic(self, topic: str) -> None:
         for key in self.queues.delete_topic(topic):
             self.commit_log.topic_queue_table.pop(key, None)
+        self._write_queue_offsets(self._queue_offsets())  # recovery must not rebuild what was deleted
+
+    def _queue_offsets(self) -> dict[tuple[str, int], int]:
+        """How far each consume queue reaches (the ``queueoffsets`` snapshot, checkpoint.py); O(queues)."""
+        return {key: n for key, cq in list(self.queues.queues.items()) if (n := cq.max_offset_in_queue) > 0}
+
+    def _write_queue_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
+        self._queue_offsets_written_s = time.monotonic()
+        try:
+            write_queue_offsets(self.config.queue_offsets_path, offsets)
+        except OSError as exc:
+            log.warning("cannot write the queue offsets snapshot %s: %s", self.config.queue_offsets_path, exc)
 
     # --- HA ----------------------------------------------------------------------------------
 
@@ -508,6 +547,7 @@ class MessageStore:
             cp.dispatched_phy_offset = min(cp.dispatched_phy_offset, phy_offset)
             cp.data_start_phy_offset = cl.data_start_phy_offset
             cp.flush()
+        self._write_queue_offsets(self._queue_offsets())
         log.warning("store truncated to phy offset %d (was [%d, %d))", phy_offset, min_phy, max_phy)
 
     def _check_boundary(self, phy_offset: int) -> None:

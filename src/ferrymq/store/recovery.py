@@ -14,13 +14,24 @@ CRC on the last record (a torn write). A record whose only fault is its BODYCRC 
 follows is bit rot, not a torn tail: it is kept (the read path never serves it) with the records after it.
 Everything from there on is zeroed (rest of that segment) or deleted (later segments). Consume
 queue units pointing past the cut are dropped; units the queues lack are re-dispatched by reput.
+
+Whatever the checkpoint says, a consume queue shorter than the ``queueoffsets`` snapshot records (a file
+deleted or cut by hand, or lost) is rebuilt from the commit log (``rebuild_short_queues``): the walk starts
+at the end of what the shortest such queue still holds and writes units for those queues only, up to where
+reput then takes over. Without such a queue nothing is walked (detection is one dictionary look-up per queue).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from ferrymq.common.message_codec import RecordCheck, check_record
+from ferrymq.common.message import (
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+)
+from ferrymq.common.message_codec import RecordCheck, check_record, check_record_meta
 from ferrymq.store.checkpoint import StoreCheckpoint
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
@@ -30,6 +41,8 @@ from ferrymq.store.queue_table import ConsumeQueueTable
 from ferrymq.store.speedups import crc32 as _crc32
 
 log = logging.getLogger(__name__)
+
+_NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
 
 
 def walk_valid_end(mfq: MappedFileQueue, start_index: int, start_pos: int, check_crc: bool) -> int:
@@ -195,3 +208,68 @@ def recover(
     else:
         reput_from = min_phy
     return max(min_phy, min(reput_from, valid_end))
+
+
+def short_queues(queues: ConsumeQueueTable, expected: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    """Queues holding fewer units than ``expected`` (the ``queueoffsets`` snapshot) says they reached: key -> the
+    queue offset they hold up to now (0 for a missing queue)."""
+    out: dict[tuple[str, int], int] = {}
+    for key, next_offset in expected.items():
+        cq = queues.find(*key)
+        have = cq.max_offset_in_queue if cq is not None else 0
+        if have < next_offset:
+            out[key] = have
+    return out
+
+
+def rebuild_short_queues(
+    commit_log: CommitLog,
+    queues: ConsumeQueueTable,
+    expected: dict[tuple[str, int], int],
+    until_phy: int,
+    tags_code: Callable[[str, str, int], int],
+) -> int:
+    """Rewrite the units consume queues lack (``short_queues``) from the commit log records below ``until_phy``
+    (reput dispatches the rest); returns the units written. Only those queues are written; the walk starts at
+    the lowest phy offset any of them still covers (the log start for a missing queue)."""
+    short = short_queues(queues, expected)
+    if not short:
+        return 0
+    min_phy = commit_log.min_offset
+    start = until_phy
+    for key, have in short.items():
+        cq = queues.find(*key)
+        start = min(start, cq.max_phy_end if cq is not None and have > 0 else min_phy)
+    start = max(start, min_phy)
+    log.warning("consume queues shorter than they were (deleted or cut on disk): %s; rebuilding them from the "
+                "commit log [%d, %d)", ", ".join(f"{t}/{q} ({have} of {expected[(t, q)]} units)"
+                                                    for (t, q), have in sorted(short.items())[:10])
+                + (f" and {len(short) - 10} more" if len(short) > 10 else ""), start, until_phy)
+    written = 0
+    mfq = commit_log.mfq
+    phy = start
+    while phy < until_phy:
+        mf = mfq.find(phy)
+        if mf is None:
+            break
+        status, size, meta = check_record_meta(mf.mm, phy - mf.file_from_offset, mf.wrote_position)
+        if meta is None:
+            if status is RecordCheck.BLANK:
+                phy = mf.end_offset
+                continue
+            break  # the end of the valid log (recovery cut there) or a record reput reports
+        key = (meta.topic, meta.queue_id)
+        if key in short and (meta.sys_flag & SYSFLAG_TRANSACTION_MASK) not in _NO_CQ:
+            cq = queues.get_or_create(*key)
+            if meta.queue_offset >= cq.max_offset_in_queue and cq.put_unit(
+                    phy, size, tags_code(meta.topic, meta.properties, meta.store_timestamp), meta.queue_offset):
+                queues.mark_dirty(cq)
+                written += 1
+        phy += size
+    table = commit_log.topic_queue_table
+    for key in short:
+        cq = queues.find(*key)
+        if cq is not None and table.get(key, 0) < cq.max_offset_in_queue:
+            table[key] = cq.max_offset_in_queue
+    log.warning("consume queue rebuild: %d units written", written)
+    return written
