@@ -156,6 +156,24 @@ async def test_topic_creates_register_once_per_burst_and_route_promptly(broker, 
     assert registrar.registrations - before <= 5  # not one registration per create
 
 
+async def test_a_lone_topic_change_registers_at_once(broker, namesrv) -> None:
+    """Coalescing delays only the changes of a burst: a change after a quiet period is routed at once, as a
+    send that auto-creates a topic is followed by consumers asking for its route (coalescing window made far
+    longer than the wait, so a delayed registration cannot pass)."""
+    registrar = broker.registrar
+    registrar.coalesce_ms = 600_000
+    await wait_for(lambda: registrar._pending is None or registrar._pending.done(), timeout_s=5)
+    conn = await connect(broker.broker_addr, timeout_ms=3000)
+    try:
+        resp = await conn.invoke(RemotingCommand.request(
+            RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "Lone", "readQueueNums": 1, "writeQueueNums": 1,
+                                                  "perm": 6}), 3000)
+        assert resp.code == 0
+    finally:
+        conn.close()
+    await wait_for(lambda: namesrv.routes.get_topic_route("Lone") is not None, timeout_s=5)
+
+
 @pytest.mark.parametrize("broker_settings", [{"compressed_register": True}])
 async def test_compressed_registration_is_accepted_by_our_name_server(broker, namesrv, broker_settings) -> None:
     broker.topics.update(TopicConfig("Zipped", 3, 3))

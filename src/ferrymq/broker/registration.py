@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_MS = 6000
 UNREGISTER_TIMEOUT_MS = 3000
-#: a topic change registers this long after the first change of a burst (later changes ride along)
+#: topic changes register at most once per this period: a lone change registers at once (its route shows within
+#: milliseconds, as RocketMQ's registration on topic creation), a burst's later changes ride along together
 REGISTER_COALESCE_MS = 100
 
 
@@ -79,6 +80,8 @@ class NameServerRegistrar:
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Task[Any] | None = None
         self._again = False
+        #: loop time when the last triggered registration ended (-inf: none yet)
+        self._last_triggered_end = float("-inf")
         self.registrations = 0
 
     def _header(self, compressed: bool = False, crc32: int = 0) -> dict[str, Any]:
@@ -146,8 +149,9 @@ class NameServerRegistrar:
         return await self._pool.invoke(addr, cmd, REGISTER_TIMEOUT_MS)
 
     def trigger(self) -> None:
-        """Register soon, coalesced: once ``coalesce_ms`` after the first change of a burst, and once more
-        after the changes that came while a registration was on its way; used after topic changes."""
+        """Register soon, coalesced; used after topic changes. The first change after a quiet ``coalesce_ms``
+        registers at once; changes within ``coalesce_ms`` of the last registration, or while one is on its
+        way, are carried by one more registration ``coalesce_ms`` after the last."""
         if not self.namesrv_addrs:
             return
         if self._pending is not None and not self._pending.done():
@@ -159,14 +163,17 @@ class NameServerRegistrar:
             self._pending = None
 
     async def _triggered(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            if self.coalesce_ms > 0:
-                await asyncio.sleep(self.coalesce_ms / 1000)
+            wait_s = self._last_triggered_end + self.coalesce_ms / 1000 - loop.time()
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
             self._again = False
             try:
                 await self.register_all()
             except Exception:
                 log.exception("registration failed")
+            self._last_triggered_end = loop.time()
             if not self._again:
                 return
 
