@@ -1,10 +1,14 @@
-"""Controller-mode failover nemesis: ``python benchmarks/failover_nemesis.py [--rounds N] [--seed S]``.
+"""Controller-mode failover nemesis: ``python benchmarks/failover_nemesis.py [--rounds N] [--seed S]
+[--controllers 3 --partitions] [--broker-prop KEY=VALUE ...]``.
 
-Starts one name server, one controller and a broker group of three replicas in controller mode (SYNC,
-allAckInSyncStateSet; real ``ferry`` processes under a tmp dir), runs ferrymq's Producer sending unique
+Starts one name server, one controller (three with ``--controllers 3``) and a broker group of three replicas
+in controller mode with its defaults (SYNC, allAckInSyncStateSet; real ``ferry`` processes under a tmp dir;
+``--broker-prop brokerRole=ASYNC_MASTER`` shows what ASYNC loses), runs ferrymq's Producer sending unique
 bodies, and injects ``--rounds`` faults chosen at random (seeded): SIGKILL of the master, SIGSTOP of the
-master through an election then SIGCONT, SIGKILL of a slave, SIGKILL of the controller; every killed process
-is restarted and each round waits until the group is whole again. At the end it checks every SEND_OK
+master through an election then SIGCONT, SIGKILL of a slave, SIGKILL of the controller (the Raft leader), and
+with ``--partitions`` (root and iptables; tests/acceptance/partition_support.py) a partition of the master
+together with the Raft leader from the rest; every killed process is restarted, every partition healed, and
+each round waits until the group is whole again. At the end it checks every SEND_OK
 (tests/acceptance/controller_support.py: in the log at its offset, one acknowledging broker per epoch, the
 replicas' logs byte-identical) and prints one line per round and a summary table: rounds, failovers, SEND_OK,
 lost, duplicates, write unavailability per failover (median, max). Exit code 1 on any violation.
@@ -23,11 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "acceptance"), str(ROOT / "tests")]
 
-from controller_support import ACTIONS, FAILOVER_ACTIONS, NemesisGroup, ProducerLoop  # noqa: E402
+from controller_support import ACTIONS, FAILOVER_ACTIONS, PARTITION_ACTIONS, NemesisGroup, ProducerLoop  # noqa: E402
+from partition_support import unavailable_reason  # noqa: E402
 from procs import ProcessGroup  # noqa: E402
 
 #: how often each action is drawn: failovers dominate
-WEIGHTS = {"kill-master": 5, "pause-master": 3, "kill-slave": 1, "kill-controller": 1}
+WEIGHTS = {"kill-master": 5, "pause-master": 3, "kill-slave": 1, "kill-controller": 1,
+           "partition-master-leader": 4}
 
 
 def main() -> int:
@@ -36,19 +42,31 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--controllers", type=int, default=1, choices=(1, 3),
                     help="controllers in the Raft group; with 3, kill-controller kills the leader")
+    ap.add_argument("--partitions", action="store_true",
+                    help="also cut the master and the Raft leader off from the rest (iptables; needs --controllers 3)")
+    ap.add_argument("--broker-prop", action="append", default=[], metavar="KEY=VALUE",
+                    help="a broker.conf key for every replica (repeatable), e.g. brokerRole=ASYNC_MASTER")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir (logs) after the run")
     args = ap.parse_args()
+    actions = list(ACTIONS)
+    if args.partitions:
+        reason = unavailable_reason()
+        if reason is not None or args.controllers != 3:
+            ap.error(f"--partitions: {reason or 'needs --controllers 3'}")
+        actions += PARTITION_ACTIONS
+    broker_props = dict(kv.split("=", 1) for kv in args.broker_prop)
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="failover-nemesis-"))
     group = ProcessGroup(tmp)
     t_start = time.monotonic()
     ok = True
+    nemesis: NemesisGroup | None = None
     try:
-        nemesis = NemesisGroup.start(group, controllers=args.controllers)
+        nemesis = NemesisGroup.start(group, controllers=args.controllers, partitions=args.partitions, **broker_props)
         producer = ProducerLoop(nemesis.ns.addr, f"n{args.seed}").start()
         try:
             for i in range(args.rounds):
-                action = rng.choices(ACTIONS, weights=[WEIGHTS[a] for a in ACTIONS])[0]
+                action = rng.choices(actions, weights=[WEIGHTS[a] for a in actions])[0]
                 r = nemesis.round(action, producer, rng)
                 print(f"round {i + 1:3d} {r.action:15s} victim={r.victim:10s} master {r.master_before}->"
                       f"{r.master_after} write-unavailable={r.unavailable_s:6.2f}s acks={len(producer.acks)}",
@@ -63,7 +81,8 @@ def main() -> int:
             summary = {"send_ok": len(producer.acks), "lost": "?", "duplicates": "?"}
         failovers = [r.unavailable_s for r in nemesis.rounds if r.action in FAILOVER_ACTIONS]
         print()
-        print(f"controllers: {args.controllers}, seed {args.seed}")
+        print(f"controllers: {args.controllers}, seed {args.seed}, partitions {args.partitions}, "
+              f"broker props {broker_props or 'defaults'}")
         print("| rounds | failovers | SEND_OK | lost | duplicates | unavailability median (s) | max (s) | run (s) |")
         print("|-------:|----------:|--------:|-----:|-----------:|--------------------------:|--------:|--------:|")
         med = statistics.median(failovers) if failovers else float("nan")
@@ -71,6 +90,8 @@ def main() -> int:
         print(f"| {len(nemesis.rounds)} | {len(failovers)} | {summary['send_ok']} | {summary['lost']} | "
               f"{summary['duplicates']} | {med:.2f} | {worst:.2f} | {time.monotonic() - t_start:.0f} |")
     finally:
+        if nemesis is not None:
+            nemesis.close()  # the iptables rules
         group.stop_all()
         if not args.keep:
             import shutil

@@ -23,11 +23,13 @@ import signal
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ha_support import commit_log_bytes
+from partition_support import LoopbackPartitions, Node
 from procs import (
     LOOPBACK,
     Broker,
@@ -63,7 +65,9 @@ START_TIMEOUT_S = 60.0
 PAUSE_S = 6.0
 ERRORS_KEPT = 200
 ACTIONS = ("kill-master", "pause-master", "kill-slave", "kill-controller")
-FAILOVER_ACTIONS = ("kill-master", "pause-master")
+#: needs NemesisGroup.start(partitions=True, controllers=3): the master and the Raft leader cut off together
+PARTITION_ACTIONS = ("partition-master-leader",)
+FAILOVER_ACTIONS = ("kill-master", "pause-master", *PARTITION_ACTIONS)
 
 #: no brokerRole and no allAckInSyncStateSet: the nemesis runs controller mode's defaults (SYNC, every
 #: SyncStateSet member acknowledges)
@@ -90,6 +94,11 @@ class Controller:
     proc: ManagedProcess | None = None
     starts: int = 0
     name: str = "controller"
+    raft_port: int = 0
+    #: partitions: the group id its process runs under (0: not partitionable)
+    gid: int = 0
+    #: argv prefix of its process (partitions: run under its own group id)
+    argv_prefix: list[str] = field(default_factory=list)
 
     @property
     def addr(self) -> str:
@@ -98,14 +107,16 @@ class Controller:
     def start(self) -> Controller:
         self.starts += 1
         name = self.name if self.starts == 1 else f"{self.name}-run{self.starts}"
-        self.proc = self.group.spawn(name, ferry_argv("controller", "-c", str(self.conf_path)))
+        self.proc = self.group.spawn(name, [*self.argv_prefix, *ferry_argv("controller", "-c", str(self.conf_path))])
         wait_for(lambda: port_answers(self.port), timeout_s=START_TIMEOUT_S, what="the controller's port",
                  alive=[self.proc])
         return self
 
 
-def start_controllers(group: ProcessGroup, count: int = 1, **props: Any) -> list[Controller]:
-    """``count`` controllers forming one Raft group (1: a single node)."""
+def start_controllers(group: ProcessGroup, count: int = 1, partitions: LoopbackPartitions | None = None,
+                      **props: Any) -> list[Controller]:
+    """``count`` controllers forming one Raft group (1: a single node); with ``partitions`` each runs under
+    its own group id."""
     raft_ports = [free_port() for _ in range(count)]
     peers = ";".join(f"n{i}-{LOOPBACK}:{p}" for i, p in enumerate(raft_ports))
     out = []
@@ -116,7 +127,10 @@ def start_controllers(group: ProcessGroup, count: int = 1, **props: Any) -> list
         conf = write_properties(group.base_dir / f"controller{i}.conf", {
             "controllerPeers": peers, "controllerSelfId": f"n{i}", "controllerStorePath": str(store),
             "controllerListenPort": port, "listenHost": LOOPBACK, **props})
-        out.append(Controller(group, conf, port, name=f"controller{i}" if count > 1 else "controller").start())
+        gid = partitions.new_gid() if partitions is not None else 0
+        prefix = partitions.wrap_argv(gid, []) if partitions is not None else []
+        out.append(Controller(group, conf, port, name=f"controller{i}" if count > 1 else "controller",
+                              raft_port=raft_ports[i], gid=gid, argv_prefix=prefix).start())
     return out
 
 
@@ -125,7 +139,7 @@ def start_controller(group: ProcessGroup, **props: Any) -> Controller:
 
 
 def start_replica(group: ProcessGroup, ns: Namesrv, controllers: list[Controller], replica_id: int,
-                  **props: Any) -> Broker:
+                  argv_prefix: Sequence[str] = (), **props: Any) -> Broker:
     """A controller-mode broker; ready once its port answers (its name-server slot depends on its role)."""
     name = f"replica{replica_id}"
     store_dir = group.base_dir / f"{name}-store"
@@ -138,14 +152,14 @@ def start_replica(group: ProcessGroup, ns: Namesrv, controllers: list[Controller
         del all_props["brokerRole"]  # broker_props writes one; a written ASYNC_MASTER would opt out of SYNC
     conf = write_properties(group.base_dir / f"{name}.conf", all_props)
     broker = Broker(group=group, name=name, conf_path=conf, props=all_props, namesrv_addrs=[ns.addr])
-    start_replica_process(broker)
+    start_replica_process(broker, argv_prefix)
     return broker
 
 
-def start_replica_process(broker: Broker) -> None:
+def start_replica_process(broker: Broker, argv_prefix: Sequence[str] = ()) -> None:
     broker.starts += 1
     proc_name = broker.name if broker.starts == 1 else f"{broker.name}-run{broker.starts}"
-    broker.proc = broker.group.spawn(proc_name, ferry_argv("broker", "-c", str(broker.conf_path)))
+    broker.proc = broker.group.spawn(proc_name, [*argv_prefix, *ferry_argv("broker", "-c", str(broker.conf_path))])
     wait_for(lambda: port_answers(broker.port), timeout_s=START_TIMEOUT_S,
              what=f"{broker.name} to accept connections", alive=[broker.proc])
 
@@ -279,15 +293,52 @@ class NemesisGroup:
     controllers: list[Controller]
     replicas: dict[int, Broker]
     rounds: list[RoundResult] = field(default_factory=list)
+    #: iptables partitions on loopback (partition_support.py), None when not asked for
+    partitions: LoopbackPartitions | None = None
+    replica_gids: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, group: ProcessGroup, *, controllers: int = 1, **broker_props: Any) -> NemesisGroup:
-        ns = start_namesrv(group)
-        ctls = start_controllers(group, controllers)
-        replicas = {rid: start_replica(group, ns, ctls, rid, **broker_props) for rid in REPLICA_IDS}
-        ng = cls(group, ns, ctls, replicas)
-        ng.wait_whole()
+    def start(cls, group: ProcessGroup, *, controllers: int = 1, partitions: bool = False,
+              **broker_props: Any) -> NemesisGroup:
+        """With ``partitions`` (check ``partition_support.unavailable_reason()`` first) every controller and
+        replica runs under its own group id and ``partition-master-leader`` rounds are possible; call
+        ``close()`` when done (it removes the iptables rules)."""
+        parts: LoopbackPartitions | None = None
+        gids: dict[int, int] = {}
+        if partitions:
+            parts = LoopbackPartitions()
+            parts.install()
+        try:
+            ns = start_namesrv(group)
+            ctls = start_controllers(group, controllers, parts)
+            if parts is not None:
+                gids = {rid: parts.new_gid() for rid in REPLICA_IDS}
+            replicas = {rid: start_replica(group, ns, ctls, rid, cls._prefix(parts, gids.get(rid, 0)),
+                                           **broker_props) for rid in REPLICA_IDS}
+            ng = cls(group, ns, ctls, replicas, partitions=parts, replica_gids=gids)
+            ng.wait_whole()
+        except BaseException:
+            if parts is not None:
+                parts.remove()
+            raise
         return ng
+
+    @staticmethod
+    def _prefix(parts: LoopbackPartitions | None, gid: int) -> list[str]:
+        return parts.wrap_argv(gid, []) if parts is not None else []
+
+    def close(self) -> None:
+        """Remove the iptables rules (processes are stopped by their ProcessGroup)."""
+        if self.partitions is not None:
+            self.partitions.remove()
+
+    def _replica_node(self, rid: int) -> Node:
+        b = self.replicas[rid]
+        return Node(self.replica_gids[rid], [b.port, int(b.props["haListenPort"])])
+
+    def _controller_node(self, index: int) -> Node:
+        c = self.controllers[index]
+        return Node(c.gid, [c.port, c.raft_port])
 
     @property
     def alive(self) -> list[ManagedProcess]:
@@ -321,7 +372,7 @@ class NemesisGroup:
     def _restart(self, rid: int) -> None:
         broker = self.replicas[rid]
         wait_for(lambda: port_free(broker.port), timeout_s=START_TIMEOUT_S, what=f"port of {broker.name}")
-        start_replica_process(broker)
+        start_replica_process(broker, self._prefix(self.partitions, self.replica_gids.get(rid, 0)))
 
     def round(self, action: str, producer: ProducerLoop | None, rng: random.Random) -> RoundResult:
         before = self.wait_whole()
@@ -351,6 +402,8 @@ class NemesisGroup:
                     time.sleep(pause_left)  # the fault itself: the paused master sleeps through the election
             finally:
                 proc.signal(signal.SIGCONT)
+        elif action == "partition-master-leader":
+            victim = self._partition_master_with_leader(master, t0)
         elif action == "kill-slave":
             rid = rng.choice(slaves)
             victim = self.replicas[rid].name
@@ -383,6 +436,27 @@ class NemesisGroup:
         result = RoundResult(action, victim, master, int(after["masterId"]), unavailable, fault_at_ms)
         self.rounds.append(result)
         return result
+
+    def _partition_master_with_leader(self, master: int, t0: float) -> str:
+        """Cut the master and the Raft leader off from the other replicas and controllers (the producer and
+        the name server still reach both sides) until the rest elected a new master and ``PAUSE_S`` passed;
+        then heal. Returns the victims' names."""
+        parts = self.partitions
+        assert parts is not None and len(self.controllers) >= 3, "needs partitions=True and 3 controllers"
+        leader = wait_for(lambda: leader_index(self.controllers) + 1, timeout_s=HEAL_TIMEOUT_S,
+                          what="a Raft leader", alive=self.alive) - 1
+        side_a = [self._replica_node(master), self._controller_node(leader)]
+        side_b = [*(self._replica_node(rid) for rid in REPLICA_IDS if rid != master),
+                  *(self._controller_node(i) for i in range(len(self.controllers)) if i != leader)]
+        parts.cut(side_a, side_b)
+        try:
+            self._wait_new_master(master)
+            hold_left = PAUSE_S - (time.monotonic() - t0)
+            if hold_left > 0:
+                time.sleep(hold_left)  # the fault itself: the old master keeps taking sends, cut off
+        finally:
+            parts.heal()
+        return f"{self.replicas[master].name}+{self.controllers[leader].name}"
 
     def _wait_new_master(self, old: int) -> None:
         def elected() -> bool:
