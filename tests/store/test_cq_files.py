@@ -205,3 +205,10 @@ def test_release_keeps_a_file_in_use(tmp_path: Path) -> None:
     mf.mapped()[0:3] = b"abc"
     assert mf.is_mapped and mf.mm[0:3] == b"abc"
     mf.close()
+
+
+def test_a_commit_log_segment_that_finds_no_descriptor_refuses_with_its_cause(
+        open_store: Opener, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store()
+    _no_descriptor_when(monkeypatch, lambda path: "/commitlog/" in path)
+    assert store.put_message(inner(topic="T")).status is PutMessageStatus.OPEN_FILES_EXHAUSTED

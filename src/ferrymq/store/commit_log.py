@@ -38,7 +38,7 @@ from ferrymq.common.message_codec import (
 )
 from ferrymq.store import speedups
 from ferrymq.store.config import BrokerRole, FlushDiskType, StoreConfig
-from ferrymq.store.errors import StoreDiskFullError, StoreError
+from ferrymq.store.errors import StoreDiskFullError, StoreError, StoreOpenFilesError
 from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.mapped_file_queue import MappedFileQueue
 from ferrymq.store.results import (
@@ -118,6 +118,8 @@ class CommitLog:
         self.accepting_puts = True
         #: the last segment creation found the disk full (MessageStore.check_disk_space clears it)
         self.out_of_space = False
+        #: what a put is answered when the last segment creation failed for another reason than a full disk
+        self._segment_failed_status = PutMessageStatus.CREATE_MAPEDFILE_FAILED
         #: replicated bytes (slave) below this physical offset are whole records that passed their check
         self.replica_verified_phy = 0
         # first valid byte when the first segment was started mid-file by append_at (slave)
@@ -198,11 +200,13 @@ class CommitLog:
             return None
         except (StoreError, OSError) as exc:
             log.error("cannot create commit log segment: %s", exc)
+            self._segment_failed_status = (PutMessageStatus.OPEN_FILES_EXHAUSTED if isinstance(exc, StoreOpenFilesError)
+                                           else PutMessageStatus.CREATE_MAPEDFILE_FAILED)
             return None
         return mf
 
     def _no_segment_status(self) -> PutMessageStatus:
-        return PutMessageStatus.DISK_FULL if self.out_of_space else PutMessageStatus.CREATE_MAPEDFILE_FAILED
+        return PutMessageStatus.DISK_FULL if self.out_of_space else self._segment_failed_status
 
     def put_message(self, inner: MessageExtBrokerInner) -> PutMessageResult:
         status, topic_bytes, props = self._check(inner)
