@@ -99,7 +99,9 @@ QUEUES_PER_TOPIC = 8
 BODY_BYTES = 1024
 #: connections and requests in flight per connection of the bulk (build) paths
 BULK_CONNECTIONS = 4
-BULK_DEPTH = 32
+BULK_DEPTH = 8
+#: rounds of new connections for bulk requests whose connection the broker closed
+BULK_RETRY_ROUNDS = 3
 #: per-request timeout of the bulk paths and of the sampled requests (a large estate on old code is slow)
 BULK_TIMEOUT_MS = 600_000
 SAMPLE_TIMEOUT_MS = 120_000
@@ -578,38 +580,61 @@ class EstateBench:
             conn.close()  # the groups stay (subscription groups); their consumers go
 
     async def _pipeline(self, conns: list[Any], cmds: Iterable[Any], what: str) -> None:
-        """Send ``cmds`` over ``conns`` with BULK_DEPTH requests in flight per connection; raises on the first
-        answer that is not SUCCESS once all answers are in."""
+        """Send ``cmds`` over ``conns`` with BULK_DEPTH requests in flight per connection. Requests whose
+        connection closed are sent again on new connections (up to BULK_RETRY_ROUNDS rounds: creates are
+        idempotent and a fill needs at least one message per queue); raises on an answer other than SUCCESS."""
+        from ferrymq.errors import RemotingError
         from ferrymq.remoting.codes import ResponseCode
 
-        it = iter(cmds)
         failures: list[str] = []
+        todo: Iterable[Any] = cmds
+        for round_no in range(BULK_RETRY_ROUNDS + 1):
+            it = iter(todo)
+            lost: list[Any] = []
 
-        async def worker(conn: Any) -> None:
-            sem = asyncio.Semaphore(BULK_DEPTH)
-            pending: set[asyncio.Future[Any]] = set()
+            async def worker(conn: Any, it: Iterator[Any] = it, lost: list[Any] = lost) -> None:
+                sem = asyncio.Semaphore(BULK_DEPTH)
+                pending: set[asyncio.Future[Any]] = set()
 
-            def done(fut: asyncio.Future[Any]) -> None:
-                sem.release()
-                pending.discard(fut)
-                if fut.cancelled():
-                    failures.append("cancelled")
-                elif fut.exception() is not None:
-                    failures.append(repr(fut.exception()))
-                elif fut.result().code != ResponseCode.SUCCESS:
-                    failures.append(f"code {fut.result().code}: {fut.result().remark}")
+                def done(fut: asyncio.Future[Any], cmd: Any) -> None:
+                    sem.release()
+                    pending.discard(fut)
+                    exc = None if fut.cancelled() else fut.exception()
+                    if fut.cancelled() or isinstance(exc, RemotingError):
+                        lost.append(cmd)
+                    elif exc is not None:
+                        failures.append(repr(exc))
+                    elif fut.result().code != ResponseCode.SUCCESS:
+                        failures.append(f"code {fut.result().code}: {fut.result().remark}")
 
-            for cmd in it:
-                await sem.acquire()
-                fut = conn.request(cmd, BULK_TIMEOUT_MS)
-                pending.add(fut)
-                fut.add_done_callback(done)
-            if pending:
-                await asyncio.wait(set(pending))
+                for cmd in it:
+                    await sem.acquire()
+                    if conn.closed:
+                        sem.release()
+                        lost.append(cmd)
+                        continue
+                    fut = conn.request(cmd, BULK_TIMEOUT_MS)
+                    pending.add(fut)
+                    fut.add_done_callback(lambda f, cmd=cmd: done(f, cmd))
+                if pending:
+                    await asyncio.wait(set(pending))
 
-        await asyncio.gather(*(worker(c) for c in conns))
-        if failures:
-            raise EstateError(f"{what}: {len(failures)} requests failed, first: {failures[0]}")
+            await asyncio.gather(*(worker(c) for c in conns))
+            if failures:
+                raise EstateError(f"{what}: {len(failures)} requests failed, first: {failures[0]}")
+            if not lost:
+                return
+            self.log(f"{what}: {len(lost)} requests lost with their connection (round {round_no + 1}); resending")
+            await self._reconnect_bulk(conns)
+            todo = lost
+        raise EstateError(f"{what}: requests still lost after {BULK_RETRY_ROUNDS} rounds of new connections")
+
+    async def _reconnect_bulk(self, conns: list[Any]) -> None:
+        from ferrymq.remoting.connection import connect
+
+        for i, c in enumerate(conns):
+            if c.closed:
+                conns[i] = await connect(self.bp.addr)
 
     async def _wait_route(self, topic: str) -> None:
         from ferrymq.client import api
