@@ -19,8 +19,9 @@ benchmark process's own scheduling). The name server's longest event-loop stall 
 inside its process: the benchmark runs the name server itself (``--serve``, a ``NameServer`` of whatever
 ferrymq is on the path, so an older tree is measured the same way) beside a task that sleeps 10 ms again
 and again and records how late it wakes (as ``ferrymq_event_loop_lag_seconds`` does); the benchmark reads
-and resets the maximum after each phase over a small HTTP endpoint. With ``--namesrv`` (a name server not
-started here) the column is "-".
+and resets the maximum after each phase over a small HTTP endpoint, with the longest garbage-collector pause
+of the phase (``gc.callbacks``) beside it, since a full collection over a grown heap is one of the causes.
+With ``--namesrv`` (a name server not started here) the columns are "-".
 
 Prints p50/p99/max per phase, the probe's p99/max per phase, and the name server's RSS after the estate is
 built. ``measure(ns_addr, ...)`` is importable (e.g. by ``ferry bench --estate``) and returns the figures.
@@ -77,13 +78,15 @@ class Phase:
     probe_ms: list[float] = field(default_factory=list)
     failures: int = 0
     wall_s: float = 0.0
-    #: the longest event-loop stall of the name server during the phase (None: not measured)
+    #: the longest event-loop stall and GC pause of the name server during the phase (None: not measured)
     max_stall_ms: float | None = None
+    max_gc_ms: float | None = None
 
     def row(self) -> dict[str, Any]:
         return {"phase": self.name, "n": len(self.latencies_ms), "failures": self.failures,
                 "wall_s": round(self.wall_s, 2), **_stats("", self.latencies_ms),
-                **_stats("probe_", self.probe_ms), "max_stall_ms": self.max_stall_ms}
+                **_stats("probe_", self.probe_ms), "max_stall_ms": self.max_stall_ms,
+                "max_gc_ms": self.max_gc_ms}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -188,15 +191,17 @@ async def _bounded(jobs: list[Callable[[], Awaitable[None]]], limit: int) -> Non
     await asyncio.gather(*(one(j) for j in jobs))
 
 
-def read_max_lag_ms(lag_addr: str | None) -> float | None:
-    """The longest loop stall (ms) the ``--serve`` process saw since the last read (the read resets it)."""
+def read_max_lag_ms(lag_addr: str | None) -> tuple[float | None, float | None]:
+    """The longest loop stall and GC pause (ms) the ``--serve`` process saw since the last read (the read resets
+    both)."""
     if lag_addr is None:
-        return None
+        return None, None
     try:
         with urllib.request.urlopen(f"http://{lag_addr}/max-lag", timeout=10) as resp:
-            return round(float(resp.read().decode()) * 1000, 1)
+            lag_s, gc_s = resp.read().decode().split()
+            return round(float(lag_s) * 1000, 1), round(float(gc_s) * 1000, 1)
     except (OSError, ValueError):
-        return None
+        return None, None
 
 
 async def measure(ns_addr: str, *, brokers: int = 1000, topics: int = 10_000, topics_per_broker: int = 100,
@@ -230,7 +235,7 @@ async def measure(ns_addr: str, *, brokers: int = 1000, topics: int = 10_000, to
             phase.wall_s = time.perf_counter() - t0
             phase.probe_ms = probe.take()
             await asyncio.sleep(2 * PROBE_INTERVAL_S)  # the lag probe's last sample of the phase is in
-            phase.max_stall_ms = await asyncio.to_thread(read_max_lag_ms, lag_addr)
+            phase.max_stall_ms, phase.max_gc_ms = await asyncio.to_thread(read_max_lag_ms, lag_addr)
             phases.append(phase)
             report(_format_row(phase.row()))
 
@@ -283,7 +288,7 @@ async def measure(ns_addr: str, *, brokers: int = 1000, topics: int = 10_000, to
         phase.latencies_ms.append(phase.wall_s * 1000)
         phase.probe_ms = probe.take()
         await asyncio.sleep(2 * PROBE_INTERVAL_S)
-        phase.max_stall_ms = await asyncio.to_thread(read_max_lag_ms, lag_addr)
+        phase.max_stall_ms, phase.max_gc_ms = await asyncio.to_thread(read_max_lag_ms, lag_addr)
         phases.append(phase)
         report(_format_row(phase.row()))
         stalls = [p.max_stall_ms for p in phases if p.max_stall_ms is not None]
@@ -322,9 +327,9 @@ async def _wait_gone(conn: Connection, names: list[str]) -> None:
 
 
 def _format_row(row: dict[str, Any]) -> str:
-    stall = "-" if row["max_stall_ms"] is None else row["max_stall_ms"]
+    stall = "-" if row["max_stall_ms"] is None else f"{row['max_stall_ms']} (gc {row['max_gc_ms']})"
     return (f"| {row['phase']:<58} | {row['n']:>6} | {row['p50_ms']:>8} | {row['p99_ms']:>8} | "
-            f"{row['max_ms']:>8} | {row['probe_p99_ms']:>8} | {row['probe_max_ms']:>8} | {stall:>8} | "
+            f"{row['max_ms']:>8} | {row['probe_p99_ms']:>8} | {row['probe_max_ms']:>8} | {stall:>18} | "
             f"{row['failures']} |")
 
 
@@ -349,10 +354,20 @@ LAG_PROBE_INTERVAL_S = 0.010
 
 async def _serve(port: int, lag_port: int) -> None:
     """The name server under test and, beside it on the same loop, the stall probe and its endpoint."""
+    import gc
+
     from ferrymq.namesrv.app import NameServer
 
     loop = asyncio.get_running_loop()
-    state = {"max_lag_s": 0.0}
+    state = {"max_lag_s": 0.0, "max_gc_s": 0.0, "gc_start": 0.0}
+
+    def gc_pause(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            state["gc_start"] = time.perf_counter()
+        else:
+            state["max_gc_s"] = max(state["max_gc_s"], time.perf_counter() - state["gc_start"])
+
+    gc.callbacks.append(gc_pause)
 
     async def lag_probe() -> None:
         while True:
@@ -362,8 +377,8 @@ async def _serve(port: int, lag_port: int) -> None:
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        value, state["max_lag_s"] = state["max_lag_s"], 0.0
-        body = f"{value:.6f}".encode()
+        body = f"{state['max_lag_s']:.6f} {state['max_gc_s']:.6f}".encode()
+        state["max_lag_s"] = state["max_gc_s"] = 0.0
         writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         await writer.drain()
         writer.close()
@@ -427,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             def rss_of() -> int | None:
                 return rss_bytes(pid)
         print("| phase                                                      |      n |  p50 ms  |  p99 ms  |"
-              "  max ms  | probe p99 | probe max | longest loop stall | fail |")
+              "  max ms  | probe p99 | probe max | longest loop stall ms (longest GC pause) | fail |")
         print("|" + "---|" * 9)
         try:
             out = asyncio.run(measure(ns_addr, brokers=args.brokers, topics=args.topics,
