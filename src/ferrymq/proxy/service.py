@@ -9,6 +9,7 @@ docs/grpc.md lists what each RPC does here and where it differs from RocketMQ's 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import secrets
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+
 from ferrymq.client import api, routes
 from ferrymq.client.config import ClientConfig, parse_name_servers
 from ferrymq.client.consumer.core import ConsumerCore
@@ -52,6 +54,8 @@ DEADLINE_MARGIN_MS = 1_000
 RECEIVE_POLL_SLICE_MS = 1_000
 #: remoting request timeout of the proxy's own calls (pull, offsets, send-back)
 REMOTING_TIMEOUT_MS = 5_000
+#: a message whose move to the dead-letter queue failed is offered again after this long
+DEAD_LETTER_RETRY_MS = 10_000
 #: gRPC metadata key carrying the 5.x client id
 CLIENT_ID_KEY = "x-mq-client-id"
 #: Telemetry answers: producer retry policy (RocketMQ's proxy defaults)
@@ -118,6 +122,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self._pop_locks: dict[PopKey, asyncio.Lock] = {}
         self._cores: dict[str, ConsumerCore] = {}
         self._dirty: set[PopKey] = set()
+        #: (visible_at_ms, serial, key, queue_offset) of deliveries that were the last attempt: once due they
+        #: move to the dead-letter queue even when no receive comes (``_sweep_dead``)
+        self._last_attempts: list[tuple[int, int, PopKey, int]] = []
         self._clients: dict[str, _ClientInfo] = {}
         #: set when this proxy stored a message of the topic (wakes waiting receives)
         self._arrivals: dict[str, asyncio.Event] = {}
@@ -439,6 +446,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 taken, dead = pq.take(self.clock_ms(), batch - len(out), invisible_ms,
                                       self.config.max_delivery_attempts, self.serials)
                 out.extend((key, d) for d in taken)
+                for d in taken:
+                    if d.attempt >= self.config.max_delivery_attempts:
+                        heapq.heappush(self._last_attempts, (d.entry.visible_at_ms, d.serial, key,
+                                                             d.entry.message.queue_offset))
                 for entry in dead:
                     self._tasks.append(asyncio.create_task(self._to_dead_letter(key, entry.message.queue_offset)))
                 if len(out) >= batch:
@@ -518,6 +529,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                                         "receipt handle expired (acknowledged already or delivered again)")
         except tr.TranslateError as exc:
             return spb.ChangeInvisibleDurationResponse(status=tr.status_of_error(exc))
+        entry = pq.entries[handle.queue_offset]
+        if entry.attempt >= self.config.max_delivery_attempts:
+            key = (request.group.name, request.topic.name, handle.broker_name, handle.queue_id)
+            heapq.heappush(self._last_attempts, (entry.visible_at_ms, serial, key, handle.queue_offset))
         new_handle = tr.ReceiptHandle(self.epoch, serial, handle.queue_id, handle.queue_offset, handle.broker_name)
         return spb.ChangeInvisibleDurationResponse(status=tr.status(), receipt_handle=new_handle.encode())
 
@@ -578,9 +593,23 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 continue
             pq.committed_offset = offset
 
+    def _sweep_dead(self) -> None:
+        """Move last attempts that expired unacknowledged to the dead-letter queue."""
+        now = self.clock_ms()
+        heap = self._last_attempts
+        while heap and heap[0][0] <= now:
+            _, serial, key, queue_offset = heapq.heappop(heap)
+            pq = self.pop_queues.get(key)
+            entry = pq.entries.get(queue_offset) if pq is not None else None
+            if entry is None or entry.serial != serial:
+                continue  # acknowledged, or its invisible time changed since
+            entry.visible_at_ms = now + DEAD_LETTER_RETRY_MS  # not offered again while it moves
+            self._tasks.append(asyncio.create_task(self._to_dead_letter(key, queue_offset)))
+
     async def _commit_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(self.config.offset_commit_interval_ms / 1000)
+            self._sweep_dead()
             try:
                 await self.commit_offsets()
             except Exception as exc:
