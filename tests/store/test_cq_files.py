@@ -212,3 +212,35 @@ def test_a_commit_log_segment_that_finds_no_descriptor_refuses_with_its_cause(
     store = open_store()
     _no_descriptor_when(monkeypatch, lambda path: "/commitlog/" in path)
     assert store.put_message(inner(topic="T")).status is PutMessageStatus.OPEN_FILES_EXHAUSTED
+
+
+def test_the_writer_retries_a_stalled_dispatch_by_itself(open_store: Opener, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dispatch that stops short (no descriptor for the queue's file) is retried on a timer until it
+    succeeds: the message becomes readable with no further send, and the parked pulls are woken."""
+    import asyncio  # noqa: PLC0415
+
+    from ferrymq.broker.config import BrokerConfig  # noqa: PLC0415
+    from ferrymq.broker.flush import FlushService  # noqa: PLC0415
+    from ferrymq.broker.writer import MessageWriter  # noqa: PLC0415
+
+    store = open_store()
+    woken: list[object] = []
+    writer = MessageWriter(store, BrokerConfig(store_path_root_dir=store.config.store_path_root_dir),
+                           FlushService(store, sync_flush=False, interval_ms=500), woken.append)
+
+    async def run() -> None:
+        writer.bind(asyncio.get_running_loop())
+        writer.put(inner(topic="Stall"))  # prepared and stored while descriptors are free
+        _no_descriptor_when(monkeypatch, lambda path: "/consumequeue/" in path)
+        store.queues.pool.release_oldest(None)  # its file is released: the dispatch must reopen it
+        await asyncio.sleep(0)
+        assert store.dispatch_behind_bytes > 0
+        monkeypatch.undo()  # descriptors return; nothing is sent
+        for _ in range(100):
+            if store.dispatch_behind_bytes == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert store.dispatch_behind_bytes == 0 and None in woken
+        assert len(_read_all(store, "Stall")) == 1
+
+    asyncio.run(run())
