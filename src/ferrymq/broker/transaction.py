@@ -19,6 +19,13 @@
   ``transactionCheckMax`` times; then it is discarded (an op record with ``discard``), logged and counted.
   The producer answers with END_TRANSACTION (``fromTransactionCheck=true``). Check counts live in memory: a
   restart gives every half message a fresh allowance.
+* **Epochs** (decision 0006, the exactly-once Spark sink): a half message with ``EOS_GROUP``, ``EOS_EPOCH`` and
+  ``EOS_WRITER`` is decided by the **epoch record** of (group, epoch): a half message with ``EOS_RECORD=1``,
+  the same group and epoch, and the winning writer tokens as its body (one per line, ASCII). The first record
+  of an epoch read from the half topic wins; records are rolled back when read (never visible). Check-back and
+  END_TRANSACTION COMMIT both follow the record: token named → COMMIT; record without the token, or a record of
+  a later epoch of the group → ROLLBACK; no record → a COMMIT is refused and the check-back asks as usual.
+  END_TRANSACTION on a record answers the epoch's winners (``EndStatus.EPOCH_RECORDED``).
 
 Op record (topic ``RMQ_SYS_TRANS_OP_HALF_TOPIC``, queue 0, tags ``d``):
 
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -66,9 +74,15 @@ OP_TAGS = "d"
 PROPERTY_DECISION = "TRAN_DECISION"
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_TRANSACTION_ID = "__transactionId__"
+#: epoch properties (decision 0006)
+PROPERTY_EOS_GROUP = "EOS_GROUP"
+PROPERTY_EOS_EPOCH = "EOS_EPOCH"
+PROPERTY_EOS_WRITER = "EOS_WRITER"
+PROPERTY_EOS_RECORD = "EOS_RECORD"
 #: properties of the half message that the committed message does not carry
 _TRANSACTION_PROPERTIES = (PROPERTY_TRANSACTION_PREPARED, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID,
-                           PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
+                           PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, PROPERTY_EOS_GROUP, PROPERTY_EOS_EPOCH,
+                           PROPERTY_EOS_WRITER, PROPERTY_EOS_RECORD)
 #: half messages read per check round at most (the rest wait for the next round)
 MAX_CHECKS_PER_ROUND = 10_000
 #: records read from a queue per get_message call while scanning
@@ -91,6 +105,40 @@ class EndStatus(Enum):
     NOT_FOUND = "NOT_FOUND"
     WRONG_GROUP = "WRONG_GROUP"
     STORE_FAILED = "STORE_FAILED"
+    #: END_TRANSACTION on an epoch record: the epoch's winners are in ``TransactionService.epoch_winners``
+    EPOCH_RECORDED = "EPOCH_RECORDED"
+    #: a COMMIT of an epoch half message whose token the epoch's record does not name: rolled back instead
+    NOT_IN_EPOCH = "NOT_IN_EPOCH"
+    #: a COMMIT of an epoch half message before any record of its epoch: nothing decided
+    EPOCH_NOT_RECORDED = "EPOCH_NOT_RECORDED"
+
+
+@dataclass(frozen=True, slots=True)
+class EpochTag:
+    """The epoch properties of a half message (``record``: it is the epoch's record)."""
+
+    group: str
+    epoch: int
+    writer: str
+    record: bool
+
+    @staticmethod
+    def of(half: MessageExt) -> EpochTag | None:
+        props = half.properties
+        group = props.get(PROPERTY_EOS_GROUP)
+        epoch = props.get(PROPERTY_EOS_EPOCH, "")
+        if not group or not epoch.isdigit():
+            return None
+        return EpochTag(group, int(epoch), props.get(PROPERTY_EOS_WRITER, ""), props.get(PROPERTY_EOS_RECORD) == "1")
+
+
+def parse_winners(body: bytes) -> frozenset[str]:
+    """The writer tokens of an epoch record's body (one per line)."""
+    try:
+        text = body.decode("ascii")
+    except UnicodeDecodeError:
+        return frozenset()
+    return frozenset(line for line in text.split("\n") if line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +167,13 @@ class TransactionService:
         self.discarded = 0
         self.checks_sent = 0
         self._op_loaded_to = 0
+        #: epoch group -> epoch -> winning writer tokens (the first record read); see ``load_epoch_records``
+        self.epoch_records: dict[str, dict[int, frozenset[str]]] = {}
+        #: epoch group -> highest epoch recorded
+        self.latest_epoch: dict[str, int] = {}
+        #: (half queue offset of the record, group, epoch) in read order, for pruning
+        self._record_order: deque[tuple[int, str, int]] = deque()
+        self._half_indexed_to = 0
         self._task: asyncio.Task[None] | None = None
 
     # ---- lifecycle (master only) -----------------------------------------------------------------
@@ -126,6 +181,7 @@ class TransactionService:
         if self._task is not None and not self._task.done():
             return
         self.load_decisions()
+        self.load_epoch_records()
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
@@ -169,6 +225,50 @@ class TransactionService:
                 decision = None
             self.decided.setdefault(half_queue_offset, decision)
 
+    def load_epoch_records(self) -> None:
+        """Read epoch records among the half messages not read yet (incremental; at start the whole topic)."""
+        halves, self._half_indexed_to = self._scan(TRANS_HALF_TOPIC, self._half_indexed_to)
+        for half in halves:
+            tag = EpochTag.of(half)
+            if tag is None or not tag.record:
+                continue
+            epochs = self.epoch_records.setdefault(tag.group, {})
+            if tag.epoch not in epochs and tag.epoch > self.latest_epoch.get(tag.group, -1):
+                epochs[tag.epoch] = parse_winners(bytes(half.body))
+                self._record_order.append((half.queue_offset, tag.group, tag.epoch))
+            elif tag.epoch not in epochs:
+                log.info("epoch record %s/%d ignored: a later epoch is recorded", tag.group, tag.epoch)
+            if tag.epoch > self.latest_epoch.get(tag.group, -1):
+                self.latest_epoch[tag.group] = tag.epoch
+            if half.queue_offset not in self.decided:
+                self._write_op(half.queue_offset, Decision.ROLLBACK)
+
+    def _prune_epoch_records(self) -> None:
+        """Forget records whose epochs have no undecided half message left (every half message of an epoch's
+        winners is stored before its record, so a record below ``scan_from`` decides nothing any more); the
+        latest record of each group stays (it says the group moved past older epochs)."""
+        order = self._record_order
+        while order and order[0][0] < self.scan_from:
+            _, group, epoch = order[0]
+            if self.latest_epoch.get(group) == epoch:
+                break
+            order.popleft()
+            epochs = self.epoch_records.get(group)
+            if epochs is not None:
+                epochs.pop(epoch, None)
+
+    def epoch_decision(self, tag: EpochTag) -> Decision | None:
+        """COMMIT / ROLLBACK of an epoch half message by the records, None while its epoch is not recorded."""
+        winners = self.epoch_records.get(tag.group, {}).get(tag.epoch)
+        if winners is not None:
+            return Decision.COMMIT if tag.writer in winners else Decision.ROLLBACK
+        if self.latest_epoch.get(tag.group, -1) > tag.epoch:
+            return Decision.ROLLBACK
+        return None
+
+    def epoch_winners(self, tag: EpochTag) -> frozenset[str] | None:
+        return self.epoch_records.get(tag.group, {}).get(tag.epoch)
+
     def _write_op(self, half_queue_offset: int, decision: Decision) -> bool:
         props = {PROPERTY_TAGS: OP_TAGS, PROPERTY_DECISION: decision.value}
         inner = MessageExtBrokerInner(
@@ -204,11 +304,28 @@ class TransactionService:
         if group and group != producer_group:
             return EndStatus.WRONG_GROUP
         self.load_decisions()
+        tag = EpochTag.of(half)
+        if tag is not None:
+            self.load_epoch_records()
+            if tag.record:
+                return EndStatus.EPOCH_RECORDED
+            by_record = self.epoch_decision(tag)
+            if commit and by_record is None:
+                return EndStatus.EPOCH_NOT_RECORDED
+            if commit and by_record is Decision.ROLLBACK:
+                if half_queue_offset not in self.decided and not self._write_op(half_queue_offset, Decision.ROLLBACK):
+                    return EndStatus.STORE_FAILED
+                return EndStatus.NOT_IN_EPOCH
+            if not commit and by_record is Decision.COMMIT and half_queue_offset not in self.decided:
+                return EndStatus.CONFLICT
         wanted = Decision.COMMIT if commit else Decision.ROLLBACK
         if half_queue_offset in self.decided:
             earlier = self.decided[half_queue_offset]
             return EndStatus.ALREADY_DECIDED if earlier in (wanted, None) else EndStatus.CONFLICT
-        if commit:
+        return self._apply(half, half_queue_offset, wanted)
+
+    def _apply(self, half: MessageExt, half_queue_offset: int, wanted: Decision) -> EndStatus:
+        if wanted is Decision.COMMIT:
             result = self.ctx.writer.put(self._real_message(half))
             if result.append_result is None:
                 log.error("committed message of half %d not stored: %s", half_queue_offset, result.status.name)
@@ -245,6 +362,7 @@ class TransactionService:
     def check_once(self) -> int:
         """One check round; the number of CHECK_TRANSACTION_STATE requests sent."""
         self.load_decisions()
+        self.load_epoch_records()
         halves, _ = self._scan(TRANS_HALF_TOPIC, self.scan_from)
         now = self.clock_ms()
         sent = 0
@@ -256,6 +374,13 @@ class TransactionService:
                     self.scan_from = qo + 1
                 continue
             all_decided_below = False
+            tag = EpochTag.of(half)
+            by_record = self.epoch_decision(tag) if tag is not None else None
+            if by_record is not None:
+                log.debug("half message %s (queue offset %d) decided %s by the record of epoch %s/%d",
+                         half.msg_id, qo, by_record.value, tag.group if tag else "", tag.epoch if tag else -1)
+                self._apply(half, qo, by_record)
+                continue
             immunity = half.properties.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
             wait_ms = self.config.timeout_ms
             if immunity and immunity.isdigit():
@@ -273,6 +398,7 @@ class TransactionService:
             if self._send_check(half):
                 sent += 1
         self.checks_sent += sent
+        self._prune_epoch_records()
         return sent
 
     def _send_check(self, half: MessageExt) -> bool:

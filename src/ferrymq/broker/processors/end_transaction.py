@@ -13,6 +13,9 @@ Header (RocketMQ names): ``producerGroup``, ``tranStateTableOffset`` (the half m
 | not a master                    | SLAVE_NOT_AVAILABLE (11) (controller mode: SERVICE_NOT_AVAILABLE) |
 | bad header                      | SYSTEM_ERROR naming the field                                |
 | half message not found          | SYSTEM_ERROR "the half message ... was not found"            |
+| an epoch record (decision 0006) | SUCCESS, ext field ``eosWinners``: the epoch's winning tokens, comma-separated |
+| COMMIT of an epoch half message not named by its record | TRANSACTION_FAILED "... not among the winners ...", rolled back |
+| COMMIT of an epoch half message before its record | TRANSACTION_FAILED "... has no record ...", nothing decided |
 | producer group differs (or none given for a half message that names one) | SYSTEM_ERROR "the producer group ... differs" |
 | store refused the records       | SYSTEM_ERROR                                                 |
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ferrymq.broker.transaction import EndStatus
+from ferrymq.broker.transaction import EndStatus, EpochTag
 from ferrymq.common.message import (
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_TOPIC,
@@ -77,6 +80,16 @@ class EndTransactionProcessor:
             else EndStatus.NOT_FOUND
         if status in (EndStatus.APPLIED, EndStatus.ALREADY_DECIDED):
             return cmd.response(R.SUCCESS)
+        tag = EpochTag.of(half) if half is not None else None
+        if status is EndStatus.EPOCH_RECORDED and tag is not None:
+            winners = txs.epoch_winners(tag)
+            return cmd.response(R.SUCCESS, {"eosWinners": ",".join(sorted(winners)) if winners is not None else "",
+                                            "eosEpochRecorded": "true" if winners is not None else "false"})
+        if status in (EndStatus.NOT_IN_EPOCH, EndStatus.EPOCH_NOT_RECORDED) and tag is not None:
+            remark = (f"writer {tag.writer} is not among the winners recorded for epoch {tag.epoch} of {tag.group}; "
+                      "the half message was rolled back" if status is EndStatus.NOT_IN_EPOCH else
+                      f"epoch {tag.epoch} of {tag.group} has no record on this broker; write the record first")
+            return cmd.response(R.TRANSACTION_FAILED, remark=remark)
         if status is EndStatus.CONFLICT:
             earlier = txs.decision_of(qo)
             remark = (f"the half message at tranStateTableOffset {qo} was already "
