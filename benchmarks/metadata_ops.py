@@ -15,6 +15,15 @@ The estate is filled through the managers (not the wire) so that the fill is qui
 through the wire like any client's.
 
     python benchmarks/metadata_ops.py --sizes 100,10000 --ops 200
+
+``--stalls``: the whole-table operations of one estate (``--topics`` × 8 queues, ``--groups``, ``--offsets``
+committed offsets), each run alone on an in-process broker restarted on the filled tables (no name server),
+printing how long it took and the longest stall of the broker's event loop meanwhile (its loop-lag probe,
+``ferrymq_event_loop_lag_seconds``): the slave-sync answers (GET_ALL_TOPIC_CONFIG, GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+GET_ALL_CONSUMER_OFFSET, GET_ALL_DELAY_OFFSET, GET_BROKER_CONSUME_STATS), the registration body, the timed
+snapshots, the slave's take-over of each table, and request-reply's look-up of the requester.
+
+    python benchmarks/metadata_ops.py --stalls --topics 10000 --groups 5000 --offsets 100000
 """
 
 from __future__ import annotations
@@ -125,11 +134,98 @@ async def run_size(ns_addr: str, size: int, ops: int) -> dict[str, tuple[float, 
             await ctl.stop()
 
 
+class _OpenConn:
+    closed = False
+
+
+async def run_stalls(topics: int, groups: int, offsets: int) -> list[tuple[str, float, float]]:
+    """(row, ms taken, longest loop stall in ms) per whole-table operation."""
+    import inspect
+
+    from ferrymq.broker.consumer_manager import ConsumerData
+
+    rows: list[tuple[str, float, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = BrokerConfig(listen_port=0, listen_host=LOOPBACK, broker_ip1=LOOPBACK, store_path_root_dir=tmp,
+                           namesrv_addr=[], fast_listen_enable=False)
+        ctl = BrokerController(cfg)
+        await ctl.start()
+        for i in range(topics):
+            ctl.topics.table[f"T{i}"] = TopicConfig(f"T{i}", 8, 8)
+        for i in range(groups):
+            ctl.groups.table[f"G{i}"] = SubscriptionGroupConfig(f"G{i}")
+        for i in range(offsets):  # topics x groups pairs, 8 queues each
+            pair = i // 8
+            ctl.offsets.commit(f"G{pair % max(1, groups)}", f"T{pair % max(1, topics)}", i % 8, i)
+        ctl.topics._dirty = ctl.groups._dirty = True
+        await ctl.stop()  # persists the tables: the measured broker loads them as after a restart
+        ctl = BrokerController(cfg)
+        await ctl.start()
+        probe = ctl.loop_lag
+        try:
+            async def measure(name: str, fn: Any) -> Any:
+                await asyncio.sleep(0.05)
+                probe.reset_max()
+                t0 = time.perf_counter()
+                result = fn()
+                if inspect.isawaitable(result):
+                    result = await result
+                took_ms = (time.perf_counter() - t0) * 1000
+                await asyncio.sleep(3 * probe.interval_s)  # the probe's next wake-up sees the last stall
+                rows.append((name, took_ms, probe.max_lag_s * 1000))
+                return result
+
+            def request(code: int) -> Any:
+                handler = ctl.dispatcher.get(code)
+                assert handler is not None
+                return lambda: handler(None, RemotingCommand.request(code, {}))
+
+            assert ctl.registrar is not None
+            await measure("registration body (first)", ctl.registrar.build_body)
+            t = await measure("GET_ALL_TOPIC_CONFIG", request(RequestCode.GET_ALL_TOPIC_CONFIG))
+            g = await measure("GET_ALL_SUBSCRIPTIONGROUP_CONFIG", request(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG))
+            o = await measure("GET_ALL_CONSUMER_OFFSET", request(RequestCode.GET_ALL_CONSUMER_OFFSET))
+            await measure("GET_ALL_DELAY_OFFSET", request(RequestCode.GET_ALL_DELAY_OFFSET))
+            await measure("GET_BROKER_CONSUME_STATS", request(RequestCode.GET_BROKER_CONSUME_STATS))
+            for table in (ctl.offsets, ctl.topics, ctl.groups):
+                table._dirty = True
+            await measure("consumer offsets snapshot", ctl.offsets.snapshot_if_dirty)
+            await measure("topics snapshot", ctl.topics.snapshot_if_dirty)
+            await measure("groups snapshot", ctl.groups.snapshot_if_dirty)
+            topic_obj, group_obj, offset_obj = (jsonx.loads(r.body) for r in (t, g, o))
+            topic_obj["dataVersion"]["counter"] += 1
+            group_obj["dataVersion"]["counter"] += 1
+            await measure("slave: topics replace_all", lambda: ctl.topics.replace_all(topic_obj))
+            await measure("slave: groups replace_all", lambda: ctl.groups.replace_all(group_obj))
+            await measure("slave: offsets merge", lambda: ctl.offsets.merge_from_master(offset_obj))
+            for i in range(groups):
+                ctl.consumers.register(_OpenConn(), f"client-{i}", "JAVA", 1, ConsumerData(
+                    f"G{i}", "CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_LAST_OFFSET", []))
+
+            def find_requesters() -> None:
+                for _ in range(100):
+                    ctl.producers.find_channel("absent") or ctl.consumers.find_channel("absent")
+
+            await measure("100 reply look-ups (absent)", find_requesters)
+        finally:
+            await ctl.stop()
+    return rows
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="100,10000", help="estate sizes (topics and groups), comma-separated")
     ap.add_argument("--ops", type=int, default=200, help="timed requests per row and size")
+    ap.add_argument("--stalls", action="store_true", help="measure the whole-table operations' loop stalls")
+    ap.add_argument("--topics", type=int, default=10_000, help="--stalls: topics (8 queues each)")
+    ap.add_argument("--groups", type=int, default=5_000, help="--stalls: subscription groups")
+    ap.add_argument("--offsets", type=int, default=100_000, help="--stalls: committed offsets")
     args = ap.parse_args()
+    if args.stalls:
+        print(f"estate {args.topics} topics x 8 queues / {args.groups} groups / {args.offsets} committed offsets")
+        for name, took_ms, stall_ms in await run_stalls(args.topics, args.groups, args.offsets):
+            print(f"  {name:<34} took {took_ms:8.1f} ms   longest loop stall {stall_ms:7.1f} ms")
+        return
     port = _free_port()
     ns = subprocess.Popen([sys.executable, "-m", "ferrymq.cli", "namesrv", "--listen", f"{LOOPBACK}:{port}"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

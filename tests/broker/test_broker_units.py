@@ -231,7 +231,7 @@ def test_configuration_reference_lists_every_key() -> None:
     assert missing == []
 
 
-def test_slave_offset_merge_keeps_its_own_larger_commits_once(tmp_path) -> None:
+async def test_slave_offset_merge_keeps_its_own_larger_commits_once(tmp_path) -> None:
     """Master wins per queue, except a larger offset committed on the slave since the last merge: kept and
     handed to the master; once the master has it, a later master reset below it is not undone."""
     from ferrymq.broker.offset_manager import ConsumerOffsetManager
@@ -240,17 +240,17 @@ def test_slave_offset_merge_keeps_its_own_larger_commits_once(tmp_path) -> None:
     slave.local_commits = {}
     slave.commit("g", "T", 0, 50)   # committed on the slave while the master was down
     slave.commit("g", "T", 1, 5)    # smaller than the master's: the master wins
-    push = slave.merge_from_master({"offsetTable": {"T@g": {"0": 10, "1": 30, "2": 7}}})
+    push = await slave.merge_from_master({"offsetTable": {"T@g": {"0": 10, "1": 30, "2": 7}}})
     assert push == {("T@g", 0): 50}
     assert slave.table["T@g"] == {0: 50, 1: 30, 2: 7}
     slave.pushed("T@g", 0, 50)
     assert slave.local_commits == {}
     # the master later resets queue 0 to 3: the slave follows, nothing is pushed back
-    assert slave.merge_from_master({"offsetTable": {"T@g": {"0": 3, "1": 30, "2": 7}}}) == {}
+    assert await slave.merge_from_master({"offsetTable": {"T@g": {"0": 3, "1": 30, "2": 7}}}) == {}
     assert slave.query("g", "T", 0) == 3
 
 
-def test_slave_serves_replicated_topics_until_the_master_deletes_them(tmp_path) -> None:
+async def test_slave_serves_replicated_topics_until_the_master_deletes_them(tmp_path) -> None:
     """A slave answers a read-only config for a topic it holds queues for before the master's config syncs;
     once a synced master table drops the topic (deleted there), the slave stops serving it."""
     from ferrymq.broker.topic_manager import TopicManager
@@ -265,14 +265,14 @@ def test_slave_serves_replicated_topics_until_the_master_deletes_them(tmp_path) 
     master = {"topicConfigTable": {"Gone": {"topicName": "Gone", "readQueueNums": 2, "writeQueueNums": 2,
                                             "perm": 6}},
               "dataVersion": {"counter": 1, "timestamp": 1}}
-    topics.replace_all(master)
+    await topics.replace_all(master)
     assert topics.get("Gone") is not None and topics.get("Gone").perm == 6
-    topics.replace_all({"topicConfigTable": {}, "dataVersion": {"counter": 2, "timestamp": 2}})
+    await topics.replace_all({"topicConfigTable": {}, "dataVersion": {"counter": 2, "timestamp": 2}})
     assert topics.get("Gone") is None, "deleted on the master: not served from the slave's queues"
     assert topics.get("Fresh") is not None
 
 
-def test_new_master_adopts_topics_it_only_knows_from_its_queues(tmp_path) -> None:
+async def test_new_master_adopts_topics_it_only_knows_from_its_queues(tmp_path) -> None:
     """Controller mode: a slave elected before the master's topic config reached it turns the topics it holds
     queues for into read-write topics (so producers go on and the route lists them); known and deleted topics
     are left alone."""
@@ -281,12 +281,12 @@ def test_new_master_adopts_topics_it_only_knows_from_its_queues(tmp_path) -> Non
 
     topics = TopicManager(str(tmp_path), cluster_name="c", broker_name="b", clock_ms=lambda: 1)
     topics.replica_queue_count = lambda name: 0
-    topics.replace_all({"topicConfigTable": {"Known": {"topicName": "Known", "readQueueNums": 8,
+    await topics.replace_all({"topicConfigTable": {"Known": {"topicName": "Known", "readQueueNums": 8,
                                                        "writeQueueNums": 8, "perm": 6},
                                              "Gone": {"topicName": "Gone", "readQueueNums": 1,
                                                       "writeQueueNums": 1, "perm": 6}},
                         "dataVersion": {"counter": 1, "timestamp": 1}})
-    topics.replace_all({"topicConfigTable": {"Known": {"topicName": "Known", "readQueueNums": 8,
+    await topics.replace_all({"topicConfigTable": {"Known": {"topicName": "Known", "readQueueNums": 8,
                                                        "writeQueueNums": 8, "perm": 6}},
                         "dataVersion": {"counter": 2, "timestamp": 2}})
     version = topics.data_version.counter

@@ -19,6 +19,7 @@ Timers (all on the event loop):
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import importlib.util
 import inspect
@@ -90,6 +91,9 @@ DISK_CHECK_INTERVAL_MS = 1_000
 SLAVE_REPUT_DELAY_S = 0.001
 #: period of the topics.json / subscriptionGroup.json snapshots (changes are journaled meanwhile)
 METADATA_SNAPSHOT_INTERVAL_MS = 5_000
+#: loaded table entries (topics + groups + committed-offset keys) from which the loaded estate is frozen out of the
+#: garbage collector's full passes at start (``gc.freeze``)
+GC_FREEZE_MIN_ENTRIES = 1_000
 
 
 def wall_clock_ms() -> int:
@@ -246,6 +250,11 @@ class BrokerController:
         self.writer.bind(loop)
         self.writer.reput_now()
         self.start_ms = self.clock_ms()
+        if len(self.topics.table) + len(self.groups.table) + len(self.offsets.table) >= GC_FREEZE_MIN_ENTRIES:
+            # the loaded estate is long-lived: collected once now, before serving, then kept out of the cyclic
+            # collector's full passes, which otherwise walk it all in one block (~90 ms at 10,000 topics)
+            gc.collect()
+            gc.freeze()
 
         limits = cfg.server_limits()
         self.server = RemotingServer(self.dispatcher, cfg.listen_host, cfg.listen_port, limits=limits,

@@ -32,7 +32,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ferrymq.common.topic import DataVersion
@@ -44,6 +44,44 @@ log = logging.getLogger(__name__)
 #: entries turned into JSON per step of an asynchronous snapshot, between two yields to the event loop
 SNAPSHOT_STEP_ENTRIES = 500
 JOURNAL_SUFFIX = ".journal"
+
+
+async def json_values_in_steps(table: Mapping[str, Any], to_json: Callable[[Any], Any],
+                               step: int = SNAPSHOT_STEP_ENTRIES) -> dict[str, Any]:
+    """``{key: to_json(value)}`` of ``table``, ``step`` entries between two yields to the event loop. The keys
+    are listed at once (no per-entry objects: a list of 100,000 (key, value) pairs alone cost ~90 ms of
+    allocation and garbage collection); each value is read when its step runs, and keys removed meanwhile are
+    left out."""
+    keys = list(table)
+    out: dict[str, Any] = {}
+    for start in range(0, len(keys), step):
+        if start:
+            await asyncio.sleep(0)
+        for key in keys[start:start + step]:
+            value = table.get(key)
+            if value is not None:
+                out[key] = to_json(value)
+    return out
+
+
+async def json_object_in_steps(table: Mapping[str, Any], to_json: Callable[[Any], Any],
+                               step: int = SNAPSHOT_STEP_ENTRIES) -> bytes:
+    """The JSON object ``{key: to_json(value)}`` of ``table`` as bytes, encoded ``step`` entries at a time
+    between two yields to the event loop (a whole-table answer never holds the loop at estate size); values
+    are read as in ``json_values_in_steps``."""
+    keys = list(table)
+    parts: list[bytes] = []
+    for start in range(0, len(keys), step):
+        if start:
+            await asyncio.sleep(0)
+        chunk: dict[str, Any] = {}
+        for key in keys[start:start + step]:
+            value = table.get(key)
+            if value is not None:
+                chunk[key] = to_json(value)
+        if chunk:
+            parts.append(jsonx.dumps(chunk)[1:-1])
+    return b"{" + b",".join(parts) + b"}"
 
 
 class JsonConfigFile:
@@ -133,7 +171,8 @@ class JsonPersisted:
         self._dirty = False
         #: snapshots taken so far (the generation of the next one)
         self._generation = 0
-        self._snapshotting = False
+        #: held while a snapshot is built and written (one at a time; a slave's table replacement waits too)
+        self._snapshot_lock = asyncio.Lock()
 
     def encode(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -160,38 +199,40 @@ class JsonPersisted:
         return self._generation
 
     # ---- asynchronous snapshots ------------------------------------------------------------------
-    def snapshot_parts(self) -> tuple[dict[str, Any], str, list[tuple[str, Any]], Callable[[Any], Any]]:
-        """(the file's object without its big table, the table's key, the table's items, item -> JSON value).
-        The items list is taken at once (a copy); values must not be changed in place later (replace them)."""
+    def snapshot_parts(self) -> tuple[dict[str, Any], str, Mapping[str, Any], Callable[[Any], Any]]:
+        """(the file's object without its big table, the table's key, the table, entry -> JSON value). The
+        entries are read in steps (``json_values_in_steps``): a later change may be in the snapshot or not, which
+        the journal's replay above the head's data version makes right."""
         raise NotImplementedError
 
     async def snapshot_if_dirty(self) -> bool:
-        """Persist the table without holding the event loop: True when a snapshot was written."""
-        if not self._dirty or self._snapshotting:
+        """Persist the table without holding the event loop: True when a snapshot was written. Skipped while
+        another snapshot is on its way (the timer comes again)."""
+        if not self._dirty or self._snapshot_lock.locked():
             return False
-        self._snapshotting = True
+        async with self._snapshot_lock:
+            return await self._snapshot_locked()
+
+    async def snapshot_now(self) -> bool:
+        """Persist the table now without holding the event loop (after a snapshot on its way): True when
+        written. For changes that must be in the file before they are answered."""
+        async with self._snapshot_lock:
+            return await self._snapshot_locked()
+
+    async def _snapshot_locked(self) -> bool:
+        gen = self._next_generation()
+        self._dirty = False
+        head, table_key, table, to_json = self.snapshot_parts()
+        marker = self._snapshot_taken()
+        head[table_key] = await json_values_in_steps(table, to_json)
         try:
-            gen = self._next_generation()
-            self._dirty = False
-            head, table_key, items, to_json = self.snapshot_parts()
-            marker = self._snapshot_taken()
-            table: dict[str, Any] = {}
-            for start in range(0, len(items), SNAPSHOT_STEP_ENTRIES):
-                if start:
-                    await asyncio.sleep(0)
-                for key, value in items[start:start + SNAPSHOT_STEP_ENTRIES]:
-                    table[key] = to_json(value)
-            head[table_key] = table
-            try:
-                written = await asyncio.to_thread(self._write_in_thread, head, gen)
-            except BaseException:
-                self._dirty = True
-                raise
-            if written:
-                self._snapshot_written(marker)
-            return written
-        finally:
-            self._snapshotting = False
+            written = await asyncio.to_thread(self._write_in_thread, head, gen)
+        except BaseException:
+            self._dirty = True
+            raise
+        if written:
+            self._snapshot_written(marker)
+        return written
 
     def _write_in_thread(self, obj: dict[str, Any], generation: int) -> bool:
         return self._file.write_raw(jsonx.dumps_pretty(obj), generation)
@@ -292,20 +333,24 @@ class JournaledJsonTable(JsonPersisted):
         kept = [(c, line) for c, line in self._journal_lines if c > keep_above]
         if len(kept) == len(self._journal_lines):
             return
+        self._write_journal(kept)
+
+    def _write_journal(self, lines: list[tuple[int, bytes]]) -> None:
+        """The journal file holds exactly ``lines`` (written to a temporary file and renamed; removed if none)."""
         if self._journal_fd is not None:
             os.close(self._journal_fd)
             self._journal_fd = None
-        if kept:
+        if lines:
             tmp = self._journal_path + ".tmp"
             with open(tmp, "wb") as fh:
-                fh.write(b"".join(line for _, line in kept))
+                fh.write(b"".join(line for _, line in lines))
             os.replace(tmp, self._journal_path)
         else:
             try:
                 os.unlink(self._journal_path)
             except FileNotFoundError:
                 pass
-        self._journal_lines = kept
+        self._journal_lines = lines
 
     def close_journal(self) -> None:
         if self._journal_fd is not None:
@@ -320,14 +365,21 @@ class JournaledJsonTable(JsonPersisted):
         self._file_counter = counter
         self._compact_journal(min(bak_counter, counter))
 
-    def reset_journal(self) -> None:
-        """After the whole table was replaced and persisted (slave sync): the journal's lines no longer apply."""
-        self._journal_lines = []
-        self.close_journal()
-        try:
-            os.unlink(self._journal_path)
-        except FileNotFoundError:
-            pass
+    async def install_replacement(self, install: Callable[[], None]) -> None:
+        """Slave sync: ``install()`` swaps in the master's table and data version (built beforehand, in steps);
+        the table is then written as a snapshot (in steps and a worker thread) and the replaced table's journal
+        lines are dropped. It waits for a snapshot on its way, so that one cannot fold the new table's journal
+        by the old table's counters. Until the snapshot is written, the files still hold the replaced table with
+        its journal (a crash meanwhile restarts from it, and the next sync replaces it again)."""
+        async with self._snapshot_lock:
+            install()
+            self._journal_lines = []  # the replaced table's lines no longer apply (the file is rewritten below)
+            self._file_counter = self.data_version.counter
+            self._dirty = True
+            try:
+                await self._snapshot_locked()
+            finally:
+                self._write_journal(list(self._journal_lines))
 
     def _snapshot_taken(self) -> Any:
         return self.data_version.counter

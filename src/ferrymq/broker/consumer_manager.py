@@ -144,6 +144,8 @@ class ConsumerManager:
         self.groups: dict[str, ConsumerGroupInfo] = {}
         #: connection -> the groups it has a channel in (a closed connection costs O(its groups))
         self._groups_of_conn: dict[Any, set[str]] = {}
+        #: client id -> its channels, keyed by (group, connection) (request-reply finds one in O(1))
+        self._by_client: dict[str, dict[tuple[str, Any], ClientChannel]] = {}
         #: (group, channels) after the group's channel set changed
         self.on_ids_changed: Callable[[str, list[ClientChannel]], None] | None = None
 
@@ -159,10 +161,15 @@ class ConsumerManager:
         ch = info.channels.get(conn)
         changed = ch is None or ch.client_id != client_id
         if ch is None:
-            info.channels[conn] = ClientChannel(conn, client_id, language, version, now)
+            ch = info.channels[conn] = ClientChannel(conn, client_id, language, version, now)
             self._groups_of_conn.setdefault(conn, set()).add(data.group)
+            index_channel(self._by_client, data.group, ch)
         else:
-            ch.client_id, ch.last_update_ms = client_id, now
+            if ch.client_id != client_id:
+                unindex_channel(self._by_client, data.group, ch)
+                ch.client_id = client_id
+                index_channel(self._by_client, data.group, ch)
+            ch.last_update_ms = now
         for sub in data.subscriptions:
             old = info.subscriptions.get(sub.topic)
             if (old is None or old.sub_version < sub.sub_version or old.sub_string != sub.sub_string
@@ -177,14 +184,18 @@ class ConsumerManager:
 
     def unregister(self, conn: Any, group: str) -> None:
         info = self.groups.get(group)
-        if info is not None and info.channels.pop(conn, None) is not None:
+        ch = info.channels.pop(conn, None) if info is not None else None
+        if info is not None and ch is not None:
+            unindex_channel(self._by_client, group, ch)
             self._forget(conn, group)
             self._after_removal(info)
 
     def channel_closed(self, conn: Any) -> None:
         for group in sorted(self._groups_of_conn.pop(conn, ())):
             info = self.groups.get(group)
-            if info is not None and info.channels.pop(conn, None) is not None:
+            ch = info.channels.pop(conn, None) if info is not None else None
+            if info is not None and ch is not None:
+                unindex_channel(self._by_client, group, ch)
                 self._after_removal(info)
 
     def _forget(self, conn: Any, group: str) -> None:
@@ -201,6 +212,7 @@ class ConsumerManager:
             stale = [c for c, ch in info.channels.items() if now - ch.last_update_ms > self.channel_expired_ms]
             for conn in stale:
                 ch = info.channels.pop(conn)
+                unindex_channel(self._by_client, info.group, ch)
                 self._forget(conn, info.group)
                 log.info("consumer channel %s of group %s expired", ch.client_id, info.group)
                 close = getattr(conn, "close", None)
@@ -232,9 +244,26 @@ class ConsumerManager:
         return [g for g, info in self.groups.items() if topic in info.subscriptions]
 
     def find_channel(self, client_id: str) -> ClientChannel | None:
-        """An open channel of ``client_id`` in any group (request-reply pushes go to it)."""
-        for info in self.groups.values():
-            for ch in info.channels.values():
-                if ch.client_id == client_id and not getattr(ch.conn, "closed", False):
-                    return ch
-        return None
+        """An open channel of ``client_id`` in any group (request-reply pushes go to it): O(its channels)."""
+        return find_open_channel(self._by_client, client_id)
+
+
+def index_channel(by_client: dict[str, dict[tuple[str, Any], ClientChannel]], group: str, ch: ClientChannel) -> None:
+    by_client.setdefault(ch.client_id, {})[(group, ch.conn)] = ch
+
+
+def unindex_channel(by_client: dict[str, dict[tuple[str, Any], ClientChannel]], group: str,
+                    ch: ClientChannel) -> None:
+    channels = by_client.get(ch.client_id)
+    if channels is not None:
+        channels.pop((group, ch.conn), None)
+        if not channels:
+            del by_client[ch.client_id]
+
+
+def find_open_channel(by_client: dict[str, dict[tuple[str, Any], ClientChannel]], client_id: str
+                      ) -> ClientChannel | None:
+    for ch in by_client.get(client_id, {}).values():
+        if not getattr(ch.conn, "closed", False):
+            return ch
+    return None

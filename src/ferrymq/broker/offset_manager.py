@@ -10,10 +10,11 @@ Indexes topic -> groups and group -> topics keep the per-topic and per-group loo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ferrymq.broker.config_file import JsonPersisted
+from ferrymq.broker.config_file import SNAPSHOT_STEP_ENTRIES, JsonPersisted, json_object_in_steps
 
 TOPIC_GROUP_SEPARATOR = "@"
 
@@ -57,6 +58,9 @@ class ConsumerOffsetManager(JsonPersisted):
     def topics_of_group(self, group: str) -> set[str]:
         return set(self._topics_by_group.get(group, ()))
 
+    def groups_with_offsets(self) -> list[str]:
+        return list(self._topics_by_group)
+
     def remove_topic(self, topic: str) -> None:
         for group in self._groups_by_topic.pop(topic, set()):
             self.table.pop(self.key(topic, group), None)
@@ -80,8 +84,8 @@ class ConsumerOffsetManager(JsonPersisted):
     def encode(self) -> dict[str, Any]:
         return {"offsetTable": {k: dict(v) for k, v in self.table.items()}}
 
-    def snapshot_parts(self) -> tuple[dict[str, Any], str, list[tuple[str, Any]], Callable[[Any], Any]]:
-        return {}, "offsetTable", list(self.table.items()), dict
+    def snapshot_parts(self) -> tuple[dict[str, Any], str, Mapping[str, Any], Callable[[Any], Any]]:
+        return {}, "offsetTable", self.table, dict
 
     def decode(self, obj: dict[str, Any]) -> None:
         for k, queues in (obj.get("offsetTable") or {}).items():
@@ -90,13 +94,19 @@ class ConsumerOffsetManager(JsonPersisted):
                 self._index_key(key)
             self.table[key] = {int(q): int(o) for q, o in (queues or {}).items()}
 
-    def merge_from_master(self, obj: dict[str, Any]) -> dict[tuple[str, int], int]:
+    async def merge_from_master(self, obj: dict[str, Any]) -> dict[tuple[str, int], int]:
         """Slave sync: the master's table wins per queue, except where this slave holds a larger offset
         committed here (while the master was down): that one is kept, and returned so the slave hands it to the
         master (UPDATE_CONSUMER_OFFSET) and consumers going back to the master are not rewound. Offsets the
         master reset below an older slave value are kept as the master has them: only commits made on the slave
-        since the last merge count."""
-        self.decode(obj)
+        since the last merge count. The master's keys are taken SNAPSHOT_STEP_ENTRIES at a time between yields
+        to the event loop."""
+        master = obj.get("offsetTable") or {}
+        keys = list(master)
+        for start in range(0, len(keys), SNAPSHOT_STEP_ENTRIES):
+            if start:
+                await asyncio.sleep(0)
+            self.decode({"offsetTable": {key: master[key] for key in keys[start:start + SNAPSHOT_STEP_ENTRIES]}})
         push: dict[tuple[str, int], int] = {}
         for (key, queue_id), offset in list((self.local_commits or {}).items()):
             if key not in self.table:
@@ -107,10 +117,15 @@ class ConsumerOffsetManager(JsonPersisted):
                 push[(key, queue_id)] = offset
             elif self.local_commits is not None:
                 del self.local_commits[(key, queue_id)]
+        self._dirty = True
         return push
 
     def pushed(self, key: str, queue_id: int, offset: int) -> None:
         """The master took a local commit: forget it unless a newer one came meanwhile."""
         if self.local_commits is not None and self.local_commits.get((key, queue_id)) == offset:
             del self.local_commits[(key, queue_id)]
-        self.persist()
+
+    async def table_json(self) -> bytes:
+        """GET_ALL_CONSUMER_OFFSET's body (``encode()``'s content), encoded SNAPSHOT_STEP_ENTRIES keys at a time
+        between yields to the event loop; each key's queues as they are when its step runs."""
+        return b'{"offsetTable":' + await json_object_in_steps(self.table, dict) + b"}"

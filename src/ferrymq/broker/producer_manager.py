@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ferrymq.broker.consumer_manager import CHANNEL_EXPIRED_MS, ClientChannel
+from ferrymq.broker.consumer_manager import (
+    CHANNEL_EXPIRED_MS,
+    ClientChannel,
+    find_open_channel,
+    index_channel,
+    unindex_channel,
+)
 
 
 class ProducerManager:
@@ -15,20 +21,25 @@ class ProducerManager:
         self.groups: dict[str, dict[Any, ClientChannel]] = {}
         #: connection -> the groups it has a channel in (a closed connection costs O(its groups))
         self._groups_of_conn: dict[Any, set[str]] = {}
+        #: client id -> its channels, keyed by (group, connection) (request-reply finds one in O(1))
+        self._by_client: dict[str, dict[tuple[str, Any], ClientChannel]] = {}
 
     def register(self, conn: Any, group: str, client_id: str, language: str, version: int) -> None:
         chans = self.groups.setdefault(group, {})
         ch = chans.get(conn)
         if ch is None:
-            chans[conn] = ClientChannel(conn, client_id, language, version, self._clock_ms())
+            ch = chans[conn] = ClientChannel(conn, client_id, language, version, self._clock_ms())
             self._groups_of_conn.setdefault(conn, set()).add(group)
+            index_channel(self._by_client, group, ch)
         else:
             ch.last_update_ms = self._clock_ms()
 
     def unregister(self, conn: Any, group: str) -> None:
         chans = self.groups.get(group)
         if chans is not None:
-            chans.pop(conn, None)
+            ch = chans.pop(conn, None)
+            if ch is not None:
+                unindex_channel(self._by_client, group, ch)
             self._forget(conn, group)
             if not chans:
                 del self.groups[group]
@@ -50,7 +61,7 @@ class ProducerManager:
         removed = 0
         for group, chans in list(self.groups.items()):
             for conn in [c for c, ch in chans.items() if now - ch.last_update_ms > self.channel_expired_ms]:
-                del chans[conn]
+                unindex_channel(self._by_client, group, chans.pop(conn))
                 self._forget(conn, group)
                 removed += 1
             if not chans:
@@ -61,9 +72,5 @@ class ProducerManager:
         return list(self.groups.get(group, {}).values())
 
     def find_channel(self, client_id: str) -> ClientChannel | None:
-        """An open channel of ``client_id`` in any group (request-reply pushes go to it)."""
-        for chans in self.groups.values():
-            for ch in chans.values():
-                if ch.client_id == client_id and not getattr(ch.conn, "closed", False):
-                    return ch
-        return None
+        """An open channel of ``client_id`` in any group (request-reply pushes go to it): O(its channels)."""
+        return find_open_channel(self._by_client, client_id)

@@ -5,6 +5,10 @@
 | topics              | GET_ALL_TOPIC_CONFIG (21)             | METADATA_POLL_MS (500)  | data version differs -> replace table + version, persist |
 | subscription groups | GET_ALL_SUBSCRIPTIONGROUP_CONFIG (201) | METADATA_POLL_MS       | data version differs -> replace, persist |
 | consumer offsets    | GET_ALL_CONSUMER_OFFSET (43)          | OFFSET_SYNC_MS (1000)   | merge (below), persist        |
+
+Each table is taken in steps between yields to the event loop (``replace_all`` / ``merge_from_master``) and
+persisted as a snapshot built in steps and written by a worker thread, so a sync of an estate-size table
+never holds the slave's loop; the master likewise encodes its answers in steps (processors/admin.py).
 | delay offsets       | GET_ALL_DELAY_OFFSET (45)             | slaveSyncInterval (10 s)| body written verbatim to ``delayOffset.json`` |
 
 Topics and groups are asked for with the slave's data version (``knownDataVersion``, a ferrymq extension,
@@ -210,7 +214,7 @@ class SlaveSynchronize:
         if topics is None or not isinstance(obj, dict):
             return
         if _version_of(obj) != _local_version(topics):
-            topics.replace_all(obj)
+            await topics.replace_all(obj)
             log.info(
                 "slave sync: topic config replaced from master %s (%d topics)",
                 addr,
@@ -225,8 +229,7 @@ class SlaveSynchronize:
         offsets = _attr(self.controller, "offsets", "offset_manager")
         if offsets is None or not isinstance(obj, dict):
             return
-        push = offsets.merge_from_master(obj)
-        offsets.persist()
+        push = await offsets.merge_from_master(obj)
         for (key, queue_id), offset in push.items():
             topic, _, group = key.partition("@")
             cmd = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
@@ -236,6 +239,7 @@ class SlaveSynchronize:
                 offsets.pushed(key, queue_id, offset)
                 log.info("slave sync: handed offset %d of %s queue %d (committed here) to the master", offset, key,
                          queue_id)
+        await offsets.snapshot_if_dirty()
 
     async def sync_delay_offset(self, addr: str) -> None:
         body = await self._fetch(addr, RequestCode.GET_ALL_DELAY_OFFSET)
@@ -245,7 +249,7 @@ class SlaveSynchronize:
         if schedule is None:
             return
         jsonx.loads(body)  # only write something that parses
-        schedule.write_raw(bytes(body))
+        await asyncio.to_thread(schedule.write_raw, bytes(body))  # tmp + fsync + rename: off the event loop
 
     async def sync_subscription_group_config(self, addr: str) -> None:
         groups = _attr(self.controller, "groups", "subscription_manager")
@@ -257,5 +261,5 @@ class SlaveSynchronize:
         if groups is None or not isinstance(obj, dict):
             return
         if _version_of(obj) != _local_version(groups):
-            groups.replace_all(obj)
+            await groups.replace_all(obj)
             log.info("slave sync: subscription groups replaced from master %s", addr)

@@ -7,13 +7,15 @@ by the broker's snapshot timer (config_file.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ferrymq.broker.config_file import JournaledJsonTable
+from ferrymq.broker.config_file import SNAPSHOT_STEP_ENTRIES, JournaledJsonTable, json_object_in_steps
 from ferrymq.broker.headers import JAVA_INT_MAX, JAVA_INT_MIN
 from ferrymq.common.topic import DataVersion
+from ferrymq.remoting import jsonx
 
 DEFAULT_RETRY_MAX_TIMES = 16
 
@@ -96,8 +98,8 @@ class SubscriptionGroupManager(JournaledJsonTable):
         else:
             self.journal_put(group, cfg.to_json())
 
-    def snapshot_parts(self) -> tuple[dict[str, Any], str, list[tuple[str, Any]], Callable[[Any], Any]]:
-        return ({"dataVersion": self.data_version.to_json()}, "subscriptionGroupTable", list(self.table.items()),
+    def snapshot_parts(self) -> tuple[dict[str, Any], str, Mapping[str, Any], Callable[[Any], Any]]:
+        return ({"dataVersion": self.data_version.to_json()}, "subscriptionGroupTable", self.table,
                 SubscriptionGroupConfig.to_json)
 
     def apply_journal(self, key: str, value: Any | None) -> None:
@@ -119,8 +121,30 @@ class SubscriptionGroupManager(JournaledJsonTable):
             self.table[str(name)] = SubscriptionGroupConfig.from_json(raw)
         self.data_version = DataVersion.from_json(obj.get("dataVersion"))
 
-    def replace_all(self, obj: dict[str, Any]) -> None:
-        self.table = {}
-        self.decode(obj)
-        self.persist()
-        self.reset_journal()
+    async def replace_all(self, obj: dict[str, Any]) -> None:
+        """Slave sync: take the master's table and data version wholesale, built SNAPSHOT_STEP_ENTRIES groups
+        at a time between yields to the event loop and swapped in at once; then written as a snapshot
+        (config_file.install_replacement)."""
+        master = obj.get("subscriptionGroupTable") or {}
+        names = list(master)
+        version = DataVersion.from_json(obj.get("dataVersion"))
+        table: dict[str, SubscriptionGroupConfig] = {}
+        for start in range(0, len(names), SNAPSHOT_STEP_ENTRIES):
+            if start:
+                await asyncio.sleep(0)
+            for name in names[start:start + SNAPSHOT_STEP_ENTRIES]:
+                raw = master[name]
+                table[str(name)] = SubscriptionGroupConfig.from_json({**raw, "groupName": raw.get("groupName", name)})
+
+        def install() -> None:
+            self.table = table
+            self.data_version = version
+
+        await self.install_replacement(install)
+
+    async def table_json(self) -> bytes:
+        """GET_ALL_SUBSCRIPTIONGROUP_CONFIG's body (``encode()``'s content), encoded in steps. The data version
+        is the one before the steps: a change meanwhile makes a slave that holds this body ask again."""
+        head = b'{"dataVersion":' + jsonx.dumps(self.data_version.to_json()) + b',"subscriptionGroupTable":'
+        body = await json_object_in_steps(self.table, SubscriptionGroupConfig.to_json)
+        return head + body + b"}"

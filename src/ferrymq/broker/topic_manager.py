@@ -10,12 +10,13 @@ topic (``wrapper_json``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ferrymq.broker.config_file import JournaledJsonTable
+from ferrymq.broker.config_file import SNAPSHOT_STEP_ENTRIES, JournaledJsonTable
 from ferrymq.common.topic import (
     BENCHMARK_TOPIC,
     DEFAULT_TOPIC,
@@ -89,7 +90,9 @@ class TopicManager(JournaledJsonTable):
             tc = self.table[DEFAULT_TOPIC]
             self.table[DEFAULT_TOPIC] = TopicConfig(tc.topic_name, tc.read_queue_nums, tc.write_queue_nums, RW,
                                                     tc.topic_filter_type, tc.topic_sys_flag, tc.order)
-        self._fragments = None
+        # built here, before the broker serves, so that no registration or GET_ALL_TOPIC_CONFIG builds them
+        # all at once on the running event loop
+        self._fragments = {name: _fragment(tc) for name, tc in self.table.items()}
 
     def decode(self, obj: dict[str, Any]) -> None:
         for name, raw in (obj.get("topicConfigTable") or {}).items():
@@ -104,8 +107,8 @@ class TopicManager(JournaledJsonTable):
             "topicConfigTable": {name: tc.to_json() for name, tc in self.table.items()},
         }
 
-    def snapshot_parts(self) -> tuple[dict[str, Any], str, list[tuple[str, Any]], Callable[[Any], Any]]:
-        return ({"dataVersion": self.data_version.to_json()}, "topicConfigTable", list(self.table.items()),
+    def snapshot_parts(self) -> tuple[dict[str, Any], str, Mapping[str, Any], Callable[[Any], Any]]:
+        return ({"dataVersion": self.data_version.to_json()}, "topicConfigTable", self.table,
                 TopicConfig.to_json)
 
     def apply_journal(self, key: str, value: Any | None) -> None:
@@ -217,19 +220,35 @@ class TopicManager(JournaledJsonTable):
         self._changed(topic)
         return True
 
-    def replace_all(self, obj: dict[str, Any]) -> None:
+    async def replace_all(self, obj: dict[str, Any]) -> None:
         """Slave sync: take the master's table and data version wholesale. A topic the master no longer has
-        was deleted there: the slave stops serving it from its own queues too."""
-        before = set(self.table)
-        self.table = {}
-        self.decode(obj)
-        removed = before - set(self.table)
-        self._deleted_on_master = (self._deleted_on_master | removed) - set(self.table)
-        for name in removed:
-            self._derived.pop(name, None)
-        self._fragments = None
-        self.persist()
-        self.reset_journal()
+        was deleted there: the slave stops serving it from its own queues too. The new table (and its
+        registration fragments) is built SNAPSHOT_STEP_ENTRIES topics at a time between yields to the event
+        loop and swapped in at once; then written as a snapshot (config_file.install_replacement)."""
+        master = obj.get("topicConfigTable") or {}
+        names = list(master)
+        version = DataVersion.from_json(obj.get("dataVersion"))
+        table: dict[str, TopicConfig] = {}
+        fragments: dict[str, bytes] = {}
+        for start in range(0, len(names), SNAPSHOT_STEP_ENTRIES):
+            if start:
+                await asyncio.sleep(0)
+            for name in names[start:start + SNAPSHOT_STEP_ENTRIES]:
+                raw = master[name]
+                tc = TopicConfig.from_json({**raw, "topicName": raw.get("topicName", name)})
+                table[str(name)] = tc
+                fragments[str(name)] = _fragment(tc)
+
+        def install() -> None:
+            removed = [name for name in self.table if name not in table]
+            self.table = table
+            self.data_version = version
+            self._deleted_on_master = {n for n in self._deleted_on_master if n not in table} | set(removed)
+            for name in removed:
+                self._derived.pop(name, None)
+            self._fragments = fragments
+
+        await self.install_replacement(install)
 
     def random_queue_id(self, tc: TopicConfig) -> int:
         return random.randrange(max(1, tc.write_queue_nums))

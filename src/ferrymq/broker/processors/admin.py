@@ -7,9 +7,9 @@
 | 200  | UPDATE_AND_CREATE_SUBSCRIPTIONGROUP | SUCCESS                                               |
 | 207  | DELETE_SUBSCRIPTIONGROUP          | SUCCESS                                                 |
 | 21   | GET_ALL_TOPIC_CONFIG              | TopicConfigSerializeWrapper JSON (none when unchanged)  |
-| 43   | GET_ALL_CONSUMER_OFFSET           | {"offsetTable":{"t@g":{"0":n}}}                         |
+| 43   | GET_ALL_CONSUMER_OFFSET           | {"offsetTable":{"t@g":{"0":n}}} (encoded in steps)      |
 | 45   | GET_ALL_DELAY_OFFSET              | {"offsetTable":{"1":n}}                                 |
-| 201  | GET_ALL_SUBSCRIPTIONGROUP_CONFIG  | {"dataVersion":…,"subscriptionGroupTable":…} (likewise) |
+| 201  | GET_ALL_SUBSCRIPTIONGROUP_CONFIG  | {"dataVersion":…,"subscriptionGroupTable":…} (likewise; encoded in steps) |
 | 28   | GET_BROKER_RUNTIME_INFO           | {"table":{k: str}}                                      |
 | 30/31| GET_MAX_OFFSET / GET_MIN_OFFSET   | header offset                                           |
 | 29   | SEARCH_OFFSET_BY_TIMESTAMP        | header offset                                           |
@@ -161,18 +161,19 @@ class AdminProcessor:
     def all_topics(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         if _unchanged(cmd, self.ctx.topics.data_version):
             return cmd.response(R.SUCCESS, {UNCHANGED_FIELD: "true"})
-        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.topics.encode()))
+        # joined from the kept per-topic fragments: no encode of every topic on the event loop
+        return cmd.response(R.SUCCESS, body=self.ctx.topics.wrapper_json())
 
-    def all_offsets(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.offsets.encode()))
+    async def all_offsets(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(R.SUCCESS, body=await self.ctx.offsets.table_json())
 
     def all_delay_offsets(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.schedule.encode()))
+        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.schedule.encode()))  # one entry per delay level
 
-    def all_groups(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+    async def all_groups(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         if _unchanged(cmd, self.ctx.groups.data_version):
             return cmd.response(R.SUCCESS, {UNCHANGED_FIELD: "true"})
-        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.groups.encode()))
+        return cmd.response(R.SUCCESS, body=await self.ctx.groups.table_json())
 
     def runtime_info(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.response(R.SUCCESS, body=jsonx.dumps({"table": self.ctx.runtime_info()}))

@@ -35,7 +35,9 @@ BROKER_* names and 0 otherwise, ``avgpt`` 0. Other names: SYSTEM_ERROR naming it
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.headers import get_int, get_str
@@ -55,6 +57,8 @@ log = logging.getLogger(__name__)
 RESET_TO_MAX_TIMESTAMP = -1
 #: remark of an offset change asked of a slave
 SLAVE_OFFSETS_REMARK = "consumer offsets are changed on the master broker, not on a slave"
+#: GET_BROKER_CONSUME_STATS: queues looked up in the store between two yields to the event loop
+BROKER_CONSUME_STATS_STEP_QUEUES = 200
 #: VIEW_BROKER_STATS_DATA names served
 STATS_TOPIC_PUT_NUMS = "TOPIC_PUT_NUMS"
 STATS_TOPIC_PUT_SIZE = "TOPIC_PUT_SIZE"
@@ -95,7 +99,7 @@ class OpsProcessor:
         return cmd.response(R.SUCCESS, {"offset": hi, "maxOffset": hi, "minOffset": store.min_phy_offset})
 
     def topic_config_list(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(R.SUCCESS, body=jsonx.dumps(self.ctx.topics.encode()))
+        return cmd.response(R.SUCCESS, body=self.ctx.topics.wrapper_json())  # joined from per-topic fragments
 
     def delete_expired_commitlog(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         deleted = self.ctx.store.delete_expired_files()
@@ -150,7 +154,7 @@ class OpsProcessor:
                                                          "brokerAddr": self.ctx.broker_addr}))
 
     # ---- offsets ------------------------------------------------------------------------------------
-    def reset_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+    def reset_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         ctx = self.ctx
         if ctx.config.is_slave:
             return cmd.response(R.SYSTEM_ERROR, remark=SLAVE_OFFSETS_REMARK)
@@ -175,12 +179,17 @@ class OpsProcessor:
             new = target if force or committed < 0 or target < committed else committed
             ctx.offsets.commit(group, topic, qid, new)
             table.append((self._mq(topic, qid), new))
-        ctx.offsets.persist()
         body = jsonx.dumps({"offsetTable": jsonx.object_keyed(table)})
         told = self._tell_clients(group, cmd.ext_fields, body)
         log.info("offsets of %s on %s reset to timestamp %d (force=%s) from %s; %d client(s) told", group, topic,
                  timestamp, force, getattr(conn, "peer_addr", "?"), told)
-        return cmd.response(R.SUCCESS, {"clientsNotified": told}, body=body)
+        return self._persisted(cmd.response(R.SUCCESS, {"clientsNotified": told}, body=body))
+
+    async def _persisted(self, answer: RemotingCommand) -> RemotingCommand:
+        """``answer`` once the offsets are in consumerOffset.json (a snapshot built in steps and written by a
+        worker thread: the whole table is never encoded in one block on the event loop)."""
+        await self.ctx.offsets.snapshot_now()
+        return answer
 
     def _tell_clients(self, group: str, header: dict[str, str], body: bytes) -> int:
         info = self.ctx.consumers.get(group)
@@ -199,7 +208,7 @@ class OpsProcessor:
                 log.warning("RESET_CONSUMER_CLIENT_OFFSET to %s failed: %s", ch.client_id, exc)
         return told
 
-    def clone_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+    def clone_offset(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         ctx = self.ctx
         if ctx.config.is_slave:
             return cmd.response(R.SYSTEM_ERROR, remark=SLAVE_OFFSETS_REMARK)
@@ -215,9 +224,8 @@ class OpsProcessor:
             for qid, offset in sorted(ctx.offsets.table.get(ctx.offsets.key(topic, src), {}).items()):
                 ctx.offsets.commit(dest, topic, qid, offset)
                 cloned += 1
-        ctx.offsets.persist()
         log.info("offsets of %s cloned to %s (%d queue(s))", src, dest, cloned)
-        return cmd.response(R.SUCCESS, {"clonedQueues": cloned})
+        return self._persisted(cmd.response(R.SUCCESS, {"clonedQueues": cloned}))
 
     # ---- stats --------------------------------------------------------------------------------------
     def stats_data(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
@@ -239,26 +247,35 @@ class OpsProcessor:
                 for period, rate in zip(("statsMinute", "statsHour", "statsDay"), rates, strict=True)}
         return cmd.response(R.SUCCESS, body=jsonx.dumps(body))
 
-    def broker_consume_stats(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+    async def broker_consume_stats(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        """Every committed offset with its queue's figures, group by group (sorted): BROKER_CONSUME_STATS_STEP_QUEUES
+        queues between two yields to the event loop (a store look-up per queue; 100,000 queues in one block held
+        the loop for a second)."""
         ctx = self.ctx
         only_order = _true(cmd.ext_fields.get("isOrder"))
         store = ctx.store
-        per_group: dict[str, list[tuple[dict[str, Any], dict[str, int]]]] = {}
+        offsets = ctx.offsets
+        stats_list: list[dict[str, Any]] = []
         total_diff = 0
-        for key, queues in sorted(ctx.offsets.table.items()):
-            topic, _, group = key.partition("@")
-            tc = ctx.topics.get(topic)
-            if tc is None or is_sys_topic(topic) or (only_order and not tc.order):
-                continue
-            rows = per_group.setdefault(group, [])
-            for qid in sorted(queues):
-                broker_off = max(0, store.get_max_offset_in_queue(topic, qid))
-                consumer_off = max(0, queues[qid])
-                last = store.get_message_store_timestamp(topic, qid, consumer_off - 1) if consumer_off > 0 else 0
-                total_diff += max(0, broker_off - consumer_off)
-                rows.append((self._mq(topic, qid), {"brokerOffset": broker_off, "consumerOffset": consumer_off,
-                                                    "lastTimestamp": max(0, last)}))
-        stats_list = [{group: [{"consumeTps": 0.0, "offsetTable": jsonx.object_keyed(rows)}]}
-                      for group, rows in per_group.items()]
+        looked_up = 0
+        for group in sorted(offsets.groups_with_offsets()):
+            rows: list[tuple[dict[str, Any], dict[str, int]]] = []
+            for topic in sorted(offsets.topics_of_group(group)):
+                tc = ctx.topics.get(topic)
+                queues = offsets.table.get(offsets.key(topic, group))
+                if tc is None or not queues or is_sys_topic(topic) or (only_order and not tc.order):
+                    continue
+                for qid, committed in sorted(queues.items()):
+                    looked_up += 1
+                    if looked_up % BROKER_CONSUME_STATS_STEP_QUEUES == 0:
+                        await asyncio.sleep(0)
+                    broker_off = max(0, store.get_max_offset_in_queue(topic, qid))
+                    consumer_off = max(0, committed)
+                    last = store.get_message_store_timestamp(topic, qid, consumer_off - 1) if consumer_off > 0 else 0
+                    total_diff += max(0, broker_off - consumer_off)
+                    rows.append((self._mq(topic, qid), {"brokerOffset": broker_off, "consumerOffset": consumer_off,
+                                                        "lastTimestamp": max(0, last)}))
+            if rows:  # encoded at once: a group's rows do not stay alive as objects until the end
+                stats_list.append({group: [{"consumeTps": 0.0, "offsetTable": jsonx.object_keyed(rows)}]})
         body = {"brokerAddr": ctx.broker_addr, "totalDiff": total_diff, "consumeStatsList": stats_list}
         return cmd.response(R.SUCCESS, body=jsonx.dumps(body))
