@@ -9,7 +9,10 @@ broker group in controller mode with its defaults (SYNC, ``allAckInSyncStateSet=
 and waits until the group is whole again. ``NemesisGroup.verify`` then checks the history:
 
 * every SEND_OK body is in the master's log, and the record at the acknowledged phy offset is that body;
-* per epoch (from the master's epoch file) one broker only acknowledged sends;
+* per epoch (from the master's epoch file) one broker only acknowledged the sends that survived;
+* per failover round, no SEND_OK of the old master arrived after the first SEND_OK of the new one (the two
+  never acknowledged at the same time: this covers what ASYNC replication acknowledged and lost, whose
+  offsets the new epoch reuses);
 * every replica's commit log is byte-identical to the master's (all caught up once the producer stopped);
 * duplicates (a body stored twice: a producer retry after an answer that was not SEND_OK) are counted.
 """
@@ -284,6 +287,15 @@ class RoundResult:
     unavailable_s: float
     #: wall-clock ms when the fault was injected (to compare with other clients' logs)
     fault_at_ms: float = 0.0
+    #: failover rounds: seconds from the fault to the old master's last SEND_OK / the new master's first
+    #: (-1: none); the old master's last one must come first
+    old_last_ack_s: float = -1.0
+    new_first_ack_s: float = -1.0
+
+    @property
+    def overlap(self) -> bool:
+        """Did the old master acknowledge after the new one had started to?"""
+        return 0 <= self.new_first_ack_s < self.old_last_ack_s
 
 
 @dataclass
@@ -434,6 +446,12 @@ class NemesisGroup:
             if later:
                 unavailable = min(a.at for a in later) - t0
         result = RoundResult(action, victim, master, int(after["masterId"]), unavailable, fault_at_ms)
+        if producer is not None and action in FAILOVER_ACTIONS:
+            old_addr = self.replicas[master].addr
+            new_addr = self.replicas[result.master_after].addr
+            since = producer.acks_after(t0)
+            result.old_last_ack_s = max((a.at - t0 for a in since if a.host == old_addr), default=-1.0)
+            result.new_first_ack_s = min((a.at - t0 for a in since if a.host == new_addr), default=-1.0)
         self.rounds.append(result)
         return result
 
@@ -466,9 +484,11 @@ class NemesisGroup:
         wait_for(elected, timeout_s=HEAL_TIMEOUT_S, what=f"a master other than replica {old}", alive=self.alive)
 
     # ---- verification -----------------------------------------------------------------------
-    def verify(self, producer: ProducerLoop, extra_bodies: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    def verify(self, producer: ProducerLoop, extra_bodies: list[str] = (),  # type: ignore[assignment]
+               *, allow_loss: bool = False) -> dict[str, Any]:
         """Stop-the-world checks once ``producer`` stopped (and any other producer whose acknowledged bodies are
-        ``extra_bodies``); raises AssertionError naming the violation."""
+        ``extra_bodies``); raises AssertionError naming the violation. ``allow_loss`` (ASYNC replication):
+        acknowledged messages missing are counted, not a violation; everything else still is."""
         st = self.wait_whole()
         master = self.replicas[int(st["masterId"])]
 
@@ -496,15 +516,24 @@ class NemesisGroup:
         entries = EpochFile(str(master.store_dir / EPOCH_FILE_NAME)).entries()
         ackers: dict[int, set[str]] = {}
         for a in producer.acks:
-            ackers.setdefault(_epoch_at(entries, a.phy_offset), set()).add(a.host)
+            if by_offset.get(a.phy_offset) == a.body:  # a lost one's offset belongs to a later epoch
+                ackers.setdefault(_epoch_at(entries, a.phy_offset), set()).add(a.host)
         split = {e: hosts for e, hosts in ackers.items() if len(hosts) > 1}
+        overlaps = [r for r in self.rounds if r.overlap]
         duplicates = sum(c - 1 for body, c in counts.items() if c > 1 and body.startswith(producer.run_id))
         duplicates += sum(counts[b] - 1 for b in set(extra_bodies) if counts.get(b, 0) > 1)
         summary = {"send_ok": len(producer.acks) + len(extra_bodies), "lost": len(lost) + len(lost_extra),
                    "misplaced": len(misplaced),
-                   "duplicates": duplicates, "epochs": len(entries), "split_epochs": split, "log_end": end}
-        assert not lost, f"{len(lost)} SEND_OK messages are not in the master's log, e.g. {lost[:3]}: {summary}"
-        assert not lost_extra, f"{len(lost_extra)} acknowledged bodies are not in the log, e.g. {lost_extra[:3]}"
+                   "duplicates": duplicates, "epochs": len(entries), "split_epochs": split,
+                   "overlapping_rounds": len(overlaps), "log_end": end}
+        margins = [r.new_first_ack_s - r.old_last_ack_s for r in self.rounds
+                   if r.old_last_ack_s >= 0 and r.new_first_ack_s >= 0]
+        if margins:  # seconds between the old master's last SEND_OK and the new master's first
+            summary["ack_gap_min_s"] = round(min(margins), 3)
+        if not allow_loss:
+            assert not lost, f"{len(lost)} SEND_OK messages are not in the master's log, e.g. {lost[:3]}: {summary}"
+            assert not lost_extra, f"{len(lost_extra)} acknowledged bodies are not in the log, e.g. {lost_extra[:3]}"
+        assert not overlaps, f"the old master acknowledged after the new master had started to: {overlaps}"
         assert not misplaced, f"{len(misplaced)} SEND_OK offsets hold another record, e.g. {misplaced[:3]}"
         assert not split, f"two brokers acknowledged sends in one epoch: {split}"
         return summary

@@ -1,7 +1,11 @@
 """The leader's work: heartbeats, elections, the dead-master scan, role-change notices.
 
-Only the Raft leader acts. Before it answers anything after winning an election it commits a no-op (so
-its applied state is the committed one) and grants every known replica one heartbeat timeout of grace
+Only the Raft leader acts, and only while a majority of the Raft group answered it within
+``QUORUM_CONTACT_MS`` (check-quorum, ``RaftNode.quorum_contact_age_ms``): a leader cut off from the majority
+stops answering heartbeats, so it renews no master's lease, long before pysyncobj makes it step down. The
+check runs when a request starts and again right before a heartbeat's answer (the one that renews a
+lease). Before it answers anything after winning an election it commits a no-op (so its applied state is
+the committed one) and grants every known replica one heartbeat timeout of grace
 (``LivenessTable.grant_grace``). Elections run one at a time on a leader (``_elect_lock``) and are written
 as compare-and-set ``elect`` commands, so a stale decision is fenced rather than applied.
 """
@@ -17,7 +21,7 @@ from typing import Any
 
 from ferrymq.controller.config import ControllerConfig
 from ferrymq.controller.liveness import LivenessTable
-from ferrymq.controller.raft import NotLeaderError, RaftError, RaftNode
+from ferrymq.controller.raft import QUORUM_CONTACT_MS, NotLeaderError, RaftError, RaftNode
 from ferrymq.controller.state import (
     NO_MASTER,
     NOOP_CMD,
@@ -62,20 +66,34 @@ class ControllerCore:
         self._elect_lock = asyncio.Lock()
         #: elections applied by this node as leader (tests and logs)
         self.elections = 0
+        self._quorum_lost_logged = -1
 
     # ---- leadership ---------------------------------------------------------------------------------
     def leader_listen_addr(self) -> str | None:
         leader = self.raft.leader_addr
         if leader is None:
             return None
-        if leader == self.raft.self_addr and self.listen_addr:
-            return self.listen_addr
+        if leader == self.raft.self_addr:  # not named while it lacks a majority (check-quorum)
+            return (self.listen_addr or None) if self.raft.has_quorum_contact() else None
         return self.raft.controller_addr(leader)
 
-    async def ensure_leader(self) -> None:
-        """Return when this node is the leader with a committed, applied state; NotLeaderError otherwise."""
+    def check_quorum(self) -> None:
+        """NotLeaderError unless this node leads with a majority heard within QUORUM_CONTACT_MS."""
         if not self.raft.is_leader:
             raise NotLeaderError("not the controller leader")
+        age_ms = self.raft.quorum_contact_age_ms()
+        if age_ms > QUORUM_CONTACT_MS:
+            if self._quorum_lost_logged != self.raft.role_generation:
+                self._quorum_lost_logged = self.raft.role_generation
+                log.warning("controller %s leads without a majority (last heard %s ms ago): answering no broker "
+                            "until it hears one again", self.listen_addr,
+                            "never" if age_ms == float("inf") else f"{age_ms:.0f}")
+            raise NotLeaderError("the controller leader lost contact with the majority of its Raft group")
+
+    async def ensure_leader(self) -> None:
+        """Return when this node is the leader with a committed, applied state and a majority heard within
+        QUORUM_CONTACT_MS; NotLeaderError otherwise."""
+        self.check_quorum()
         generation = self.raft.role_generation
         if generation == self._ready_generation:
             return
@@ -86,8 +104,7 @@ class ControllerCore:
             self._barrier = barrier = asyncio.ensure_future(self._become_ready(generation))
         assert barrier is not None
         await asyncio.shield(barrier)
-        if not self.raft.is_leader:
-            raise NotLeaderError("lost the controller leadership")
+        self.check_quorum()
 
     async def _become_ready(self, generation: int) -> None:
         await self.raft.apply(NOOP_CMD)
@@ -134,6 +151,7 @@ class ControllerCore:
         assert group is not None
         if group.master_id == NO_MASTER or not self.liveness.alive(broker_name, group.master_id, self.clock_ms()):
             await self.elect(broker_name, None, reason="no live master")
+        self.check_quorum()  # the answer renews a master's lease: only with a majority heard just now
         return Status.SUCCESS, self.raft.group(broker_name), ""
 
     def forget_channel(self, channel: Any) -> None:

@@ -19,6 +19,16 @@ A restart replays the dump and the journal, so the state survives a crash (a sin
 entries again once it is leader). Timing (seconds, from the heartbeat timeout): an isolated leader steps
 down after ``leaderFallbackTimeout`` = half the broker heartbeat timeout, before a new leader may declare
 a master dead (the new leader's grace is one whole timeout).
+
+**Check-quorum.** pysyncobj's step-down comes late (half the heartbeat timeout) and only when its tick
+thread runs, so the controller does not rely on it: ``quorum_contact_age_ms()`` is how long ago a
+majority of the Raft group (this node included) last answered this leader's appends, read from the same
+per-peer response times pysyncobj's own fallback uses. ``ControllerCore`` answers brokers (renews their
+leases) only while it is below ``QUORUM_CONTACT_MS``. A leader cut off from the majority therefore stops
+renewing leases within ``QUORUM_CONTACT_MS``; with the broker lease (``controllerLeaseMs``) the old master
+stops acknowledging within ``QUORUM_CONTACT_MS + controllerLeaseMs`` (2.5 s with the defaults) of the
+cut, while the majority needs ``RAFT_MIN_TIMEOUT_S`` to elect a new leader and one heartbeat timeout of
+grace before it declares the master dead (3.5 s at the earliest).
 """
 
 from __future__ import annotations
@@ -27,8 +37,10 @@ import asyncio
 import contextlib
 import copy
 import logging
+import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +76,11 @@ MAX_BIND_RETRIES = 3
 APPLY_TIMEOUT_MS = 3000
 #: commands waiting in pysyncobj's queue before it answers QUEUE_FULL
 COMMANDS_QUEUE_SIZE = 10_000
+#: check-quorum: a leader acts as one (answers brokers, renews their leases) only while a majority of the
+#: Raft group answered its appends within this (5 append periods; see the module docstring)
+QUORUM_CONTACT_MS = 500
+#: pysyncobj's private per-peer "last answer" table (monotonic seconds), the one its leader fallback reads
+_LAST_RESPONSE_ATTR = "_SyncObj__lastResponseTime"
 
 
 class RaftError(FerryError):
@@ -181,6 +198,9 @@ class RaftNode:
             raise ConfigError("controllerStorePath", f"cannot create {self.settings.store_path}: {exc}") from None
         obj = SyncObj(self.settings.self_addr, self.settings.other_addrs, conf=self._conf(),
                       consumers=[self._replicated])
+        if not isinstance(getattr(obj, _LAST_RESPONSE_ATTR, None), dict):
+            obj.destroy_synchronous()
+            raise RaftError("this pysyncobj version keeps no per-peer answer times: check-quorum impossible")
         try:
             obj.waitBinded()
         except SyncObjException:
@@ -210,6 +230,29 @@ class RaftNode:
     def is_leader(self) -> bool:
         obj = self._obj
         return obj is not None and bool(obj._isLeader())
+
+    def quorum_contact_age_ms(self) -> float:
+        """How long ago (ms, monotonic) a majority of the Raft group, this node included, last answered this
+        node as leader: 0 for a single node, ``inf`` when not the leader. pysyncobj's tick thread writes the
+        answer times; reading them from another thread is safe under the GIL (one C-level copy)."""
+        obj = self._obj
+        if obj is None or not obj._isLeader():
+            return math.inf
+        others = len(self.settings.other_addrs)
+        if others == 0:
+            return 0.0
+        try:
+            times = sorted(list(getattr(obj, _LAST_RESPONSE_ATTR).values()), reverse=True)
+        except RuntimeError:  # changed size while copied (a leadership change): no verdict, no quorum
+            return math.inf
+        needed = (others + 1) // 2  # peers that make a majority with this node
+        if len(times) < needed:
+            return math.inf
+        return max(0.0, (time.monotonic() - times[needed - 1]) * 1000)
+
+    def has_quorum_contact(self, max_age_ms: float = QUORUM_CONTACT_MS) -> bool:
+        """Leader that heard from a majority within ``max_age_ms`` (check-quorum)."""
+        return self.quorum_contact_age_ms() <= max_age_ms
 
     @property
     def leader_addr(self) -> str | None:
