@@ -19,6 +19,7 @@ declines takes the Python path, which answers as before.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Awaitable
@@ -216,10 +217,13 @@ class SendProcessor:
             return cmd.response(R.NO_PERMISSION, remark=f"Sending message to topic[{h.topic}] is forbidden.")
         tc = ctx.topics.get(h.topic)
         if tc is None:
-            if h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-                tc = ctx.topics.create_sys_group_topic(h.topic, 1, PERM_READ | PERM_WRITE)
-            else:
-                tc = ctx.topics.create_in_send(h.topic, h.default_topic, h.default_topic_queue_nums)
+            try:
+                if h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+                    tc = ctx.topics.create_sys_group_topic(h.topic, 1, PERM_READ | PERM_WRITE)
+                else:
+                    tc = ctx.topics.create_in_send(h.topic, h.default_topic, h.default_topic_queue_nums)
+            except OSError as exc:  # the topic journal could not be written: refuse, nothing is stored
+                return self._refuse_metadata_write(cmd, h.topic, exc)
             if tc is None:
                 return cmd.response(R.TOPIC_NOT_EXIST, remark=f"topic[{h.topic}] not exist, apply first please! "
                                                               "https://rocketmq.apache.org/docs/bestPractice/06FAQ")
@@ -229,6 +233,17 @@ class SendProcessor:
         if not is_writeable(tc.perm):
             return cmd.response(R.NO_PERMISSION, remark=f"the topic[{h.topic}] sending message is forbidden")
         return tc
+
+    def _refuse_metadata_write(self, cmd: RemotingCommand, topic: str, exc: OSError) -> RemotingCommand:
+        """A send whose topic could not be created durably (no descriptor or no disk for topics.json's journal):
+        the same refusal as a store that cannot write, and a (throttled) log line with the cause."""
+        status = {errno.EMFILE: "OPEN_FILES_EXHAUSTED", errno.ENFILE: "OPEN_FILES_EXHAUSTED",
+                  errno.ENOSPC: "DISK_FULL", errno.EDQUOT: "DISK_FULL"}.get(exc.errno or 0)
+        log.warning("cannot create topic %s: %s", topic, exc)
+        if status is None:
+            return cmd.response(R.SYSTEM_ERROR, remark=f"cannot create topic {topic}: {exc.strerror or exc}")
+        outcome = send_outcome(status)
+        return cmd.response(outcome.code, remark=outcome.remark)
 
     # ---- single message ----------------------------------------------------------------------
     def _retry_to_dlq(self, cmd: RemotingCommand, h: SendHeader, topic: str, queue_id: int
