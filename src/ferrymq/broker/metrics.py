@@ -2,8 +2,9 @@
 ``metricsListenHost`` (127.0.0.1 by default), behind ``metricsAuthToken`` / ``metricsBasicAuth`` when set.
 
 Nothing is counted per message by prometheus_client: ``BrokerStats`` holds plain ints bumped on the event
-loop and ``BrokerCollector`` turns them into metric families at scrape time; the consume-queue lag is computed
-at scrape time from the offset table and the store's max queue offsets. See docs/metrics.md for the names.
+loop and ``BrokerCollector`` turns the per-broker ones into metric families at scrape time. The per-topic and
+per-group series (and rocketmq-exporter's families) are built by ``exporter_metrics.ExporterExposition`` in
+slices that yield the event loop, appended to the registry's text. See docs/metrics.md for the names.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from ferrymq.broker.exporter_metrics import ExporterExposition
 from ferrymq.broker.stats import BrokerStats, LatencyHistogram
 from ferrymq.common.http_auth import HttpAuth, is_loopback
 from ferrymq.remoting.codec import RemotingCommand
@@ -64,31 +66,6 @@ class BrokerCollector(Collector):
         base = ["cluster", "broker"]
         ids = [cluster, broker]
 
-        for name, doc, table in (
-            ("ferrymq_put_messages", "Messages stored, per topic", st.put_msgs_by_topic),
-            ("ferrymq_put_bytes", "Bytes stored (records), per topic", st.put_bytes_by_topic),
-            ("ferrymq_get_messages", "Messages returned by PULL, per topic", st.get_msgs_by_topic),
-            ("ferrymq_get_bytes", "Bytes returned by PULL (records), per topic", st.get_bytes_by_topic),
-        ):
-            fam = CounterMetricFamily(name, doc, labels=[*base, "topic"])
-            for topic, n in list(table.items()):
-                fam.add_metric([*ids, topic], n)
-            yield fam
-
-        put_tps, get_tps = st.put_tps(), st.get_tps()
-        for name, doc, rates in (("rocketmq_brokeruntime_put_tps", "putTps of the runtime info", put_tps),
-                                 ("rocketmq_brokeruntime_get_tps", "getTransferedTps of the runtime info",
-                                  get_tps)):
-            g = GaugeMetricFamily(name, doc + " (messages/s over the window)", labels=[*base, "window"])
-            for label, r in zip(("10s", "1m", "10m"), rates, strict=True):
-                g.add_metric([*ids, label], r)
-            yield g
-        yield self._gauge("rocketmq_brokeruntime_msg_put_total_today_now", "Messages stored since local midnight",
-                          base, ids, st.put_msgs_total - st._put_at_today_morning)
-        yield self._gauge("rocketmq_brokeruntime_msg_gettotal_today_now",
-                          "Messages returned by PULL since local midnight", base, ids,
-                          st.get_msgs_total - st._get_at_today_morning)
-
         yield histogram_family("ferrymq_send_latency_seconds", "SEND request handling time by response code",
                                [*base, "code"], [([*ids, str(code)], h) for code, h in
                                                  sorted(st.send_latency.items())])
@@ -109,7 +86,6 @@ class BrokerCollector(Collector):
             fails.add_metric(ids, pool.open_failures_total)
             yield fails
 
-        yield from self._offsets(base, ids)
         yield from self._replication(base, ids, st)
 
     @staticmethod
@@ -117,37 +93,6 @@ class BrokerCollector(Collector):
         g = GaugeMetricFamily(name, doc, labels=labels)
         g.add_metric(values, v)
         return g
-
-    def _offsets(self, base: list[str], ids: list[str]) -> Iterator[Metric]:
-        ctx = self.ctx
-        store = ctx.store
-        lag = GaugeMetricFamily("ferrymq_consume_queue_lag", "Messages of a queue not yet consumed by a group "
-                                "(queue max offset - committed offset)", labels=[*base, "group", "topic", "queue_id"])
-        acc = GaugeMetricFamily("rocketmq_message_accumulation", "Messages not yet consumed by a group, per topic",
-                                labels=[*base, "group", "topic"])
-        consumer_offset = CounterMetricFamily("rocketmq_consumer_offset", "Committed offsets of a group, summed "
-                                              "over the topic's queues", labels=[*base, "group", "topic"])
-        for key, queues in list(ctx.offsets.table.items()):
-            topic, _, group = key.partition("@")
-            total_lag = 0
-            total_offset = 0
-            for queue_id, committed in list(queues.items()):
-                max_offset = store.get_max_offset_in_queue(topic, queue_id)
-                q_lag = max(max_offset - max(committed, 0), 0)
-                total_lag += q_lag
-                total_offset += max(committed, 0)
-                lag.add_metric([*ids, group, topic, str(queue_id)], q_lag)
-            acc.add_metric([*ids, group, topic], total_lag)
-            consumer_offset.add_metric([*ids, group, topic], total_offset)
-        yield lag
-        yield acc
-        yield consumer_offset
-        producer_offset = CounterMetricFamily("rocketmq_producer_offset", "Max queue offset of a topic, summed over "
-                                              "its queues", labels=[*base, "topic"])
-        for topic, tc in list(ctx.topics.table.items()):
-            producer_offset.add_metric([*ids, topic], sum(store.get_max_offset_in_queue(topic, q)
-                                                          for q in range(tc.write_queue_nums)))
-        yield producer_offset
 
     def _replication(self, base: list[str], ids: list[str], st: BrokerStats) -> Iterator[Metric]:
         ack = GaugeMetricFamily("ferrymq_ha_slave_ack_offset", "Commit log offset acked by a slave",
@@ -228,6 +173,8 @@ def instrument(dispatcher: Any, stats: BrokerStats) -> None:
     ``ANSWERED_LATER_CODE`` = handed to a callback)."""
 
     def on_send(code: int, seconds: float) -> None:
+        if code == 0:
+            stats.on_put_time(seconds)
         h = stats.send_latency.get(code)
         if h is None:
             h = stats.send_latency[code] = LatencyHistogram()
@@ -245,6 +192,18 @@ def instrument(dispatcher: Any, stats: BrokerStats) -> None:
         dispatcher.register(RequestCode.PULL_MESSAGE, _timed(handler, on_pull))
 
 
+class BrokerMetricsServer(MetricsServer):
+    """The endpoint plus the exporter families; stopping it also stops their consumer polls."""
+
+    def __init__(self, exposition: ExporterExposition, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, extra=exposition.render, **kwargs)
+        self.exposition = exposition
+
+    async def stop(self) -> None:
+        await self.exposition.poller.stop()
+        await super().stop()
+
+
 def broker_metrics_server(ctx: Any) -> MetricsServer | None:
     """The broker's endpoint, None when ``metricsPort`` is -1 (off; 0 = any free port)."""
     port = ctx.config.metrics_port
@@ -259,4 +218,4 @@ def broker_metrics_server(ctx: Any) -> MetricsServer | None:
     if not auth.required and not is_loopback(cfg.metrics_listen_host):
         log.warning("metrics on %s:%s without metricsAuthToken or metricsBasicAuth: whoever reaches it reads "
                     "topic and group names", cfg.metrics_listen_host, port)
-    return MetricsServer(registry, cfg.metrics_listen_host, port, auth)
+    return BrokerMetricsServer(ExporterExposition(ctx), registry, cfg.metrics_listen_host, port, auth)

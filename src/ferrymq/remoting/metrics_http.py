@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -34,8 +35,11 @@ METRICS_MAX_HEAD_BYTES = 8192
 class MetricsServer:
     """``GET /metrics`` on ``host:port`` (port 0 = any free port; ``port`` holds the bound one)."""
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int, auth: HttpAuth | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry, host: str, port: int, auth: HttpAuth | None = None,
+                 extra: Callable[[], Awaitable[bytes]] | None = None) -> None:
         self.registry = registry
+        #: more exposition text after the registry's, built by a coroutine (the broker's per-topic series)
+        self.extra = extra
         self.host = host
         self.port = port
         self.auth = auth or HttpAuth()
@@ -69,7 +73,10 @@ class MetricsServer:
                 status, body, ctype = "401 Unauthorized", b"credentials required\n", "text/plain"
                 extra = f"WWW-Authenticate: {self.auth.challenge()}\r\n"
             elif len(parts) >= 2 and parts[0] == b"GET" and path.decode("latin-1") == METRICS_PATH:
-                status, body, ctype = "200 OK", generate_latest(self.registry), CONTENT_TYPE_LATEST
+                body = generate_latest(self.registry)
+                if self.extra is not None:
+                    body += await self.extra()
+                status, ctype = "200 OK", CONTENT_TYPE_LATEST
             else:
                 status, body, ctype = "404 Not Found", f"try GET {METRICS_PATH}\n".encode(), "text/plain"
             writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}"

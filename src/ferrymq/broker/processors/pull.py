@@ -114,7 +114,7 @@ class PullProcessor:
         stats = ctx.stats
         stats.pull_requests_total += 1
         if code == R.SUCCESS:
-            stats.on_get(h.topic, result.message_count, result.buffer_total_size)
+            stats.on_get(h.topic, result.message_count, result.buffer_total_size, h.consumer_group)
         else:
             stats.pull_misses_total += 1
         body = result.body() if code == R.SUCCESS else b""

@@ -104,4 +104,5 @@ class SendBackProcessor:
             return cmd.response(R.SYSTEM_ERROR, remark=result.status.name)
         if store_topic == SCHEDULE_TOPIC:
             ctx.wake_schedule()
+        ctx.stats.on_send_back(props.get(PROPERTY_RETRY_TOPIC, msg.topic), group)
         return cmd.response(R.SUCCESS)

@@ -38,6 +38,7 @@ from ferrymq.client.consumer.core import ConsumerBase, ConsumerCore
 from ferrymq.client.consumer.offset_store import LocalFileOffsetStore, OffsetStore, RemoteOffsetStore
 from ferrymq.client.consumer.process_queue import ProcessQueue
 from ferrymq.client.consumer.rebalance import allocate_averagely
+from ferrymq.client.consumer.status import ConsumeStatusStats
 from ferrymq.client.instance import Backoff, ClientInstance, cancel_and_wait
 from ferrymq.client.selectors import MessageSelector, as_message_selector
 from ferrymq.client.values import ConsumeFromWhere, ConsumeStatus, MessageModel, PullStatus
@@ -153,6 +154,8 @@ class PushConsumer(ConsumerBase):
         self._consume_sem: asyncio.Semaphore | None = None
         self._closing = False
         self.rebalance_count = 0
+        #: per-topic pull/consume statistics: the statusTable of GET_CONSUMER_RUNNING_INFO
+        self.consume_status = ConsumeStatusStats()
 
     # ---- configuration -----------------------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
@@ -293,7 +296,7 @@ class PushConsumer(ConsumerBase):
             # keyed by MessageQueue: written in fastjson's object-keyed shape (jsonmq.dumps_mq_keys)
             "mqTable": {mq: info for mq, info in queues},
             "processQueues": [{**mq.to_json(), **info} for mq, info in queues],
-            "statusTable": {},
+            "statusTable": self.consume_status.status_table(),
             "jstack": "",
         }
 
@@ -499,6 +502,7 @@ class PushConsumer(ConsumerBase):
                     await pq.wait_change(self.suspend_current_queue_time_ms / 1000)
                     continue
             commit = self.offset_store.read_memory(mq) if self.clustering else 0
+            pull_started_s = time.monotonic()
             try:
                 result = await self.core.pull(
                     mq, next_offset, self.pull_batch_size, sub_expression=self.subscriptions.get(mq.topic, "*"),
@@ -517,6 +521,7 @@ class PushConsumer(ConsumerBase):
                 return
             if result.status is PullStatus.FOUND and result.messages:
                 msgs = result.messages
+                self.consume_status.on_pull(mq.topic, (time.monotonic() - pull_started_s) * 1000, len(msgs))
                 for m in msgs:
                     self._restore_topic(m)
                 pq.put(msgs)
@@ -555,6 +560,8 @@ class PushConsumer(ConsumerBase):
 
     async def _call_listener(self, msgs: list[MessageExt]) -> bool:
         assert self.listener is not None
+        started_s = time.monotonic()
+        ok = False
         try:
             if inspect.iscoroutinefunction(self.listener):
                 status = await self.listener(msgs)
@@ -562,10 +569,12 @@ class PushConsumer(ConsumerBase):
                 status = await asyncio.to_thread(self.listener, msgs)
                 if inspect.isawaitable(status):
                     status = await status
+            ok = status is None or status is ConsumeStatus.CONSUME_SUCCESS
         except Exception:
             log.exception("message listener of %s raised; messages will be retried", self.group)
-            return False
-        return status is None or status is ConsumeStatus.CONSUME_SUCCESS
+        if msgs:
+            self.consume_status.on_consume(msgs[0].topic, (time.monotonic() - started_s) * 1000, len(msgs), ok)
+        return ok
 
     async def _send_back(self, msg: MessageExt, mq: MessageQueue, delay_level: int) -> bool:
         """CONSUMER_SEND_MSG_BACK to the queue's master; if that fails, re-send the message to the retry
