@@ -13,7 +13,9 @@ from ferrymq.common.register_body_codec import (
     MAX_CHUNK_BYTES,
     CompressedRegisterBodyReader,
     decode_compressed_register_body,
+    decode_register_envelope,
     encode_compressed_register_body,
+    topic_config_from_json,
 )
 from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.errors import ProtocolError
@@ -93,3 +95,22 @@ def test_round_trip_large_table() -> None:
 def test_malformed_raises_protocol_error(raw: bytes) -> None:
     with pytest.raises(ProtocolError):
         decode_compressed_register_body(raw)
+
+
+def test_skip_topics_reads_lengths_only_then_the_filter_list() -> None:
+    body = _java_style_body(b'{"counter":2,"timestamp":1}', [b"not a topic entry", b"x"], b'["1.1.1.1:1"]')
+    reader = CompressedRegisterBodyReader(body)
+    reader.skip_topics()
+    assert reader.filter_server_list() == ["1.1.1.1:1"]
+
+
+def test_plain_envelope_leaves_entries_raw() -> None:
+    body = orjson.dumps({"filterServerList": ["f:1"], "topicConfigSerializeWrapper": {
+        "dataVersion": {"counter": 4, "timestamp": 2}, "topicConfigTable": {"T": {"perm": "bad"}}}})
+    env = decode_register_envelope(body)
+    assert (env.data_version, env.raw_topic_table, env.filter_server_list) == (DataVersion(4, 2),
+                                                                             {"T": {"perm": "bad"}}, ["f:1"])
+    with pytest.raises(ProtocolError):
+        topic_config_from_json("T", env.raw_topic_table["T"])
+    with pytest.raises(ProtocolError):
+        decode_register_envelope(b'{"topicConfigSerializeWrapper":{"topicConfigTable":[1]}}')

@@ -42,6 +42,8 @@ API
     it), then ``read_topics(max_count)`` until it returns an empty list, then ``filter_server_list()``.
 ``encode_register_body(reg, compressed=False)`` / ``decode_register_body(body, compressed=False)``
     Either form, for a ``RegisterBrokerBody``. ``body_crc32(body)`` the header checksum.
+``decode_register_envelope(body)``
+    A plain body with its topic table left as parsed JSON (``topic_config_from_json`` converts one entry).
 """
 
 from __future__ import annotations
@@ -167,6 +169,15 @@ class CompressedRegisterBodyReader:
             self._topics_left -= 1
         return out
 
+    def skip_topics(self) -> None:
+        """Pass over the remaining topic entries without decoding them (only their length prefixes)."""
+        while self._topics_left > 0:
+            n = self._read_int32()
+            if n < 0 or n > MAX_CHUNK_BYTES or n > len(self._buf) - self._pos:
+                raise ProtocolError(f"compressed register body: chunk length {n} out of range")
+            self._pos += n
+            self._topics_left -= 1
+
     def filter_server_list(self) -> list[str]:
         if self._topics_left:
             raise ProtocolError("filter server list read before the topic entries")
@@ -227,12 +238,20 @@ def decode_compressed_register_body(body: bytes) -> RegisterBrokerBody:
     return RegisterBrokerBody(reader.data_version, table, reader.filter_server_list())
 
 
-def decode_register_body(body: bytes, *, compressed: bool = False) -> RegisterBrokerBody:
-    """Parse a REGISTER_BROKER body. An empty body means no topics and DataVersion(0, 0)."""
+@dataclass(slots=True)
+class RegisterEnvelope:
+    """A plain (JSON) body with its topic table still raw: name -> TopicConfig JSON object."""
+
+    data_version: DataVersion
+    raw_topic_table: dict[str, Any]
+    filter_server_list: list[str]
+
+
+def decode_register_envelope(body: bytes) -> RegisterEnvelope:
+    """Parse a plain body but leave the topic entries as parsed JSON (``topic_config_from_json`` makes one a
+    TopicConfig), so a reader can skip an unchanged table or convert it in steps."""
     if not body:
-        return RegisterBrokerBody()
-    if compressed:
-        return decode_compressed_register_body(body)
+        return RegisterEnvelope(DataVersion(), {}, [])
     obj = _json_object(body)
     wrapper = obj.get("topicConfigSerializeWrapper")
     if wrapper is None and "topicConfigTable" in obj:
@@ -240,13 +259,35 @@ def decode_register_body(body: bytes, *, compressed: bool = False) -> RegisterBr
     wrapper = wrapper or {}
     if not isinstance(wrapper, dict):
         raise ProtocolError("topicConfigSerializeWrapper is not an object")
+    table = wrapper.get("topicConfigTable") or {}
+    if not isinstance(table, dict):
+        raise ProtocolError("topicConfigTable is not an object")
     try:
-        table_raw = wrapper.get("topicConfigTable") or {}
-        table = {str(name): TopicConfig.from_json({"topicName": name, **tc}) for name, tc in table_raw.items()}
-        filters = [str(a) for a in (obj.get("filterServerList") or [])]
-        return RegisterBrokerBody(DataVersion.from_json(wrapper.get("dataVersion")), table, filters)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        version = wrapper.get("dataVersion")
+        filters = obj.get("filterServerList") or []
+        return RegisterEnvelope(DataVersion.from_json(version if isinstance(version, dict) else None), table,
+                                [str(a) for a in filters])
+    except (TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed register body: {exc}") from None
+
+
+def topic_config_from_json(name: str, raw: Any) -> TopicConfig:
+    """One entry of a plain body's topicConfigTable."""
+    try:
+        return TopicConfig.from_json({"topicName": name, **raw})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed register body: topic {str(name)[:80]!r}: {exc}") from None
+
+
+def decode_register_body(body: bytes, *, compressed: bool = False) -> RegisterBrokerBody:
+    """Parse a REGISTER_BROKER body. An empty body means no topics and DataVersion(0, 0)."""
+    if not body:
+        return RegisterBrokerBody()
+    if compressed:
+        return decode_compressed_register_body(body)
+    env = decode_register_envelope(body)
+    table = {str(name): topic_config_from_json(name, raw) for name, raw in env.raw_topic_table.items()}
+    return RegisterBrokerBody(env.data_version, table, env.filter_server_list)
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
