@@ -480,6 +480,7 @@ class EstateBench:
         lag0 = await asyncio.to_thread(scrape_lag, self.metrics_port)
         t_build = time.monotonic()
         # 1. pipelined build: topics, then queue fill
+        await self._reconnect_idle()
         self.probe.start(self.bp.addr, probe_topic)
         new_topics = [f"estate-t{n}" for n in range(len(self.topics), max(len(self.topics), step.topics))]
         self.log(f"creating {len(new_topics)} topics")
@@ -494,6 +495,7 @@ class EstateBench:
         await self._build_groups(step.groups)
         res["stall_groups_ms"] = self.probe.stop()
         res["build_s"] = time.monotonic() - t_build
+        await self._reconnect_idle()
         await self._wait_route(self.topics[-1])
         # 3. sampled single requests on a quiet broker
         self.probe.start(self.bp.addr, probe_topic)
@@ -516,6 +518,7 @@ class EstateBench:
         res["commitlog_disk_bytes"] = await asyncio.to_thread(disk_bytes, os.path.join(store, "commitlog"))
         # 5. restart with the whole estate
         res["restart_s"] = res["stop_s"] = None
+        await self._reconnect_idle()
         if o.restart_every_step or last:
             res["restart_s"], res["stop_s"] = await self._restart()
         self.log(f"step done: {res}")
@@ -560,6 +563,7 @@ class EstateBench:
         return api.build_heartbeat(f"{HOST}@estate-{self._clients}", [], consumers)
 
     async def _build_groups(self, target: int) -> None:
+        from ferrymq.errors import RemotingError
         from ferrymq.remoting.codes import ResponseCode
         from ferrymq.remoting.connection import connect
 
@@ -572,7 +576,16 @@ class EstateBench:
             while len(self.groups) < target:
                 chunk = [f"estate-g{n}" for n in range(len(self.groups),
                                                        min(target, len(self.groups) + self.o.heartbeat_groups))]
-                resp = await conn.invoke(self._heartbeat_cmd(chunk), BULK_TIMEOUT_MS)
+                for attempt in range(BULK_RETRY_ROUNDS + 1):
+                    try:
+                        resp = await conn.invoke(self._heartbeat_cmd(chunk), BULK_TIMEOUT_MS)
+                        break
+                    except RemotingError:  # the broker dropped the channel (e.g. an earlier client id expired)
+                        if attempt == BULK_RETRY_ROUNDS:
+                            raise
+                        self.log(f"heartbeat connection lost; resending {len(chunk)} groups on a new one")
+                        conn.close()
+                        conn = await connect(self.bp.addr)
                 if resp.code != ResponseCode.SUCCESS:
                     raise EstateError(f"heartbeat of {len(chunk)} groups answered {resp.code}: {resp.remark}")
                 self.groups.extend(chunk)
@@ -628,6 +641,16 @@ class EstateBench:
             await self._reconnect_bulk(conns)
             todo = lost
         raise EstateError(f"{what}: requests still lost after {BULK_RETRY_ROUNDS} rounds of new connections")
+
+    async def _reconnect_idle(self) -> None:
+        """Reopen connections the servers closed as idle (a long build leaves the others quiet for minutes)."""
+        from ferrymq.remoting.connection import connect
+
+        await self._reconnect_bulk(self.bulk)
+        if self.quiet.closed:
+            self.quiet = await connect(self.bp.addr)
+        if self.ns_conn.closed:
+            self.ns_conn = await connect(self.stack.name_server)
 
     async def _reconnect_bulk(self, conns: list[Any]) -> None:
         from ferrymq.remoting.connection import connect
