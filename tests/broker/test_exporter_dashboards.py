@@ -49,8 +49,9 @@ SENT = 12
 #: what an operator picks in the rocketmq_exporter.json variables (=~ matchers: all values)
 ENV = "test"
 VARIABLES = {"$env": ENV, "$broker": ".*", "$topic": ".*", "$group": ".*"}
-#: consumer settings that make the test quick
-FAST = {"rebalance_interval_ms": 300, "persist_offset_interval_ms": 200}
+#: client timer periods that make the test quick (rebalance, heartbeat; offset persistence)
+FAST_MS = 300
+PERSIST_MS = 200
 #: comparison filters of alert-style panels (backlog < 0, > 100000): without them the expression has data
 THRESHOLD = re.compile(r"\s*(>=|<=|<|>)\s*\d+\s*$")
 SELECTOR = re.compile(r"\b(rocketmq_[a-zA-Z0-9_]+)\s*(\{[^}]*\})?")
@@ -124,8 +125,9 @@ class Workload:
 
     def __init__(self, ns_addr: str) -> None:
         self.ns_addr = ns_addr
-        self.producer = Producer(ns_addr, PRODUCER_GROUP, heartbeat_broker_interval_ms=FAST["rebalance_interval_ms"])
-        self.consumer = PushConsumer(ns_addr, GROUP, consume_from_where="CONSUME_FROM_FIRST_OFFSET", **FAST)
+        self.producer = Producer(ns_addr, PRODUCER_GROUP, heartbeat_broker_interval_ms=FAST_MS)
+        self.consumer = PushConsumer(ns_addr, GROUP, consume_from_where="CONSUME_FROM_FIRST_OFFSET",
+                                     rebalance_interval_ms=FAST_MS, persist_offset_interval_ms=PERSIST_MS)
         self.consumed: set[str] = set()
         self.send_backs = 0
 

@@ -32,8 +32,8 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 from prometheus_client.utils import floatToGoString
 
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 EXPOSITION_SLICE_BUDGET_S = 0.005
 #: rows between two clock reads of the builder
 EXPOSITION_CHECK_EVERY = 64
+#: sample lines joined and encoded at once when the text is assembled
+EXPOSITION_CHUNK_LINES = 2_048
 #: queues whose first unconsumed message's store time one scrape reads at most
 MAX_STORE_TIME_LOOKUPS = 20_000
 #: a scrape starts a GET_CONSUMER_RUNNING_INFO poll when the last one started longer ago than this
@@ -134,6 +136,21 @@ CLIENT_FAMILIES = (("consumeFailedMsgs", "rocketmq_client_consume_fail_msg_count
                    ("pullTPS", "rocketmq_client_consumer_pull_tps"))
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+_GONE: Any = object()
+
+
+def _entries(table: dict[K, V]) -> Iterator[tuple[K, V]]:
+    """(key, value) of a table that may change while the build yields: a copy of the keys only (one list, not a
+    tuple per entry that the garbage collector would track and promote while the build runs), each value read
+    when reached and skipped if it is gone by then."""
+    for key in list(table):
+        value = table.get(key, _GONE)
+        if value is not _GONE:
+            yield key, value
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -154,23 +171,36 @@ class Family:
         pairs = ",".join(f'{k}="{_escape(str(v))}"' for k, v in zip(self.labels, values, strict=True))
         self.lines.append(f"{self.name}{{{pairs}}} {floatToGoString(value)}\n")
 
-    def text(self) -> str:
-        return self._head + "".join(self.lines)
+    def chunks(self) -> Iterable[bytes]:
+        """The family's text in pieces of at most ``EXPOSITION_CHUNK_LINES`` samples."""
+        yield self._head.encode()
+        lines = self.lines
+        for at in range(0, len(lines), EXPOSITION_CHUNK_LINES):
+            yield "".join(lines[at:at + EXPOSITION_CHUNK_LINES]).encode()
 
 
 class Pacer:
     """Yields the event loop once ``EXPOSITION_SLICE_BUDGET_S`` of work has passed since the last yield."""
 
-    def __init__(self, budget_s: float = EXPOSITION_SLICE_BUDGET_S) -> None:
-        self.budget_s = budget_s
+    def __init__(self, budget_s: float | None = None) -> None:
+        self.budget_s = EXPOSITION_SLICE_BUDGET_S if budget_s is None else budget_s
         self.rows = 0
         self.yields = 0
+        #: the longest run between two yields (s)
+        self.longest_slice_s = 0.0
         self._since = time.perf_counter()
 
     async def tick(self) -> None:
         self.rows += 1
-        if self.rows % EXPOSITION_CHECK_EVERY == 0 and time.perf_counter() - self._since >= self.budget_s:
+        if self.rows % EXPOSITION_CHECK_EVERY == 0:
+            await self.check()
+
+    async def check(self) -> None:
+        """Yield now if the budget is spent (for steps heavier than a row)."""
+        ran_s = time.perf_counter() - self._since
+        if ran_s >= self.budget_s:
             self.yields += 1
+            self.longest_slice_s = max(self.longest_slice_s, ran_s)
             await asyncio.sleep(0)
             self._since = time.perf_counter()
 
@@ -254,7 +284,7 @@ class RunningInfoPoller:
         ctx = self.ctx
         pacer = Pacer()
         targets: list[tuple[str, Any]] = []
-        for group, info in list(ctx.consumers.groups.items()):
+        for group, info in _entries(ctx.consumers.groups):
             for ch in list(info.channels.values()):
                 if not getattr(ch.conn, "closed", False) and len(targets) < RUNNING_INFO_MAX_CLIENTS:
                     targets.append((group, ch))
@@ -282,7 +312,7 @@ class RunningInfoPoller:
         finally:
             self.polls += 1
             horizon = ctx.clock_ms() - RUNNING_INFO_TTL_MS
-            for key, (at_ms, _addr, _table) in list(self.answers.items()):
+            for key, (at_ms, _addr, _table) in _entries(self.answers):
                 if at_ms < horizon:
                     del self.answers[key]
                 await pacer.tick()
@@ -294,13 +324,15 @@ class ExporterExposition:
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
         self.poller = RunningInfoPoller(ctx)
-        self._building: asyncio.Future[bytes] | None = None
-        #: work of the last build: rows visited and event-loop yields
+        self._building: asyncio.Future[list[bytes]] | None = None
+        #: work of the last build: rows visited, event-loop yields, the longest run between two yields (s)
         self.last_rows = 0
         self.last_yields = 0
+        self.last_longest_slice_s = 0.0
 
-    async def render(self) -> bytes:
-        """The text; a scrape arriving while another builds shares that build."""
+    async def render(self) -> list[bytes]:
+        """The text in pieces (written one after the other); a scrape arriving while another builds shares that
+        build."""
         self.poller.maybe_start()
         if self._building is None or self._building.done():
             self._building = asyncio.ensure_future(self._build())
@@ -324,7 +356,7 @@ class ExporterExposition:
         return Family(name, doc, (*labels, *extra), kind), tuple(ident[k] for k in extra)
 
     # ---- the build -------------------------------------------------------------------------------
-    async def _build(self) -> bytes:
+    async def _build(self) -> list[bytes]:
         ctx = self.ctx
         st: BrokerStats = ctx.stats
         pacer = Pacer()
@@ -338,12 +370,14 @@ class ExporterExposition:
         fams.extend(await self._topics(st, ident, master, now_ms, pacer))
         fams.extend(await self._groups(st, ident, master, now_ms, pacer))
         fams.extend(await self._clients(ident, pacer))
-        parts: list[str] = []
+        parts: list[bytes] = []
         for fam in fams:
-            parts.append(fam.text())
-            await pacer.tick()
+            for chunk in fam.chunks():
+                parts.append(chunk)
+                await pacer.check()
         self.last_rows, self.last_yields = pacer.rows, pacer.yields
-        return "".join(parts).encode()
+        self.last_longest_slice_s = max(pacer.longest_slice_s, time.perf_counter() - pacer._since)
+        return parts
 
     def _broker_runtime(self, st: BrokerStats, ident: dict[str, str]) -> list[Family]:
         """rocketmq_brokeruntime_*: the runtime info (GET_BROKER_RUNTIME_INFO), read as the exporter reads it."""
@@ -432,7 +466,7 @@ class ExporterExposition:
             ("ferrymq_get_bytes", "Bytes returned by PULL (records), per topic", st.get_bytes_by_topic),
         ):
             fam = Family(f"{name}_total", doc, [*base, "topic"], "counter")
-            for topic, n in list(table.items()):
+            for topic, n in _entries(table):
                 fam.add([*ids, topic], n)
                 await pacer.tick()
             out.append(fam)
@@ -446,7 +480,7 @@ class ExporterExposition:
         for fam, table, index in ((put_tps, st.put_msgs_by_topic, MINUTE_PUT_MSGS),
                                   (put_size, st.put_bytes_by_topic, MINUTE_PUT_BYTES)):
             before = snaps[index]
-            for topic, total in list(table.items()):
+            for topic, total in _entries(table):
                 if not topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
                     fam.add((cluster, broker, topic, *extra), _rate(total - before.get(topic, 0), elapsed_s))
                 await pacer.tick()
@@ -459,7 +493,7 @@ class ExporterExposition:
         dlq, _ = self._family("rocketmq_topic_dlq_offset", "Max queue offsets of a group's dead letter topic, "
                               "summed", DLQ_LABELS, ident)
         if master:
-            for topic, tc in list(ctx.topics.table.items()):
+            for topic, tc in _entries(ctx.topics.table):
                 total = sum(store.get_max_offset_in_queue(topic, q) for q in range(tc.write_queue_nums))
                 if topic.startswith(RETRY_PREFIX):
                     retry.add((cluster, broker, topic, *extra), total)
@@ -495,7 +529,7 @@ class ExporterExposition:
         lookups = 0
         seen_groups: set[str] = set()
         if master:
-            for key, queues in list(ctx.offsets.table.items()):
+            for key, queues in _entries(ctx.offsets.table):
                 topic, _, group = key.partition("@")
                 if topic.startswith(DLQ_PREFIX):
                     continue
@@ -541,7 +575,7 @@ class ExporterExposition:
         for fam, table, index in ((get_tps, st.get_msgs_by_group, MINUTE_GET_MSGS),
                                   (get_size, st.get_bytes_by_group, MINUTE_GET_BYTES)):
             before = snaps[index]
-            for (topic, group), total in list(table.items()):
+            for (topic, group), total in _entries(table):
                 if not topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):
                     fam.add((cluster, broker, topic, group, *extra), _rate(total - before.get((topic, group), 0),
                                                                            elapsed_s))
@@ -549,7 +583,7 @@ class ExporterExposition:
         send_back, _ = self._family("rocketmq_send_back_nums", "Messages of the topic the group sent back for a "
                                     "retry during the last minute", GROUP_NUMS_LABELS, ident)
         before = snaps[MINUTE_SEND_BACK]
-        for (topic, group), total in list(st.send_back_by_group.items()):
+        for (topic, group), total in _entries(st.send_back_by_group):
             send_back.add((cluster, broker, topic, group, *extra), total - before.get((topic, group), 0))
             await pacer.tick()
         consume_tps, _ = self._family("rocketmq_group_consume_tps", "Declared by the exporter, never filled",
@@ -563,7 +597,7 @@ class ExporterExposition:
         producers, prod_extra = self._family("rocketmq_producer_count", "Producers of the group connected here",
                                              PRODUCER_COUNT_LABELS, ident)
         if master:
-            for group, info in list(ctx.consumers.groups.items()):
+            for group, info in _entries(ctx.consumers.groups):
                 chans = list(info.channels.values())
                 count.add((",".join(getattr(c.conn, "peer_addr", "") for c in chans),
                            ",".join(c.client_id for c in chans), group, *count_extra), len(chans))
@@ -572,7 +606,7 @@ class ExporterExposition:
             for group in sorted(seen_groups):
                 count.add(("", "", group, *count_extra), 0)
                 await pacer.tick()
-            for group, chans in list(ctx.producers.groups.items()):
+            for group, chans in _entries(ctx.producers.groups):
                 producers.add((cluster, broker, group, *prod_extra), len(chans))
                 await pacer.tick()
         out += [count, producers]
@@ -582,7 +616,7 @@ class ExporterExposition:
         fams = [self._family(name, f"{field} of the consumer's GET_CONSUMER_RUNNING_INFO statusTable",
                              CLIENT_LABELS, ident) for field, name in CLIENT_FAMILIES]
         horizon = self.ctx.clock_ms() - RUNNING_INFO_TTL_MS
-        for (group, client_id), (at_ms, addr, table) in list(self.poller.answers.items()):
+        for (group, client_id), (at_ms, addr, table) in _entries(self.poller.answers):
             if at_ms < horizon:
                 continue
             for topic, status in table.items():

@@ -195,8 +195,9 @@ def instrument(dispatcher: Any, stats: BrokerStats) -> None:
 class BrokerMetricsServer(MetricsServer):
     """The endpoint plus the exporter families; stopping it also stops their consumer polls."""
 
-    def __init__(self, exposition: ExporterExposition, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, extra=exposition.render, **kwargs)
+    def __init__(self, exposition: ExporterExposition, registry: CollectorRegistry, host: str, port: int,
+                 auth: HttpAuth) -> None:
+        super().__init__(registry, host, port, auth, extra=exposition.render)
         self.exposition = exposition
 
     async def stop(self) -> None:

@@ -36,9 +36,10 @@ class MetricsServer:
     """``GET /metrics`` on ``host:port`` (port 0 = any free port; ``port`` holds the bound one)."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int, auth: HttpAuth | None = None,
-                 extra: Callable[[], Awaitable[bytes]] | None = None) -> None:
+                 extra: Callable[[], Awaitable[list[bytes]]] | None = None) -> None:
         self.registry = registry
-        #: more exposition text after the registry's, built by a coroutine (the broker's per-topic series)
+        #: more exposition text after the registry's, built by a coroutine in pieces (the broker's per-topic
+        #: series), written piece by piece
         self.extra = extra
         self.host = host
         self.port = port
@@ -67,6 +68,7 @@ class MetricsServer:
             parts = head.split(b"\r\n", 1)[0].split()
             path = parts[1].split(b"?", 1)[0] if len(parts) >= 2 else b""
             extra = ""
+            more: list[bytes] = []
             if not head:
                 status, body, ctype = "400 Bad Request", b"request head too large\n", "text/plain"
             elif not self.auth.allows(_header(head, b"authorization")):
@@ -75,12 +77,16 @@ class MetricsServer:
             elif len(parts) >= 2 and parts[0] == b"GET" and path.decode("latin-1") == METRICS_PATH:
                 body = generate_latest(self.registry)
                 if self.extra is not None:
-                    body += await self.extra()
+                    more = await self.extra()
                 status, ctype = "200 OK", CONTENT_TYPE_LATEST
             else:
                 status, body, ctype = "404 Not Found", f"try GET {METRICS_PATH}\n".encode(), "text/plain"
-            writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}"
+            length = len(body) + sum(len(piece) for piece in more)
+            writer.write(f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {length}\r\n{extra}"
                          "Connection: close\r\n\r\n".encode("latin-1") + body)
+            for piece in more:
+                writer.write(piece)
+                await writer.drain()
             await writer.drain()
         except ConnectionError:
             pass
