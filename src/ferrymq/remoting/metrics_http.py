@@ -5,7 +5,9 @@
 Why not ``prometheus_client.start_http_server``: it serves from a thread, and the collectors would then read
 the broker's tables (plain dicts mutated by the event loop) from that thread. Here the collectors run on the
 loop thread that owns the state: no locks, no "dict changed size during iteration", no extra thread. A
-scrape costs the loop the time to render the text (well under a millisecond for a few hundred series).
+scrape costs the loop the time to render the text (well under a millisecond for a few hundred series); text
+whose size grows with the estate comes from ``extra``, a coroutine that builds it in slices yielding the loop
+(the broker's per-topic series), and is written piece by piece.
 
 Requests are bounded: the request head must arrive within ``METRICS_READ_TIMEOUT_S`` and fit in
 ``METRICS_MAX_HEAD_BYTES``; other paths get 404; one request per connection (HTTP/1.0, then closed). With
