@@ -46,8 +46,6 @@ def _max_offsets(store: MessageStore) -> list[int]:
 @pytest.mark.parametrize("crash", [False, True], ids=["clean-restart", "crash-restart"])
 def test_deleted_consume_queue_is_rebuilt(open_store: Opener, tmp_path: Path, crash: bool, caplog,
                                           monkeypatch) -> None:
-    # the consume queue flush rewrites the snapshot at most this often (60 s by default); at once here
-    monkeypatch.setattr("ferrymq.store.message_store.QUEUE_OFFSETS_SNAPSHOT_INTERVAL_S", 0.0)
     store = open_store()
     _fill(store)
     if crash:

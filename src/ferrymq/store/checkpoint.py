@@ -14,8 +14,10 @@
 Offsets 24..39 are a ferrymq extension (RocketMQ ignores them); 0 there means "unknown", which
 makes recovery re-dispatch from the commit log start — slow but safe.
 
-``queueoffsets`` (``write_queue_offsets``) records how far each consume queue reached, so recovery can tell a
-queue file deleted or cut by hand from an idle queue.
+``queueoffsets`` (``write_queue_offsets``, ``append_queue_offsets``) records how far each consume queue reached,
+so recovery can tell a queue file deleted or cut by hand from an idle queue; ``indexfiles``
+(``write_index_manifest``) lists the index files and where in the commit log each begins, so recovery can tell
+an index file deleted or cut.
 """
 
 from __future__ import annotations
@@ -117,24 +119,60 @@ def write_queue_offsets(path: str, next_offsets: dict[tuple[str, int], int]) -> 
     | 1        | ``ferrymq-queue-offsets-v1``           | format marker                                            |
     | 2..n     | topic, queue id, next queue offset     | the queue held units up to (not including) that offset   |
 
-    Recovery reads it as a lower bound: a consume queue found shorter (or missing) is rebuilt from the commit log
-    (recovery.rebuild_short_queues). Topic names never hold a tab or a newline (topic_dir_name_ok and the
-    broker's topic name rule)."""
-    lines = [_QUEUE_OFFSETS_HEADER]
-    lines.extend(f"{topic}\t{queue_id}\t{next_offset}" for (topic, queue_id), next_offset in next_offsets.items()
-                 if "\t" not in topic and "\n" not in topic)
-    data = ("\n".join(lines) + "\n").encode()
+    Later lines (``append_queue_offsets``) override earlier ones of the same queue; 0 means "no expectation"
+    (a deleted queue). Recovery reads it as a lower bound: a consume queue found shorter (or missing) is rebuilt
+    from the commit log (recovery.rebuild_short_queues). Topic names never hold a tab or a newline
+    (topic_dir_name_ok and the broker's topic name rule)."""
     tmp = path + ".tmp"
+    write_queue_offsets_tmp(tmp, next_offsets)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def _offset_lines(next_offsets: dict[tuple[str, int], int]) -> str:
+    return "".join(f"{topic}\t{queue_id}\t{next_offset}\n" for (topic, queue_id), next_offset in next_offsets.items()
+                   if "\t" not in topic and "\n" not in topic)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_queue_offsets_tmp(tmp: str, next_offsets: dict[tuple[str, int], int]) -> None:
+    """The whole snapshot into ``tmp`` (fsync'ed), to be renamed over ``queueoffsets``."""
+    data = (_QUEUE_OFFSETS_HEADER + "\n" + _offset_lines(next_offsets)).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
+
+
+def append_queue_offsets(path: str, next_offsets: dict[tuple[str, int], int]) -> int:
+    """Append lines for ``next_offsets`` to the snapshot at ``path`` (created with its header if absent) and
+    fdatasync; returns the lines appended. A line a crash tore is skipped by the reader: an append that finds the
+    file not ending with a newline starts with one."""
+    body = _offset_lines(next_offsets)
+    if not body:
+        return 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            body = _QUEUE_OFFSETS_HEADER + "\n" + body
+        else:
+            with open(path, "rb") as fh:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    body = "\n" + body
+        _write_all(fd, body.encode())
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return body.count("\n")
 
 
 def read_queue_offsets(path: str) -> dict[tuple[str, int], int]:
@@ -155,6 +193,61 @@ def read_queue_offsets(path: str) -> dict[tuple[str, int], int]:
             continue
         try:
             out[(parts[0], int(parts[1]))] = int(parts[2])
+        except ValueError:
+            continue
+    return out
+
+
+# --- index files manifest --------------------------------------------------------------------------------
+
+INDEX_MANIFEST_FILE = "indexfiles"
+_INDEX_MANIFEST_HEADER = "ferrymq-index-files-v1"
+
+
+def write_index_manifest(path: str, slot_num: int, index_num: int, files: list[tuple[str, int]]) -> None:
+    """Write the index files manifest atomically (temporary file, fsync, rename, directory fsync).
+
+    ``indexfiles`` is UTF-8 text:
+
+    | line | fields (tab-separated)                                  | meaning                                         |
+    |------|---------------------------------------------------------|-------------------------------------------------|
+    | 1    | ``ferrymq-index-files-v1``, slot count, entry count     | format marker and the geometry of the files      |
+    | 2..n | file name, begin phy offset                             | an index file, oldest first, and the commit log  |
+    |      |                                                         | phy offset of its first entry                    |
+
+    An index file covers the commit log from its begin phy offset up to (and including the record at) the next
+    file's; the newest one up to where dispatch got. Recovery rebuilds a listed file that is missing or cut
+    (``IndexService.rebuild_missing``); it is rewritten, before the checkpoint, whenever files come or go."""
+    lines = [f"{_INDEX_MANIFEST_HEADER}\t{slot_num}\t{index_num}"]
+    lines.extend(f"{name}\t{begin_phy}" for name, begin_phy in files)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, ("\n".join(lines) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def read_index_manifest(path: str, slot_num: int, index_num: int) -> list[tuple[str, int]] | None:
+    """The files ``write_index_manifest`` listed, oldest first; None when there is no readable manifest or it was
+    written for another geometry (nothing is rebuilt then)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not lines or lines[0] != f"{_INDEX_MANIFEST_HEADER}\t{slot_num}\t{index_num}":
+        return None
+    out: list[tuple[str, int]] = []
+    for line in lines[1:]:
+        parts = line.split("\t")
+        if len(parts) != 2 or not parts[0].isdigit():
+            continue
+        try:
+            out.append((parts[0], int(parts[1])))
         except ValueError:
             continue
     return out

@@ -131,6 +131,10 @@ class StoreConfig:
         return os.path.join(self.store_path_root_dir, "queueoffsets")
 
     @property
+    def index_manifest_path(self) -> str:
+        return os.path.join(self.store_path_root_dir, "indexfiles")
+
+    @property
     def abort_path(self) -> str:
         return os.path.join(self.store_path_root_dir, "abort")
 

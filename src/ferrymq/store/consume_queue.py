@@ -28,6 +28,7 @@ import sys
 from itertools import chain
 
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE
+from ferrymq.store.errors import StoreError
 from ferrymq.store.mapped_file import MappedFile, OpenFilePool
 from ferrymq.store.mapped_file_queue import MappedFileQueue
 
@@ -58,17 +59,46 @@ def _chunk_all_valid(chunk: bytes) -> bool:
     return min(words[2::_WORDS_PER_UNIT]) > 0 and min(words[0::_WORDS_PER_UNIT]) >= 0
 
 
+class LogFloor:
+    """The commit log's min phy offset as the consume queues of a store last heard it (shared by all of them).
+    Moving it is O(1): each queue corrects its min offset against it on its next use (``min_logic_offset``)."""
+
+    __slots__ = ("phy_offset",)
+
+    def __init__(self) -> None:
+        self.phy_offset = 0
+
+
 class ConsumeQueue:
     def __init__(self, root_dir: str, topic: str, queue_id: int, file_size: int,
-                 pool: OpenFilePool | None = None) -> None:
+                 pool: OpenFilePool | None = None, floor: LogFloor | None = None) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size
         # sparse files; blocks reserved a chunk ahead of the writes (CQ_RESERVE_CHUNK_BYTES): a full disk fails
         # the reservation (StoreDiskFullError), never a SIGBUS on a later write into a hole of the map
         self.mfq = MappedFileQueue(os.path.join(root_dir, topic, str(queue_id)), file_size, pool=pool)
-        self.min_logic_offset = 0  # bytes (queue offset × 20)
+        self._min_logic_offset = 0  # bytes (queue offset × 20)
         self.max_phy_end = 0  # phy offset + size of the newest unit (how far dispatch got)
+        self._floor = floor if floor is not None else LogFloor()
+        #: the floor phy offset ``_min_logic_offset`` was corrected for (-1: not yet; a new queue needs none)
+        self._floor_seen = self._floor.phy_offset
+
+    @property
+    def min_logic_offset(self) -> int:
+        """Min logical offset in bytes, corrected against the shared ``LogFloor`` if it moved since (one binary
+        search in the first file); left as it was when that file cannot be opened now (no descriptor)."""
+        floor = self._floor.phy_offset
+        if self._floor_seen != floor:
+            try:
+                self.correct_min_offset(floor)
+            except (OSError, StoreError):
+                pass
+        return self._min_logic_offset
+
+    @min_logic_offset.setter
+    def min_logic_offset(self, value: int) -> None:
+        self._min_logic_offset = value
 
     # --- bounds ------------------------------------------------------------------------------
 
@@ -88,6 +118,7 @@ class ConsumeQueue:
 
     def load(self) -> None:
         self.mfq.load()
+        self._floor_seen = -1  # loaded units may point below the log's start: corrected on first use
         self._recover_tail()
 
     def _recover_tail(self) -> None:
@@ -133,11 +164,13 @@ class ConsumeQueue:
         """Min logical offset := first non-blank unit of the first file at or above ``min_phy_offset``."""
         first = self.mfq.first()
         if first is None:
-            self.min_logic_offset = 0
+            self._min_logic_offset = 0
+            self._floor_seen = self._floor.phy_offset
             return
         lo, hi = 0, first.wrote_position // CQ_STORE_UNIT_SIZE
         if hi == 0:
-            self.min_logic_offset = first.file_from_offset
+            self._min_logic_offset = first.file_from_offset
+            self._floor_seen = self._floor.phy_offset
             return
         mm = first.mapped()
         while lo < hi:  # units are ordered by phy offset; blanks (phy 0) sort first
@@ -147,7 +180,8 @@ class ConsumeQueue:
                 hi = mid
             else:
                 lo = mid + 1
-        self.min_logic_offset = first.file_from_offset + lo * CQ_STORE_UNIT_SIZE
+        self._min_logic_offset = first.file_from_offset + lo * CQ_STORE_UNIT_SIZE
+        self._floor_seen = self._floor.phy_offset
 
     # --- write -------------------------------------------------------------------------------
 
@@ -155,7 +189,8 @@ class ConsumeQueue:
         """Start the queue with the file holding byte ``expected`` (blank units before it)."""
         self.mfq.create_file(self.mfq.segment_start_of(expected))
         self._fill_blanks(expected)
-        self.min_logic_offset = expected
+        self._min_logic_offset = expected
+        self._floor_seen = self._floor.phy_offset  # a new queue's units are all above the log's start
 
     def prepare_unit(self, queue_offset: int) -> None:
         """Make sure the unit for ``queue_offset`` can be written: the file it goes to exists, is mapped and has
@@ -367,8 +402,8 @@ class ConsumeQueue:
                 continue
             self.mfq.truncate(cut)
             break
-        if self.mfq.max_offset < self.min_logic_offset:
-            self.min_logic_offset = self.mfq.max_offset
+        if self.mfq.max_offset < self._min_logic_offset:
+            self._min_logic_offset = self.mfq.max_offset
         self.max_phy_end = self._compute_max_phy_end()
 
     def delete_expired(self, min_phy_offset: int) -> int:
@@ -392,5 +427,5 @@ class ConsumeQueue:
 
     def destroy(self) -> None:
         self.mfq.destroy()
-        self.min_logic_offset = 0
+        self._min_logic_offset = 0
         self.max_phy_end = 0

@@ -218,6 +218,21 @@ class IndexFile:
             self.dirty = True
         return int(done)
 
+    def trailing_entries(self, phy_offset: int) -> int:
+        """How many of the newest entries point at ``phy_offset`` (the first keys of a record whose other keys
+        went to the next file)."""
+        mm = self.mf.mm
+        base = HEADER_SIZE + self.slot_num * SLOT_SIZE
+        n = 0
+        i = self.index_count - 1
+        while i >= 1:
+            _h, phy, _diff, _prev = ENTRY.unpack_from(mm, base + i * ENTRY_SIZE)
+            if phy != phy_offset:
+                break
+            n += 1
+            i -= 1
+        return n
+
     def _write_header(self) -> None:
         HEADER.pack_into(
             self.mf.mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
@@ -286,9 +301,69 @@ class IndexService:
             if not name.isdigit() or not os.path.isfile(path):
                 continue
             if os.path.getsize(path) != expected:
-                log.warning("index file %s has another geometry; ignoring it", path)
+                log.warning("index file %s has another size (cut, or another geometry); ignoring it", path)
                 continue
             self.files.append(IndexFile(path, self.slot_num, self.index_num))
+
+    def manifest(self) -> list[tuple[str, int]]:
+        """(file name, begin phy offset) of every file holding entries, oldest first (checkpoint's ``indexfiles``)."""
+        return [(os.path.basename(f.path), f.begin_phy_offset) for f in list(self.files) if f.index_count > 1]
+
+    def missing(self, manifest: list[tuple[str, int]], until_phy: int) -> list[tuple[str, int, int, bool]]:
+        """The files ``manifest`` lists that are not loaded (deleted, or cut to another size) as (name, first phy
+        offset, last phy offset, whether the record at the last phy offset belongs to it too): a file covers the
+        log from its begin phy offset to the next listed (or later loaded) file's, the newest one up to
+        ``until_phy`` (exclusive; dispatch goes on from there)."""
+        loaded = sorted(os.path.basename(f.path) for f in self.files)
+        present = set(loaded)
+        out: list[tuple[str, int, int, bool]] = []
+        for i, (name, begin_phy) in enumerate(manifest):
+            if name in present:
+                continue
+            if i + 1 < len(manifest):
+                out.append((name, begin_phy, manifest[i + 1][1], True))
+                continue
+            later = [f for f in self.files if os.path.basename(f.path) > name and f.index_count > 1]
+            if later:
+                out.append((name, begin_phy, later[0].begin_phy_offset, True))
+            else:
+                out.append((name, begin_phy, until_phy, False))
+        return out
+
+    def install_rebuilt(self, name: str, items: list[tuple[str, str, int, int]], newest: bool) -> int:
+        """Write ``items`` ((topic, key, phy_offset, store_timestamp), in log order) into a new file ``name`` (a
+        cut one of that name is replaced) placed among the others by name; entries beyond its capacity go to new
+        files when it is the ``newest``, else are dropped (they are the first keys of a record the next file holds
+        the rest of). Returns the entries written."""
+        path = os.path.join(self.store_path, name)
+        os.makedirs(self.store_path, exist_ok=True)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        f = IndexFile(path, self.slot_num, self.index_num)
+        names = [os.path.basename(x.path) for x in self.files]
+        at = next((i for i, other in enumerate(names) if other > name), len(names))
+        if at > 0 and items:  # the first keys of the first record may be the previous file's last entries
+            first_phy = items[0][2]
+            held = self.files[at - 1].trailing_entries(first_phy)
+            lead = 0
+            while lead < len(items) and lead < held and items[lead][2] == first_phy:
+                lead += 1
+            items = items[lead:]
+        self.files.insert(at, f)
+        hashed = [(key_hash(build_key(topic, key)), phy, ts) for topic, key, phy, ts in items]
+        try:
+            done = f.put_hashed_many(hashed, 0) if hashed else 0
+            if done < len(hashed) and newest and at == len(self.files) - 1:
+                self._build_index_many(items[done:])
+                done = len(hashed)
+        except StoreError as exc:
+            self._dropped(exc, len(hashed))
+            return 0
+        for g in self.files[at:]:
+            g.flush()
+        return done
 
     def _new_file(self) -> IndexFile:
         os.makedirs(self.store_path, exist_ok=True)

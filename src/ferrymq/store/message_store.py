@@ -24,11 +24,14 @@ from ferrymq.common.message_codec import RecordCheck, RecordFormatError, check_r
 from ferrymq.store.checkpoint import (
     StoreCheckpoint,
     abort_file_exists,
+    append_queue_offsets,
     create_abort_file,
     fsync_dir,
+    read_index_manifest,
     read_queue_offsets,
     remove_abort_file,
-    write_queue_offsets,
+    write_index_manifest,
+    write_queue_offsets_tmp,
 )
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
@@ -45,7 +48,7 @@ from ferrymq.store.filter import MessageFilter
 from ferrymq.store.index import IndexService
 from ferrymq.store.queue_table import ConsumeQueueTable
 from ferrymq.store.reader import StoreReader
-from ferrymq.store.recovery import rebuild_short_queues, recover
+from ferrymq.store.recovery import rebuild_missing_index, rebuild_short_queues, recover
 from ferrymq.store.results import (
     GetMessageResult,
     PutMessageResult,
@@ -56,9 +59,10 @@ from ferrymq.store.results import (
 log = logging.getLogger(__name__)
 
 _HOUR_MS = 3_600_000
-#: the queue offsets snapshot (recovery's way to tell a consume queue deleted on disk) is rewritten this often
-#: by the consume queue flush, besides at start, clean stop, topic deletion and truncation
-QUEUE_OFFSETS_SNAPSHOT_INTERVAL_S = 60.0
+#: the queue offsets snapshot (recovery's way to tell a consume queue deleted on disk) gets, every consume queue
+#: flush, one line per queue that flush wrote (before the checkpoint, so the two agree); the consume queue flush
+#: rewrites it whole once the lines appended since exceed the number of queues, and at least this many
+QUEUE_OFFSETS_COMPACT_MIN_LINES = 10_000
 #: a put refused because a consume queue file cannot be had is logged at most once per this interval
 PUT_REFUSED_LOG_INTERVAL_S = 5.0
 _NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
@@ -147,8 +151,15 @@ class MessageStore:
         self.disk_used_pct = -1.0
         #: the forced cleanup found nothing it may delete (logged once per episode)
         self._forced_cleanup_blocked = False
-        #: time.monotonic() of the last queue offsets snapshot (checkpoint.write_queue_offsets)
-        self._queue_offsets_written_s = -QUEUE_OFFSETS_SNAPSHOT_INTERVAL_S
+        #: serialises writes of the queue offsets snapshot (the flush thread's appends and rewrites, a topic
+        #: deletion's lines from the writer's thread); held only around short file operations
+        self._queue_offsets_lock = threading.Lock()
+        #: lines appended to the snapshot since it was last written whole
+        self._queue_offsets_lines = 0
+        #: queues deleted while a whole snapshot was being built (left out of it)
+        self._queue_offsets_deleted: set[tuple[str, int]] = set()
+        #: the index files (name, begin phy offset) the manifest on disk lists (None: not written yet)
+        self._index_manifest: list[tuple[str, int]] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -189,14 +200,19 @@ class MessageStore:
         if self.index is not None:
             self.index.load()
         reput_from = recover(c, self.commit_log, self.queues, self.checkpoint, abnormal)
-        # a consume queue deleted or cut on disk is rebuilt whatever the checkpoint says
+        # a consume queue or an index file deleted or cut on disk is rebuilt whatever the checkpoint says
         rebuild_short_queues(self.commit_log, self.queues, read_queue_offsets(c.queue_offsets_path), reput_from,
                              self.dispatcher.tags_code)
+        if self.index is not None:
+            rebuild_missing_index(
+                self.commit_log, self.index,
+                read_index_manifest(c.index_manifest_path, c.index_hash_slot_num, c.index_max_num), reput_from)
         self.commit_log.replica_verified_phy = self.commit_log.max_offset  # recovered: checked by the walk
         self.dispatcher.reput_phy_offset = reput_from
         create_abort_file(c.abort_path)
         self.dispatcher.reput()  # catch up before serving
         self._write_queue_offsets(self._queue_offsets())
+        self._write_index_manifest()
         log.info(
             "store loaded (%s start): commit log [%d, %d), %d consume queues",
             "abnormal" if abnormal else "normal", self.min_phy_offset, self.max_phy_offset,
@@ -212,6 +228,7 @@ class MessageStore:
         self.dispatcher.reput()
         self.flush_consume_queues()
         self._write_queue_offsets(self._queue_offsets())
+        self._write_index_manifest()
         remove_abort_file(self.config.abort_path)
         self._close_files()
 
@@ -340,17 +357,24 @@ class MessageStore:
             self._flush_consume_queues()
 
     def _flush_consume_queues(self) -> None:
+        """Queues written since the last round (their lines appended to the queue offsets snapshot), the index
+        (its manifest when files came or went), then the checkpoint: what the checkpoint says is dispatched,
+        the snapshot and the manifest account for. O(queues written), not O(queues): the whole snapshot is
+        rewritten (here, on the flush thread) only once the appended lines outgrow it."""
         reput = self.dispatcher.reput_phy_offset
         dispatch_ts = self.dispatcher.last_dispatch_timestamp
-        now_s = time.monotonic()
         offsets = None
-        if now_s - self._queue_offsets_written_s >= QUEUE_OFFSETS_SNAPSHOT_INTERVAL_S:
+        if self._queue_offsets_lines > max(QUEUE_OFFSETS_COMPACT_MIN_LINES, len(self.queues.queues)):
             offsets = self._queue_offsets()  # taken before the flush: every unit it counts is flushed below
-        self.queues.flush()
+        flushed = self.queues.flush()
         if offsets is not None:
             self._write_queue_offsets(offsets)
+        elif flushed:
+            self._append_queue_offsets(flushed)
         if self.index is not None:
             self.index.flush()
+            if self._index_manifest != self.index.manifest():
+                self._write_index_manifest()
         cp = self.checkpoint
         if cp is None:
             return
@@ -431,20 +455,66 @@ class MessageStore:
         return self.queues.queue_count(topic)
 
     def delete_topic(self, topic: str) -> None:
-        for key in self.queues.delete_topic(topic):
+        """Delete the topic's consume queues (O(its queues)); the queue offsets snapshot records them as gone, so
+        recovery does not rebuild them."""
+        keys = self.queues.delete_topic(topic)
+        for key in keys:
             self.commit_log.topic_queue_table.pop(key, None)
-        self._write_queue_offsets(self._queue_offsets())  # recovery must not rebuild what was deleted
+        if keys:
+            with self._queue_offsets_lock:
+                self._queue_offsets_deleted.update(keys)
+                self._append_queue_offsets_locked(dict.fromkeys(keys, 0))
 
     def _queue_offsets(self) -> dict[tuple[str, int], int]:
-        """How far each consume queue reaches (the ``queueoffsets`` snapshot, checkpoint.py); O(queues)."""
+        """How far each consume queue reaches (the ``queueoffsets`` snapshot, checkpoint.py); O(queues): at start,
+        clean stop, truncation, and when the flush thread compacts the snapshot. Queues deleted from here on are
+        left out when it is written (``_write_queue_offsets``)."""
+        with self._queue_offsets_lock:
+            self._queue_offsets_deleted.clear()
         return {key: n for key, cq in list(self.queues.queues.items()) if (n := cq.max_offset_in_queue) > 0}
 
     def _write_queue_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
-        self._queue_offsets_written_s = time.monotonic()
+        """Rewrite the snapshot whole: written into a temporary file without the lock, renamed under it; queues
+        deleted since ``offsets`` was taken get their lines appended to it first."""
+        path = self.config.queue_offsets_path
+        tmp = path + ".tmp"
         try:
-            write_queue_offsets(self.config.queue_offsets_path, offsets)
+            write_queue_offsets_tmp(tmp, offsets)
+            with self._queue_offsets_lock:
+                deleted = self._queue_offsets_deleted
+                if deleted:
+                    append_queue_offsets(tmp, dict.fromkeys(deleted, 0))
+                    deleted.clear()
+                os.replace(tmp, path)
+                self._queue_offsets_lines = 0
+            fsync_dir(os.path.dirname(path))
         except OSError as exc:
-            log.warning("cannot write the queue offsets snapshot %s: %s", self.config.queue_offsets_path, exc)
+            log.warning("cannot write the queue offsets snapshot %s: %s", path, exc)
+
+    def _append_queue_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
+        with self._queue_offsets_lock:
+            self._append_queue_offsets_locked(offsets)
+
+    def _append_queue_offsets_locked(self, offsets: dict[tuple[str, int], int]) -> None:
+        try:
+            self._queue_offsets_lines += append_queue_offsets(self.config.queue_offsets_path, offsets)
+        except OSError as exc:
+            log.warning("cannot append to the queue offsets snapshot %s: %s", self.config.queue_offsets_path, exc)
+
+    def _write_index_manifest(self) -> None:
+        """The index files manifest (checkpoint.write_index_manifest), when the index is on; tiny (one line per
+        index file), rewritten only when files came or went."""
+        index = self.index
+        if index is None:
+            return
+        files = index.manifest()
+        c = self.config
+        try:
+            write_index_manifest(c.index_manifest_path, c.index_hash_slot_num, c.index_max_num, files)
+        except OSError as exc:
+            log.warning("cannot write the index manifest %s: %s", c.index_manifest_path, exc)
+            return
+        self._index_manifest = files
 
     # --- HA ----------------------------------------------------------------------------------
 
@@ -575,6 +645,8 @@ class MessageStore:
         losing acknowledged messages. Reads are served throughout. Returns the percent in use, as ``df``
         shows it (``disk_used_ratio``)."""
         c = self.config
+        if self.queues.expire_pending:  # the consume queue files of deleted segments, a bounded step a second
+            self.queues.expire_step()
         try:
             st = os.statvfs(c.store_path_root_dir)
         except OSError as exc:
@@ -626,6 +698,8 @@ class MessageStore:
         more than ``file_reserved_time_hours`` before ``now_ms`` (with ``force_oldest``: the oldest one
         whatever its age; with ``only_consumed``: only those below ``unconsumed_phy_floor``, i.e. every subscribed
         group has consumed them); then trim the derived files."""
+        if self.queues.expire_pending:
+            self.queues.expire_step()
         now = self.clock_ms() if now_ms is None else now_ms
         reserved_ms = self.config.file_reserved_time_hours * _HOUR_MS
         count = 0
@@ -651,11 +725,17 @@ class MessageStore:
             return 0
         self.commit_log.mfq.delete_first(count)
         min_phy = self.commit_log.min_offset
-        self.queues.delete_expired(min_phy)
+        self.queues.start_expire(min_phy)  # min offsets follow at once; files go in bounded steps
+        self.queues.expire_step()
         if self.index is not None:
             self.index.delete_expired(min_phy)
         log.info("deleted %d expired commit log segment(s); min phy offset now %d", count, min_phy)
         return count
+
+    def expire_pending(self) -> bool:
+        """Whether consume queue files of deleted commit log segments are still to be deleted (a step runs with
+        every ``check_disk_space`` and ``delete_expired_files``)."""
+        return self.queues.expire_pending
 
     def unconsumed_phy_of(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
         """Phy offset of the first message at or after ``queue_offset`` in a consume queue that a group standing
@@ -674,9 +754,12 @@ class MessageStore:
 
     def clean_expired_consume_queues(self) -> int:
         """Delete consume-queue and index files whose every entry points below the commit log's first byte
-        (CLEAN_EXPIRED_CONSUMEQUEUE); the number of files deleted."""
+        (CLEAN_EXPIRED_CONSUMEQUEUE); the number of files deleted now. The consume queues are visited in bounded
+        steps: this call runs the first, the disk check's timer the rest (``expire_pending``)."""
         min_phy = self.commit_log.min_offset
-        count = self.queues.delete_expired(min_phy)
+        if not self.queues.expire_pending:
+            self.queues.start_expire(min_phy)
+        count = self.queues.expire_step()
         if self.index is not None:
             count += self.index.delete_expired(min_phy)
         return count

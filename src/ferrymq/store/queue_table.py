@@ -1,4 +1,11 @@
-"""All consume queues of a store, keyed by (topic, queue id); their files share one ``OpenFilePool``."""
+"""All consume queues of a store, keyed by (topic, queue id); their files share one ``OpenFilePool``.
+
+Estate size (100,000 queues and more): nothing the broker calls per request or per timer walks every queue at
+once. A move of the commit log's start (``correct_min_offsets``) is O(1): each queue corrects its min offset on
+its next use (``consume_queue.LogFloor``). The deletion of expired files after a commit log segment went
+(``start_expire`` / ``expire_step``) walks the queues with a cursor, a bounded slice per call. The flush visits
+only the queues written since the last one, and the queues of one topic are found through a per-topic index.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,9 @@ import os
 import resource
 import shutil
 import threading
+import time
 
-from ferrymq.store.consume_queue import ConsumeQueue
+from ferrymq.store.consume_queue import ConsumeQueue, LogFloor
 from ferrymq.store.errors import StoreError
 from ferrymq.store.mapped_file import OpenFilePool
 
@@ -47,6 +55,12 @@ def raise_open_files_limit() -> tuple[int, int]:
     return soft, hard
 
 
+#: one ``expire_step`` stops after this long (the broker's event loop runs it; 50 ms is the loop's stall budget)
+EXPIRE_STEP_BUDGET_S = 0.010
+#: queues an ``expire_step`` looks at between two looks at the clock
+_EXPIRE_CLOCK_EVERY = 64
+
+
 def topic_dir_name_ok(topic: str) -> bool:
     return bool(topic) and "/" not in topic and "\x00" not in topic and topic not in (".", "..")
 
@@ -58,22 +72,37 @@ class ConsumeQueueTable:
         self.file_size = file_size
         self.pool = OpenFilePool(max_open_files or default_max_open_segment_files())
         self.queues: dict[QueueKey, ConsumeQueue] = {}
+        #: topic -> its queue ids here (queue_count, delete_topic, topic_queue_ids without a walk of every queue)
+        self._topic_ids: dict[str, set[int]] = {}
+        #: the commit log start every queue's min offset follows (lazily)
+        self.floor = LogFloor()
         self._dirty: set[ConsumeQueue] = set()
         self._dirty_lock = threading.Lock()
+        #: the expiry round in progress (``start_expire``): the keys still to visit, from the end, and its floor
+        self._expire_keys: list[QueueKey] = []
+        self._expire_floor = 0
+        #: consume queue files deleted by expiry rounds
+        self.expired_files_total = 0
 
     def load(self) -> None:
         if not os.path.isdir(self.root_dir):
             return
-        for topic in sorted(os.listdir(self.root_dir)):
-            topic_dir = os.path.join(self.root_dir, topic)
-            if not os.path.isdir(topic_dir):
-                continue
-            for name in sorted(os.listdir(topic_dir)):
-                if not name.isdigit() or not os.path.isdir(os.path.join(topic_dir, name)):
-                    continue
-                cq = ConsumeQueue(self.root_dir, topic, int(name), self.file_size, self.pool)
+        with os.scandir(self.root_dir) as topics:
+            topic_entries = sorted((e.name, e.path) for e in topics if e.is_dir())
+        for topic, topic_dir in topic_entries:
+            with os.scandir(topic_dir) as entries:
+                ids = sorted(int(e.name) for e in entries if e.name.isdigit() and e.is_dir())
+            for queue_id in ids:
+                cq = ConsumeQueue(self.root_dir, topic, queue_id, self.file_size, self.pool, self.floor)
                 cq.load()
-                self.queues[(topic, int(name))] = cq
+                self._add(topic, queue_id, cq)
+
+    def _add(self, topic: str, queue_id: int, cq: ConsumeQueue) -> None:
+        self.queues[(topic, queue_id)] = cq
+        ids = self._topic_ids.get(topic)
+        if ids is None:
+            ids = self._topic_ids[topic] = set()
+        ids.add(queue_id)
 
     def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         return self.queues.get((topic, queue_id))
@@ -82,8 +111,8 @@ class ConsumeQueueTable:
         key = (topic, queue_id)
         cq = self.queues.get(key)
         if cq is None:
-            cq = ConsumeQueue(self.root_dir, topic, queue_id, self.file_size, self.pool)
-            self.queues[key] = cq
+            cq = ConsumeQueue(self.root_dir, topic, queue_id, self.file_size, self.pool, self.floor)
+            self._add(topic, queue_id, cq)
         return cq
 
     def prepare_unit(self, topic: str, queue_id: int, queue_offset: int) -> None:
@@ -97,22 +126,28 @@ class ConsumeQueueTable:
             with self._dirty_lock:
                 self._dirty.add(cq)
 
-    def flush(self) -> None:
-        """Flush queues written since the last flush (safe from a second thread)."""
+    def flush(self) -> dict[QueueKey, int]:
+        """Flush queues written since the last flush (safe from a second thread); returns, for each queue
+        flushed, the number of units it held before its flush (all of them are on disk now)."""
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         failed: list[ConsumeQueue] = []
         error: BaseException | None = None
+        flushed: dict[QueueKey, int] = {}
         for cq in dirty:
+            units = cq.max_offset_in_queue
             try:
                 cq.flush()
             except (OSError, StoreError) as exc:  # e.g. no descriptor for a released file: next time
                 failed.append(cq)
                 error = exc
+                continue
+            flushed[(cq.topic, cq.queue_id)] = units
         if failed:
             with self._dirty_lock:
                 self._dirty.update(failed)
             raise StoreError(f"{len(failed)} consume queue(s) not flushed: {error}") from error
+        return flushed
 
     def max_phy_end(self) -> int:
         return max((cq.max_phy_end for cq in self.queues.values()), default=0)
@@ -127,32 +162,65 @@ class ConsumeQueueTable:
         return cut
 
     def correct_min_offsets(self, min_phy_offset: int) -> None:
-        for cq in self.queues.values():
-            cq.correct_min_offset(min_phy_offset)
+        """The commit log now starts at ``min_phy_offset``: O(1), each queue corrects its min offset on its next
+        use (``ConsumeQueue.min_logic_offset``)."""
+        self.floor.phy_offset = min_phy_offset
 
     def delete_expired(self, min_phy_offset: int) -> int:
+        """Every queue's expired files at once (O(queues): for tests and small stores; the store runs
+        ``start_expire`` + ``expire_step``)."""
+        self.correct_min_offsets(min_phy_offset)
         return sum(cq.delete_expired(min_phy_offset) for cq in list(self.queues.values()))
+
+    def start_expire(self, min_phy_offset: int) -> None:
+        """Begin (or restart) a round deleting the files of every queue whose units all point below
+        ``min_phy_offset``, run by ``expire_step`` a bounded slice at a time. Min offsets follow at once."""
+        self.correct_min_offsets(min_phy_offset)
+        self._expire_floor = min_phy_offset
+        self._expire_keys = list(self.queues)  # one C-level copy of the keys; visited from the end
+
+    @property
+    def expire_pending(self) -> bool:
+        return bool(self._expire_keys)
+
+    def expire_step(self, budget_s: float = EXPIRE_STEP_BUDGET_S) -> int:
+        """Visit queues of the round in progress for about ``budget_s`` at most; the files deleted."""
+        keys = self._expire_keys
+        if not keys:
+            return 0
+        floor = self._expire_floor
+        deadline = time.monotonic() + budget_s
+        count = 0
+        visited = 0
+        queues = self.queues
+        while keys:
+            cq = queues.get(keys.pop())
+            if cq is not None and len(cq.mfq.files) > 1:  # never a queue's last file: one file, nothing to do
+                try:
+                    count += cq.delete_expired(floor)
+                except (OSError, StoreError) as exc:  # no descriptor now: the next round sees it again
+                    log.warning("consume queue %s/%d: expired files not deleted now: %s", cq.topic, cq.queue_id,
+                                exc)
+            visited += 1
+            if visited % _EXPIRE_CLOCK_EVERY == 0 and time.monotonic() >= deadline:
+                break
+        self.expired_files_total += count
+        return count
 
     def queue_count(self, topic: str) -> int:
         """1 + the highest queue id this store holds a consume queue for in ``topic`` (0: none)."""
-        top = -1
-        for name, queue_id in self.queues:
-            if name == topic and queue_id > top:
-                top = queue_id
-        return top + 1
+        ids = self._topic_ids.get(topic)
+        return max(ids) + 1 if ids else 0
 
     def topic_queue_ids(self) -> dict[str, list[int]]:
-        result: dict[str, list[int]] = {}
-        for topic, queue_id in self.queues:
-            result.setdefault(topic, []).append(queue_id)
-        for ids in result.values():
-            ids.sort()
-        return result
+        return {topic: sorted(ids) for topic, ids in list(self._topic_ids.items()) if ids}
 
     def delete_topic(self, topic: str) -> list[QueueKey]:
-        keys = [k for k in self.queues if k[0] == topic]
+        keys = [(topic, queue_id) for queue_id in sorted(self._topic_ids.pop(topic, ()))]
         for key in keys:
-            cq = self.queues.pop(key)
+            cq = self.queues.pop(key, None)
+            if cq is None:
+                continue
             with self._dirty_lock:
                 self._dirty.discard(cq)
             cq.destroy()

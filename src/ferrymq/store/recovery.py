@@ -19,6 +19,11 @@ Whatever the checkpoint says, a consume queue shorter than the ``queueoffsets`` 
 deleted or cut by hand, or lost) is rebuilt from the commit log (``rebuild_short_queues``): the walk starts
 at the end of what the shortest such queue still holds and writes units for those queues only, up to where
 reput then takes over. Without such a queue nothing is walked (detection is one dictionary look-up per queue).
+
+Likewise an index file the ``indexfiles`` manifest lists but that is missing or cut (another size) is rebuilt
+(``rebuild_missing_index``) from the stretch of the log it covered: from its begin phy offset to the next file's
+(the newest: to where reput takes over). Detection is one look-up per index file; only those stretches are
+walked.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from ferrymq.common.message_codec import RecordCheck, check_record, check_record
 from ferrymq.store.checkpoint import StoreCheckpoint
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
+from ferrymq.store.dispatch import index_keys_of
+from ferrymq.store.index import IndexService
 from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.mapped_file_queue import MappedFileQueue
 from ferrymq.store.queue_table import ConsumeQueueTable
@@ -273,3 +280,55 @@ def rebuild_short_queues(
             table[key] = cq.max_offset_in_queue
     log.warning("consume queue rebuild: %d units written", written)
     return written
+
+
+def rebuild_missing_index(
+    commit_log: CommitLog,
+    index: IndexService,
+    manifest: list[tuple[str, int]] | None,
+    until_phy: int,
+) -> int:
+    """Rebuild the index files ``manifest`` lists that are missing or cut (``IndexService.missing``) from the
+    commit log records they covered (below ``until_phy``; reput indexes the rest); returns the entries written.
+    Nothing is walked without such a file, or without a manifest."""
+    if not manifest:
+        return 0
+    missing = index.missing(manifest, until_phy)
+    if not missing:
+        return 0
+    min_phy = commit_log.min_offset
+    written = 0
+    for name, first_phy, last_phy, last_included in missing:
+        start = max(first_phy, min_phy)
+        stop = min(last_phy, until_phy)
+        if start > stop or start >= until_phy:
+            continue
+        items = _index_items(commit_log, start, stop, last_included and stop < until_phy)
+        done = index.install_rebuilt(name, items, newest=not last_included)
+        written += done
+        log.warning("index file %s was missing or cut: rebuilt %d entries from the commit log [%d, %d%s", name,
+                    done, start, stop, "]" if last_included else ")")
+    return written
+
+
+def _index_items(commit_log: CommitLog, start: int, stop: int, stop_included: bool
+                 ) -> list[tuple[str, str, int, int]]:
+    """(topic, key, phy_offset, store_timestamp) of the index entries dispatch made for the records in
+    [start, stop) (and the one at ``stop`` if ``stop_included``), in log order."""
+    items: list[tuple[str, str, int, int]] = []
+    mfq = commit_log.mfq
+    phy = start
+    while phy < stop or (stop_included and phy == stop):
+        mf = mfq.find(phy)
+        if mf is None:
+            break
+        status, size, meta = check_record_meta(mf.mm, phy - mf.file_from_offset, mf.wrote_position)
+        if meta is None:
+            if status is RecordCheck.BLANK:
+                phy = mf.end_offset
+                continue
+            break
+        if (meta.sys_flag & SYSFLAG_TRANSACTION_MASK) != SYSFLAG_TRANSACTION_ROLLBACK and meta.properties:
+            items.extend((meta.topic, key, phy, meta.store_timestamp) for key in index_keys_of(meta.properties))
+        phy += size
+    return items
