@@ -404,3 +404,53 @@ async def test_prometheus_evaluates_every_dashboard_query_with_data(tmp_path: Pa
         log.close()
         if os.environ.get("FERRYMQ_KEEP_PROMETHEUS_LOG"):
             print((tmp_path / "prometheus.log").read_text()[-3000:])
+
+
+async def test_master_and_slave_publish_once_what_they_share(tmp_path: Path, namesrv: Any) -> None:
+    """A master and its slave, both scraped: the slave's series say role="slave", brokerId="1"; offsets are
+    published by the master only (``sum by (topic)`` counts them once); the master publishes how far the
+    slave's commit log is behind (rocketmq_broker_commitlog_diff, brokerIP = the slave)."""
+    from broker_helpers import make_config, send_v1
+
+    from ferrymq.broker.config import BrokerRole
+
+    master = BrokerController(make_config(str(tmp_path / "m"), namesrv.addr, metrics_port=0, broker_name="bx",
+                                          broker_role=BrokerRole.ASYNC_MASTER))
+    slave = BrokerController(make_config(str(tmp_path / "s"), namesrv.addr, metrics_port=0, broker_name="bx",
+                                         broker_id=1, broker_role=BrokerRole.SLAVE))
+    await master.start()
+    try:
+        await slave.start()
+        try:
+            client = await Client().open(master.broker_addr)
+            try:
+                for i in range(3):
+                    assert (await client.call(10, send_v1("HaT", queue_id=0), b"m%d" % i)).code == R.SUCCESS
+            finally:
+                client.close()
+            assert master.metrics_server is not None and slave.metrics_server is not None
+
+            async def replicated() -> list[tuple[str, dict[str, str], float]] | None:
+                s = await scrape(master.metrics_server.port)  # type: ignore[union-attr]
+                diff = [v for n, lab, v in s if n == "rocketmq_broker_commitlog_diff"]
+                caught_up = slave.store.max_phy_offset == master.store.max_phy_offset
+                return s if diff == [0] and caught_up else None
+
+            m = await wait_for(replicated, timeout_s=30, interval_s=0.2, what="slave caught up")
+            (diff_labels,) = [lab for n, lab, _ in m if n == "rocketmq_broker_commitlog_diff"]
+            assert diff_labels["broker"] == "bx" and diff_labels["role"] == "master"
+            assert diff_labels["brokerIP"].startswith("127.0.0.1:")  # the slave's end of its HA connection
+            assert one(m, "rocketmq_producer_offset", topic="HaT") == 3
+            s = await scrape(slave.metrics_server.port)
+            assert not [n for n, lab, _ in s if n in ("rocketmq_producer_offset", "rocketmq_consumer_offset",
+                                                      "rocketmq_group_diff", "rocketmq_broker_commitlog_diff")]
+            (rt,) = [lab for n, lab, _ in s if n == "rocketmq_brokeruntime_commitlog_maxoffset"]
+            assert (rt["role"], rt["brokerId"], rt["brokerIP"]) == ("slave", "1", slave.broker_addr)
+            assert one(s, "rocketmq_brokeruntime_commitlog_maxoffset") == master.store.max_phy_offset
+            # both scraped: the offsets summed by topic are the master's alone
+            both = [*m, *s]
+            assert sum(v for n, lab, v in both if n == "rocketmq_producer_offset" and lab["topic"] == "HaT") == 3
+        finally:
+            await slave.stop()
+    finally:
+        await master.stop()
