@@ -21,15 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sdk5_support import DRIVER, SDK_EXIT_GRACE_S
 
 from support.aio import wait_for
 
 SDK_REQUIREMENT = "rocketmq-python-client==5.1.2"
-DRIVER = Path(__file__).resolve().parent / "sdk5_driver.py"
 #: pip's time to install the SDK and its dependencies
 SDK_INSTALL_TIMEOUT_S = 600
-#: time an SDK process gets beyond its own deadline to shut down (start-up, settings wait, shutdown)
-SDK_EXIT_GRACE_S = 40
 
 
 def _cache_root() -> Path:

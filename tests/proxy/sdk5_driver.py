@@ -10,7 +10,8 @@ Verbs (``args["verb"]``):
   groups cycled: FIFO), ``tag``, ``keys``, ``delay_s`` (delivery timestamp = now + delay_s), ``props``.
 * ``simple``: a SimpleConsumer of ``group`` on ``topic`` receiving batches of ``batch`` with invisible
   duration ``invisible_s`` until ``expect`` messages were acked (``ack_every``: ack only every n-th
-  receive of a message; 0 = never) or ``timeout_s`` passes.
+  receive of a message; 0 = never; ``ack_bodies``: ack exactly these bodies), ``receives_expected``
+  messages were received, or ``timeout_s`` passes.
 * ``push``: a PushConsumer of ``group`` on ``topic`` until ``expect`` messages were consumed.
 """
 
@@ -93,7 +94,10 @@ def simple(a: dict[str, Any]) -> dict[str, Any]:
                 received += 1
                 rec = message_record(m)
                 seen[rec["body"]] = seen.get(rec["body"], 0) + 1
-                do_ack = ack_every and seen[rec["body"]] % ack_every == 0
+                if "ack_bodies" in a:
+                    do_ack = rec["body"] in a["ack_bodies"]
+                else:
+                    do_ack = ack_every and seen[rec["body"]] % ack_every == 0
                 if do_ack:
                     consumer.ack(m)
                     acked += 1

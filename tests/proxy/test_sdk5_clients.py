@@ -195,3 +195,28 @@ async def test_every_rpc_answers_cleanly(proxy_server: Any) -> None:
         send = await stub.SendMessage(spb.SendMessageRequest(messages=[pb.Message(topic=pb.Resource(name="T"))]),
                                       timeout=5)
         assert send.status.code == pb.ILLEGAL_MESSAGE_ID
+
+
+async def test_proxy_restart_keeps_acknowledged_progress(grpc_stack: Any, namesrv: Any) -> None:
+    """What survives a proxy restart is the consumer offset: the first unacknowledged message and all after
+    it come again (at least once), nothing below it does."""
+    from ferrymq.proxy.config import ProxyConfig
+    from ferrymq.proxy.server import ProxyServer
+
+    topic, group = uniq("TS"), uniq("g")
+    await grpc_stack.create_topic(topic, queues=1)
+    sent_ids(await grpc_stack.sdk("produce", topic=topic, count=6, prefix="s"))
+    first = received(await grpc_stack.sdk("simple", topic=topic, group=group, expect=6, receives_expected=6,
+                                          ack_bodies=["s-0", "s-1", "s-2", "s-4"], invisible_s=60, timeout_s=30))
+    assert sorted(r["body"] for r in first) == [f"s-{i}" for i in range(6)]
+    await grpc_stack.proxy.stop()
+    assert grpc_stack.broker.offsets.query(group, topic, 0) == 3
+    grpc_stack.proxy = ProxyServer(ProxyConfig(namesrv.addr, listen_port=0))
+    await grpc_stack.proxy.start()
+    try:
+        again = received(await grpc_stack.sdk("simple", topic=topic, group=group, expect=3, await_s=1,
+                                              timeout_s=30))
+    finally:
+        await grpc_stack.proxy.stop()
+    assert sorted(r["body"] for r in again) == ["s-3", "s-4", "s-5"]
+    assert all(r["attempt"] == 1 for r in again)
