@@ -66,3 +66,28 @@ def test_credentials_that_cannot_travel_are_a_usage_error(args: tuple[str, str])
     cp = _ferry_console(*args)
     assert cp.returncode == 2, cp.stderr
     assert args[0] in cp.stderr and args[1] not in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_hash_password_writes_an_entry_the_console_loads(tmp_path: Any) -> None:
+    from ferrymq.console.auth import Role, load_users, verify_password
+
+    cp = subprocess.run([sys.executable, "-m", "ferrymq.cli", "console", "hash-password", "-u", "ops", "--role",
+                         "admin", "--password-stdin"], input="long pass phrase\n", capture_output=True, text=True,
+                        timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert "long pass phrase" not in cp.stdout
+    path = tmp_path / "users.yml"
+    path.write_text("users:\n" + cp.stdout)
+    user = load_users(path)["ops"]
+    assert user.role is Role.ADMIN and verify_password("long pass phrase", user.password_hash)
+
+
+@pytest.mark.parametrize(("content", "needle"), [(None, "cannot read"), ("users:\n  ops: {role: admin, password: pw}\n",
+                                                                         "user 'ops'")])
+def test_a_bad_users_file_is_a_usage_error(tmp_path: Any, content: str | None, needle: str) -> None:
+    path = tmp_path / "users.yml"
+    if content is not None:
+        path.write_text(content)
+    cp = _ferry_console("--users-file", str(path), "--listen", "127.0.0.1:0")
+    assert cp.returncode == 2 and "--users-file" in cp.stderr and needle in cp.stderr, cp.stderr
+    assert "Traceback" not in cp.stderr

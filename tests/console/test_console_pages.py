@@ -3,6 +3,7 @@ what each page shows of the live cluster, the sampled series, escaping, and erro
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -112,3 +113,47 @@ async def test_an_unreachable_cluster_is_a_502_page(namesrv: Any, broker: Any) -
             assert resp.status == 502 and "the cluster did not answer" in page
         finally:
             await runner.cleanup()
+
+
+@pytest.mark.parametrize("path", ["/overview", "/producers", "/ha", "/messages", f"/topics/{TOPIC}",
+                                  f"/groups/{GROUP}/dlq"])
+async def test_every_page_renders(console: Console, path: str) -> None:
+    status, page = await console.get(path)
+    assert status == 200, page
+    assert "Traceback" not in page and "csrf_token" not in page  # read-only: no form to act
+
+
+async def test_a_search_by_time_shows_dates_and_consumption_per_group(console: Console) -> None:
+    status, page = await console.get(f"/messages?topic={TOPIC}&search=1")
+    assert status == 200 and "6 message(s) found" in page
+    first = console.sent[0]
+    # queue 0's first message is consumed by the group (committed offset 1), the others are not
+    assert page.count(f"{GROUP}: consumed") == 1
+    assert page.count(f"{GROUP}: not consumed") + page.count(f"{GROUP}: no offset") == 5
+    assert first.offset_msg_id in page
+    assert re.search(r"<td title=\"\d{13}\">20\d\d-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}</td>", page), "a readable date"
+    status, page = await console.get(f"/messages?topic={TOPIC}&begin=2999-01-01T00:00&search=1")
+    assert status == 200 and "0 message(s) found" in page
+    status, page = await console.get(f"/messages?topic={TOPIC}&begin=yesterday&search=1")
+    assert status == 400 and "bad begin time" in page
+
+
+async def test_broker_config_page(console: Console) -> None:
+    status, page = await console.get(f"/brokers/{console.broker.broker_addr}/config")
+    assert status == 200 and 'data-key="brokerName">broker-a<' in page
+    status, page = await console.get("/brokers/127.0.0.1:1/config")
+    assert status == 404
+
+
+@pytest.mark.parametrize(("lag", "css"), [(0, "ok"), (4, "low"), (999, "low"), (1_000, "warn"), (53_000, "critical")])
+def test_lag_colours_by_threshold(lag: int, css: str) -> None:
+    from ferrymq.console.data import lag_severity
+
+    assert lag_severity(lag) == css
+
+
+def test_stored_times_read_as_dates() -> None:
+    from ferrymq.console.data import fmt_ms
+
+    assert fmt_ms(0) == "" and fmt_ms(None) == "" and fmt_ms("x") == ""
+    assert re.fullmatch(r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d\.042", fmt_ms(1_767_225_600_042))
