@@ -665,6 +665,7 @@ class EstateBench:
 
         deadline = time.monotonic() + ROUTE_TIMEOUT_S
         while True:
+            await self._reconnect_idle()
             resp = await self.ns_conn.invoke(api.build_get_route(topic), SAMPLE_TIMEOUT_MS)
             if resp.code == ResponseCode.SUCCESS and self.bp.addr.encode() in (resp.body or b""):
                 return
@@ -672,18 +673,35 @@ class EstateBench:
                 raise EstateError(f"the name server does not route {topic} after {ROUTE_TIMEOUT_S} s")
             await asyncio.sleep(POLL_S)
 
-    async def _timed(self, conn: Any, cmd: Any, ok: tuple[int, ...], lat: list[float]) -> bool:
-        t0 = time.perf_counter()
-        resp = await conn.invoke(cmd, SAMPLE_TIMEOUT_MS)
-        lat.append(time.perf_counter() - t0)
-        return resp.code in ok
+    async def _timed(self, server: str, cmd: Any, ok: tuple[int, ...], lat: list[float]) -> bool:
+        """One request on the quiet connection to ``server`` ("broker" or "namesrv"), timed. A connection the
+        server closed (idle for minutes during a long build) is reopened and the request sent again, timed
+        afresh."""
+        from ferrymq.errors import ConnectionClosedError
+        from ferrymq.remoting.connection import connect
+
+        for attempt in range(2):
+            conn = self.quiet if server == "broker" else self.ns_conn
+            try:
+                t0 = time.perf_counter()
+                resp = await conn.invoke(cmd, SAMPLE_TIMEOUT_MS)
+                lat.append(time.perf_counter() - t0)
+                return resp.code in ok
+            except ConnectionClosedError:
+                if attempt:
+                    raise
+                if server == "broker":
+                    self.quiet = await connect(self.bp.addr)
+                else:
+                    self.ns_conn = await connect(self.stack.name_server)
+        raise AssertionError("unreachable")
 
     async def _samples(self, step: Step) -> dict[str, Any]:
         from ferrymq.client import api
         from ferrymq.common.route import MessageQueue
         from ferrymq.remoting.codes import ResponseCode
 
-        n, rng, conn = self.o.samples, self.rng, self.quiet
+        n, rng, conn = self.o.samples, self.rng, "broker"
         ok = (int(ResponseCode.SUCCESS),)
         out: dict[str, Any] = {}
         tag = len(self.results)
@@ -724,7 +742,7 @@ class EstateBench:
         out["offset_commit"] = _summary_ms(lat, errors)
         lat, errors = [], 0
         for _ in range(n):
-            errors += not await self._timed(self.ns_conn, api.build_get_route(rng.choice(estate_topics)), ok, lat)
+            errors += not await self._timed("namesrv", api.build_get_route(rng.choice(estate_topics)), ok, lat)
         out["route_query"] = _summary_ms(lat, errors)
         return out
 
