@@ -65,6 +65,7 @@ from ferrymq.broker.stats import SAMPLE_INTERVAL_MS, BrokerStats
 from ferrymq.broker.subscription_manager import SubscriptionGroupManager
 from ferrymq.broker.topic_manager import TopicManager
 from ferrymq.broker.transaction import TransactionConfig, TransactionService
+from ferrymq.broker.unconsumed_floor import UnconsumedFloor
 from ferrymq.broker.writer import MessageWriter
 from ferrymq.common.aio import LoopLagProbe
 from ferrymq.common.message import host_to_bytes
@@ -79,6 +80,7 @@ from ferrymq.store.config import BrokerRole as StoreBrokerRole
 from ferrymq.store.config import FlushDiskType as StoreFlushDiskType
 from ferrymq.store.config import StoreConfig
 from ferrymq.store.message_store import MessageStore
+from ferrymq.store.queue_table import process_fds
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,10 @@ class BrokerController:
             config.transaction_timeout_ms, config.transaction_check_interval_ms, config.transaction_check_max),
             clock_ms)
         self.hot_data_bytes = self.store_config.memory_for_hot_data_bytes
+        #: the forced cleanup spares what subscribed groups have not consumed (found in bounded steps)
+        self.unconsumed_floor = UnconsumedFloor(lambda: self.offsets.table, lambda group: group in self.groups.table,
+                                                self.store.unconsumed_phy_of)
+        self.store.unconsumed_phy_floor = self.unconsumed_floor
         #: the event loop's lateness (ferrymq_event_loop_lag_seconds)
         self.loop_lag = LoopLagProbe()
 
@@ -532,6 +538,8 @@ class BrokerController:
         if self.config.is_slave:
             info["masterAddr"] = self.master_addr or ""
             info["masterHaAddr"] = self.master_ha_addr or ""
+        open_fds, max_fds = process_fds()  # descriptors vs the limit, beside the store's open files
+        info["processOpenFds"], info["processMaxFds"] = str(open_fds), str(max_fds)
         info.update(self.stats.runtime_info())
         info.setdefault("earliestMessageTimeStamp", "0")
         info.update(_exporter_fixed_keys(self.start_ms, self.clock_ms()))

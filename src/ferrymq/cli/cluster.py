@@ -11,6 +11,16 @@ from ferrymq.client._cli import addr_param, emit, json_option, namesrv_option, r
 
 #: runtime-info keys shown in the table (all are in --json)
 SHOWN_KEYS = ("brokerRole", "putTps", "commitLogMaxOffset", "haSlaveCount")
+#: columns showing a figure against its limit as "used/limit": column -> (used key, limit key) of the runtime info
+SHOWN_RATIOS = {
+    "storeFiles": ("storeOpenFiles", "storeOpenFilesLimit"),  # consume queue files mapped / maxOpenSegmentFiles
+    "fds": ("processOpenFds", "processMaxFds"),  # the broker's file descriptors / its RLIMIT_NOFILE
+}
+
+
+def _ratio(runtime: dict[str, Any], used_key: str, limit_key: str) -> str:
+    used, limit = runtime.get(used_key), runtime.get(limit_key)
+    return f"{used}/{limit}" if used is not None and limit is not None else ""
 
 
 @click.group("cluster")
@@ -35,8 +45,9 @@ def list_(namesrv: str, cluster: str | None, as_json: bool) -> None:
     for r in rows:
         rt = r.get("runtime", {})
         flat.append({"cluster": r["cluster"], "brokerName": r["brokerName"], "brokerId": r["brokerId"],
-                     "addr": r["addr"], **{k: rt.get(k, r.get("error", "")) for k in SHOWN_KEYS}})
-    emit(flat, ["cluster", "brokerName", "brokerId", "addr", *SHOWN_KEYS], as_json=False)
+                     "addr": r["addr"], **{k: rt.get(k, r.get("error", "")) for k in SHOWN_KEYS},
+                     **{col: _ratio(rt, *keys) for col, keys in SHOWN_RATIOS.items()}})
+    emit(flat, ["cluster", "brokerName", "brokerId", "addr", *SHOWN_KEYS, *SHOWN_RATIOS], as_json=False)
 
 
 def _cleanup_verb(name: str, fn_name: str, count_field: str, doc: str) -> click.Command:

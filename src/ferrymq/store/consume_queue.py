@@ -161,8 +161,17 @@ class ConsumeQueue:
         return 0
 
     def correct_min_offset(self, min_phy_offset: int) -> None:
-        """Min logical offset := first non-blank unit of the first file at or above ``min_phy_offset``."""
-        first = self.mfq.first()
+        """Min logical offset := first non-blank unit at or above ``min_phy_offset``: in the first file, or in the
+        first whose last unit is (leading files wholly below it, not deleted yet, are skipped: one read each)."""
+        files = self.mfq.files
+        first = files[0] if files else None
+        for mf in files[:-1]:
+            if mf.wrote_position < mf.file_size:
+                break
+            phy, size, _tags = UNIT.unpack_from(mf.mapped(), mf.file_size - CQ_STORE_UNIT_SIZE)
+            if size == BLANK_SIZE or phy >= min_phy_offset:
+                break
+            first = files[files.index(mf) + 1]
         if first is None:
             self._min_logic_offset = 0
             self._floor_seen = self._floor.phy_offset

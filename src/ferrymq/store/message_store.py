@@ -801,6 +801,11 @@ class MessageStore:
             "getMessageTransferedMsgCount": str(self.reader.transferred_msg_total),
             "corruptRecordsNotServed": str(self.reader.corrupt_record_total),
             "consumeQueueCount": str(len(self.queues.queues)),
+            # consume queue files mapped now vs maxOpenSegmentFiles (each holds two descriptors); the commit log
+            # and index files are mapped besides (docs/store-format.md)
+            "storeOpenFiles": str(self.queues.pool.mapped_files),
+            "storeOpenFilesLimit": str(self.queues.pool.max_open),
+            "storeFileOpenFailures": str(self.queues.pool.open_failures_total),
             "earliestMessageTimeStamp": str(earliest if earliest is not None else -1),
             "lastStartAbnormal": str(self.last_start_was_abnormal).lower(),
         }

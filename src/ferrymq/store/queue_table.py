@@ -61,6 +61,17 @@ EXPIRE_STEP_BUDGET_S = 0.010
 _EXPIRE_CLOCK_EVERY = 64
 
 
+def process_fds() -> tuple[int, int]:
+    """(file descriptors the process holds now, its soft RLIMIT_NOFILE); -1 where unknown. One listing of
+    /proc/self/fd (bounded by the limit)."""
+    try:
+        open_fds = len(os.listdir("/proc/self/fd")) - 1  # less the listing's own descriptor
+    except OSError:
+        open_fds = -1
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return open_fds, (-1 if soft == resource.RLIM_INFINITY else soft)
+
+
 def topic_dir_name_ok(topic: str) -> bool:
     return bool(topic) and "/" not in topic and "\x00" not in topic and topic not in (".", "..")
 
@@ -183,13 +194,14 @@ class ConsumeQueueTable:
     def expire_pending(self) -> bool:
         return bool(self._expire_keys)
 
-    def expire_step(self, budget_s: float = EXPIRE_STEP_BUDGET_S) -> int:
-        """Visit queues of the round in progress for about ``budget_s`` at most; the files deleted."""
+    def expire_step(self, budget_s: float | None = None) -> int:
+        """Visit queues of the round in progress for about ``budget_s`` (``EXPIRE_STEP_BUDGET_S``) at most; the
+        files deleted."""
         keys = self._expire_keys
         if not keys:
             return 0
         floor = self._expire_floor
-        deadline = time.monotonic() + budget_s
+        deadline = time.monotonic() + (EXPIRE_STEP_BUDGET_S if budget_s is None else budget_s)
         count = 0
         visited = 0
         queues = self.queues
