@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ferrymq.broker import exporter_metrics
 from ferrymq.broker.consumer_manager import ClientChannel, ConsumerGroupInfo
-from ferrymq.broker.exporter_metrics import ExporterExposition, status_table_of
+from ferrymq.broker.exporter_metrics import ExporterExposition, publishes_client, status_table_of
 from ferrymq.broker.stats import KEYED_SAMPLE_INTERVAL_MS, MINUTE_GET_MSGS, BrokerStats, local_midnight_ms
 from ferrymq.client.consumer.status import ConsumeStatusStats
 from ferrymq.remoting.codec import RemotingCommand
@@ -85,7 +85,7 @@ class Conn:
         return cmd.response(R.SUCCESS, body=STATUS_BODY)
 
 
-STATUS_BODY = (b'{"jstack":"","mqTable":{{"brokerName":"b","queueId":0,"topic":"T"}:{"commitOffset":3}},'
+STATUS_BODY = (b'{"jstack":"","mqTable":{{"brokerName":"b1","queueId":0,"topic":"T"}:{"commitOffset":3}},'
                b'"properties":{},"statusTable":{"T":{"consumeFailedMsgs":2,"consumeFailedTPS":0.5,"consumeOKTPS":3.0,'
                b'"consumeRT":1.5,"pullRT":4.0,"pullTPS":6.0}},"subscriptionSet":[]}')
 
@@ -224,6 +224,22 @@ def test_status_table_is_read_from_a_fastjson_shaped_answer() -> None:
     assert status_table_of(b'{"mqTable":{}}') == {}
     assert status_table_of(b'{"statusTable": [1, 2]}') == {}
     assert status_table_of(b'{"statusTable": {broken') == {}
+
+
+def test_one_master_publishes_a_consumer_that_pulls_from_several() -> None:
+    two_brokers = (b'{"mqTable":{{"brokerName":"broker-b","queueId":0,"topic":"T"}:{},'
+                   b'{"brokerName":"broker-a","queueId":1,"topic":"T"}:{}},"statusTable":{}}')
+    assert publishes_client(two_brokers, "broker-a") and not publishes_client(two_brokers, "broker-b")
+    assert publishes_client(b'{"mqTable":{},"statusTable":{}}', "broker-b")  # holds no queue: every broker
+
+
+async def test_a_slave_does_not_ask_consumers() -> None:
+    ctx = estate(slave=True, topics=1, groups=1)
+    conn = Conn("10.0.0.9:5555")
+    ctx.consumers.groups["G1"] = ConsumerGroupInfo("G1", channels={1: ClientChannel(conn, "c", "JAVA", 1, T0_MS)})
+    exp = ExporterExposition(ctx)
+    await exp.render()
+    assert exp.poller._task is None and conn.asked == []
 
 
 def test_client_consume_status_over_the_last_minute() -> None:

@@ -22,7 +22,8 @@ consumers, as the exporter gets them: ``RunningInfoPoller`` asks them in the bac
 when the last one is older than ``RUNNING_INFO_POLL_INTERVAL_MS``; at most ``RUNNING_INFO_CONCURRENCY`` at once,
 each within ``RUNNING_INFO_TIMEOUT_MS``, at most ``RUNNING_INFO_MAX_CLIENTS`` per poll) and a scrape reads the
 cached answers (dropped after ``RUNNING_INFO_TTL_MS``). A client whose answer has no ``statusTable`` (the C++
-client 2.x, for one) gives no client series, as with the exporter.
+client 2.x, for one) gives no client series, as with the exporter. Only masters poll, and of the masters a
+consumer pulls from, the one with the smallest broker name publishes its series (``publishes_client``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import shutil
 import time
 from collections.abc import Iterable, Iterator
@@ -73,6 +75,8 @@ RUNNING_INFO_MAX_CLIENTS = 2_000
 #: an answer older than this is no longer published
 RUNNING_INFO_TTL_MS = 3 * RUNNING_INFO_POLL_INTERVAL_MS
 
+#: broker names in a ConsumerRunningInfo answer (its mqTable / processQueues entries)
+BROKER_NAME_FIELD = re.compile(rb'"brokerName"\s*:\s*"([^"\\]*)"')
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 #: ``msgModel`` label: the ordinal of Java's MessageModel (BROADCASTING 0, CLUSTERING 1)
@@ -250,6 +254,15 @@ def status_table_of(body: bytes) -> dict[str, dict[str, Any]]:
     return {str(topic): status for topic, status in value.items() if isinstance(status, dict)}
 
 
+def publishes_client(body: bytes, broker_name: str) -> bool:
+    """Whether this broker publishes a consumer's client series: every master the consumer pulls from is
+    connected to it and gets the same answer, so the one with the smallest name among the brokers of the
+    queues the consumer holds (its mqTable) publishes them, and ``sum by (group)`` counts the consumer once.
+    A consumer that holds no queue is published by every broker it is connected to."""
+    owners = {m.decode("utf-8", "replace") for m in BROKER_NAME_FIELD.findall(body)}
+    return not owners or min(owners) == broker_name
+
+
 class RunningInfoPoller:
     """Asks the connected consumers GET_CONSUMER_RUNNING_INFO in the background and keeps their statusTable."""
 
@@ -261,8 +274,12 @@ class RunningInfoPoller:
         self._last_start_ms: int | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def maybe_start(self) -> None:
-        """Start a poll unless one runs or the last started less than the interval ago (called by a scrape)."""
+    def maybe_start(self, master: bool) -> None:
+        """Start a poll unless one runs or the last started less than the interval ago (called by a scrape).
+        A slave does not poll: its master publishes the client series."""
+        if not master:
+            self.answers.clear()
+            return
         now = self.ctx.clock_ms()
         if self._task is not None and not self._task.done():
             return
@@ -304,6 +321,9 @@ class RunningInfoPoller:
                     return
                 if answer.code != R.SUCCESS or not answer.body:
                     return
+                if not publishes_client(answer.body, ctx.config.broker_name):
+                    self.answers.pop((group, ch.client_id), None)
+                    return
                 table = status_table_of(answer.body)
                 self.answers[(group, ch.client_id)] = (ctx.clock_ms(), ch.conn.peer_addr, table)
 
@@ -333,7 +353,7 @@ class ExporterExposition:
     async def render(self) -> list[bytes]:
         """The text in pieces (written one after the other); a scrape arriving while another builds shares that
         build."""
-        self.poller.maybe_start()
+        self.poller.maybe_start(self._is_master())
         if self._building is None or self._building.done():
             self._building = asyncio.ensure_future(self._build())
         return await asyncio.shield(self._building)
