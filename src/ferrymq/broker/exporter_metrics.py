@@ -169,7 +169,8 @@ class Family:
         self.kind = kind
         self.labels = tuple(labels)
         self.lines: list[str] = []
-        self._head = f"# HELP {name} {_escape(doc)}\n# TYPE {name} {kind}\n"
+        help_text = doc.replace("\\", "\\\\").replace("\n", "\\n")  # HELP escapes no quotes
+        self._head = f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
 
     def add(self, values: Iterable[Any], value: float) -> None:
         pairs = ",".join(f'{k}="{_escape(str(v))}"' for k, v in zip(self.labels, values, strict=True))
