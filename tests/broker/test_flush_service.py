@@ -34,3 +34,137 @@ async def test_a_shorter_period_set_at_runtime_applies_without_a_restart() -> No
         await wait_for(lambda: store.flushes >= before + 5, timeout_s=10, what="five flushes at the new period")
     finally:
         await asyncio.get_running_loop().run_in_executor(None, service.stop)
+
+
+# ---- SYNC_FLUSH group commit ------------------------------------------------------------------------------
+class WritingStore:
+    """A commit log stand-in: ``put`` advances the wrote position (loop thread), ``flush`` makes everything
+    written so far durable after ``delay_s`` (the flush thread), failing while ``failing`` is set."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.wrote_phy_offset = 0
+        self.flushed_phy_offset = 0
+        self.delay_s = delay_s
+        self.failing = False
+        self.flushes = 0
+        self._lock = threading.Lock()
+
+    def put(self, size: int) -> int:
+        self.wrote_phy_offset += size
+        return self.wrote_phy_offset
+
+    def flush(self) -> int:
+        with self._lock:
+            target = self.wrote_phy_offset
+            if self.failing:
+                raise OSError(28, "No space left on device")
+            if self.delay_s:
+                threading.Event().wait(self.delay_s)
+            self.flushes += 1
+            self.flushed_phy_offset = max(self.flushed_phy_offset, target)
+            return self.flushed_phy_offset
+
+    def flush_consume_queues(self) -> None:
+        pass
+
+
+async def test_sync_flush_waiters_under_concurrency_are_all_answered_none_lost() -> None:
+    """Sends arrive while flushes are in flight: every waiter is answered True exactly once, only after the
+    flush covered its bytes, and the flushes are shared (group commit: far fewer rounds than waiters)."""
+    loop = asyncio.get_running_loop()
+    store = WritingStore(delay_s=0.002)
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    answers: dict[int, list[tuple[bool, int]]] = {}
+    try:
+        async def sender(n: int, base: int) -> None:
+            for i in range(n):
+                end = store.put(100)
+                key = base + i
+                service.on_flushed(end, 10_000, lambda ok, key=key: answers.setdefault(key, []).append(
+                    (ok, store.flushed_phy_offset)))
+                if i % 7 == 0:
+                    await asyncio.sleep(0)
+
+        await asyncio.gather(*(sender(200, k * 1000) for k in range(16)))
+        await wait_for(lambda: len(answers) == 16 * 200, timeout_s=20, what="every waiter answered")
+        await asyncio.sleep(0.05)
+        assert all(len(a) == 1 and a[0][0] for a in answers.values())
+        assert store.flushes < 16 * 200 / 4, store.flushes
+        assert not service._waiters and not service._deadlines and service._sweep_handle is None
+    finally:
+        await loop.run_in_executor(None, service.stop)
+
+
+async def test_a_lone_sync_flush_wait_uses_no_timer_of_its_own_and_one_loop_wakeup() -> None:
+    loop = asyncio.get_running_loop()
+    store = WritingStore()
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    try:
+        for _ in range(20):
+            got: list[bool] = []
+            wakeups = service.wakeups
+            service.on_flushed(store.put(1024), 5000, got.append)
+            await wait_for(lambda got=got: got == [True], timeout_s=10, what="the flush answer")
+            assert service.wakeups == wakeups + 1
+            # the answered waiter's deadline timer is gone with it: nothing armed between sends
+            assert service._sweep_handle is None and not service._deadlines
+        # already flushed: answered at once, no wake-up of the thread
+        got2: list[bool] = []
+        service.on_flushed(store.flushed_phy_offset, 5000, got2.append)
+        assert got2 == [True]
+    finally:
+        await loop.run_in_executor(None, service.stop)
+
+
+async def test_sync_flush_waiters_on_a_failing_disk_time_out_then_later_ones_succeed_and_stop_answers_the_rest() -> None:
+    loop = asyncio.get_running_loop()
+    store = WritingStore()
+    store.failing = True
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    stopped = False
+    try:
+        timed_out: list[bool] = []
+        for _ in range(50):
+            service.on_flushed(store.put(100), 100, timed_out.append)
+        await wait_for(lambda: len(timed_out) == 50, timeout_s=10, what="the waiters to time out")
+        assert timed_out == [False] * 50
+        store.failing = False
+        ok: list[bool] = []
+        service.on_flushed(store.put(100), 5000, ok.append)
+        await wait_for(lambda: ok == [True], timeout_s=10, what="the flush to succeed again")
+        # a waiter still waiting at stop is answered False (never left hanging)
+        store.failing = True
+        left: list[bool] = []
+        service.on_flushed(store.put(100), 60_000, left.append)
+        await loop.run_in_executor(None, service.stop)
+        stopped = True
+        await wait_for(lambda: left == [False], timeout_s=10, what="the waiter answered at stop")
+        late: list[bool] = []
+        service.on_flushed(store.put(100), 60_000, late.append)
+        assert late == [False]
+    finally:
+        if not stopped:
+            await loop.run_in_executor(None, service.stop)
+
+
+async def test_a_failing_waiter_callback_does_not_keep_the_others_waiting() -> None:
+    loop = asyncio.get_running_loop()
+    store = WritingStore()
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    try:
+        got: list[bool] = []
+
+        def boom(ok: bool) -> None:
+            raise RuntimeError("answer failed")
+
+        service.on_flushed(store.put(10), 5000, boom)
+        service.on_flushed(store.put(10), 5000, got.append)
+        fut = service.request_flush(store.put(10), 5000)
+        assert await asyncio.wait_for(fut, 10) is True
+        assert got == [True]
+    finally:
+        await loop.run_in_executor(None, service.stop)

@@ -2,9 +2,18 @@
 
 * ASYNC_FLUSH: every ``flushIntervalCommitLog`` ms the thread calls ``store.flush()``; sends never
   wait and never fsync per message.
-* SYNC_FLUSH (group commit): a send registers ``(end_phy_offset, future)`` and wakes the thread; the
-  thread flushes once for everything written so far and resolves every satisfied future with one
-  ``loop.call_soon_threadsafe`` callback. Waiters time out in the send path (syncFlushTimeout).
+* SYNC_FLUSH (group commit): a send registers ``(end_phy_offset, callback)`` on the event loop thread and
+  signals the flush thread, which is blocked on that signal (no polling period on the path). The thread
+  flushes once for everything written so far and hands the flushed offset back with one
+  ``loop.call_soon_threadsafe``; on the loop, every waiter at or below it is answered in that one callback.
+  Sends arriving while a flush is in flight signal again and are taken by the next flush (all of them
+  together). A lone send therefore costs one signal (a futex wake), one ``fdatasync`` and one wake-up of
+  the loop: no timer, no future, no task.
+
+Waiters live on the loop thread only (the thread never touches them). Their deadlines
+(``syncFlushTimeout``) share one timer, armed for the earliest; an expired waiter is answered False
+(FLUSH_DISK_TIMEOUT). A failing flush (full disk, I/O error) is retried every ``SYNC_FLUSH_RETRY_MS`` while
+waiters wait; they are answered True once a flush covers them, or False at their deadline or at ``stop()``.
 
 The store's ``flush()`` is safe to call concurrently with puts on the event loop thread.
 """
@@ -12,34 +21,75 @@ The store's ``flush()`` is safe to call concurrently with puts on the event loop
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
+import math
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ferrymq.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 
-#: SYNC_FLUSH: the thread also wakes this often without requests (to flush stragglers)
-SYNC_FLUSH_IDLE_WAIT_MS = 10
+#: SYNC_FLUSH: a failing flush is tried again this often while waiters wait
+SYNC_FLUSH_RETRY_MS = 10
 #: consume queues are flushed this often (flushIntervalConsumeQueue)
 FLUSH_CONSUME_QUEUE_INTERVAL_MS = 1000
 #: waiters queued at once before new waits resolve as timed out
 MAX_SYNC_FLUSH_WAITERS = 100_000
+#: a deadline timer may fire up to the loop clock's resolution early: deadlines this close count as reached
+DEADLINE_EARLY_S = 0.001
+
+FlushCallback = Callable[[bool], None]
+
+
+class _Waiter:
+    """One SYNC_FLUSH wait: answered once (True: flushed; False: timed out, refused or stopped)."""
+
+    __slots__ = ("end_phy_offset", "fn", "done")
+
+    def __init__(self, end_phy_offset: int, fn: FlushCallback) -> None:
+        self.end_phy_offset = end_phy_offset
+        self.fn = fn
+        self.done = False
+
+    def resolve(self, ok: bool) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.fn(ok)
+        except Exception:  # one failing answer must not keep the others waiting
+            log.exception("SYNC_FLUSH waiter callback failed")
 
 
 class FlushService:
     def __init__(self, store: Any, *, sync_flush: bool, interval_ms: int) -> None:
         self._store = store
         self.sync_flush = sync_flush
-        self._wake = threading.Event()
         self._interval_ms = interval_ms
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-        self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
+        #: the flush thread's wake-up: released = "flush now" pending (a binary semaphore; one futex each way)
+        self._signal = threading.Lock()
+        self._signal.acquire()
+        self._signalled = False
+        #: loop thread only: waiters in put order (their offsets only grow), and their deadlines
+        self._waiters: deque[_Waiter] = deque()
+        self._deadlines: list[tuple[float, int, _Waiter]] = []
+        self._seq = itertools.count()
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._sweep_at = math.inf
+        #: the thread's last flushed offset as seen by the loop (answers waiters registered at or below it)
+        self._flushed_phy_offset = -1
         self._stopping = False
         self._thread: threading.Thread | None = None
+        #: counters for tests and metrics: flush rounds that answered waiters, loop wake-ups asked for
+        self.rounds = 0
+        self.wakeups = 0
 
     @property
     def interval_ms(self) -> int:
@@ -49,31 +99,143 @@ class FlushService:
     @interval_ms.setter
     def interval_ms(self, value: int) -> None:
         self._interval_ms = value
-        self._wake.set()  # a thread waiting out the old, longer period starts the new one now
+        self._wake()  # a thread waiting out the old, longer period starts the new one now
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._thread = threading.Thread(target=self._run, name="ferrymq-flush", daemon=True)
         self._thread.start()
 
-    def request_flush(self, end_phy_offset: int) -> asyncio.Future[bool]:
-        """SYNC_FLUSH: a future resolving True once the commit log is flushed up to ``end_phy_offset``."""
+    def _wake(self) -> None:
+        if self._signalled:
+            return  # a wake-up is pending: the next round flushes whatever is written by then
+        self._signalled = True
+        try:
+            self._signal.release()
+        except RuntimeError:  # released by a concurrent waker (another thread) meanwhile
+            pass
+
+    # ---- waiting (event loop thread) -----------------------------------------------------------------
+    def on_flushed(self, end_phy_offset: int, timeout_ms: int, fn: FlushCallback) -> None:
+        """SYNC_FLUSH, callback form: ``fn(True)`` once the commit log is flushed up to ``end_phy_offset``,
+        ``fn(False)`` after ``timeout_ms``, when too many wait, or at stop. Runs on the event loop thread;
+        ``fn`` runs there too (inline in the flush round's one callback: keep it short). May call ``fn`` at
+        once."""
+        loop = self._loop
+        if loop is None or self._stopping:
+            fn(False)
+            return
+        if end_phy_offset <= self._flushed_phy_offset:
+            fn(True)
+            return
+        if len(self._waiters) >= MAX_SYNC_FLUSH_WAITERS or timeout_ms <= 0:
+            fn(False)
+            return
+        waiter = _Waiter(end_phy_offset, fn)
+        self._waiters.append(waiter)
+        deadline = loop.time() + timeout_ms / 1000
+        heapq.heappush(self._deadlines, (deadline, next(self._seq), waiter))
+        if deadline < self._sweep_at:
+            self._arm_sweep(loop, deadline)
+        self._wake()
+
+    def request_flush(self, end_phy_offset: int, timeout_ms: int = 0) -> asyncio.Future[bool]:
+        """SYNC_FLUSH: a future resolving True once the commit log is flushed up to ``end_phy_offset`` (False
+        when too many wait, at stop, or after ``timeout_ms`` when given; 0: the caller bounds the wait)."""
         assert self._loop is not None, "flush service not started"
         fut: asyncio.Future[bool] = self._loop.create_future()
-        with self._lock:
-            if len(self._waiters) >= MAX_SYNC_FLUSH_WAITERS:
-                fut.set_result(False)
-                return fut
-            self._waiters.append((end_phy_offset, fut))
-        self._wake.set()
+
+        def settle(ok: bool) -> None:
+            if not fut.done():
+                fut.set_result(ok)
+
+        self.on_flushed(end_phy_offset, timeout_ms if timeout_ms > 0 else 2**31, settle)
         return fut
 
+    def _arm_sweep(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+        self._sweep_at = when
+        self._sweep_handle = loop.call_at(when, self._sweep)
+
+    def _sweep(self) -> None:
+        """The deadline timer: answer False to every waiter whose deadline passed; re-arm for the next."""
+        self._sweep_handle = None
+        self._sweep_at = math.inf
+        loop = self._loop
+        if loop is None:
+            return
+        due = loop.time() + DEADLINE_EARLY_S
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][0] <= due or deadlines[0][2].done):
+            _t, _seq, waiter = heapq.heappop(deadlines)
+            waiter.resolve(False)
+        waiters = self._waiters
+        while waiters and waiters[0].done:
+            waiters.popleft()
+        if len(waiters) > 2 * (len(deadlines) + 16):  # answered waiters left behind an earlier live one
+            self._waiters = deque(w for w in waiters if not w.done)
+        if deadlines:
+            self._arm_sweep(loop, deadlines[0][0])
+
+    def _settle(self, flushed_phy_offset: int | None) -> None:
+        """On the loop (one callback per flush round): answer the waiters the flush covered; None = stopping,
+        answer all False."""
+        self.rounds += 1
+        waiters = self._waiters
+        if flushed_phy_offset is None:
+            self._waiters = deque()
+            for w in waiters:
+                w.resolve(False)
+            self._deadlines = []
+            if self._sweep_handle is not None:
+                self._sweep_handle.cancel()
+                self._sweep_handle = None
+            self._sweep_at = math.inf
+            return
+        if flushed_phy_offset > self._flushed_phy_offset:
+            self._flushed_phy_offset = flushed_phy_offset
+        while waiters and waiters[0].end_phy_offset <= flushed_phy_offset:
+            waiters.popleft().resolve(True)
+        deadlines = self._deadlines
+        if not waiters and deadlines:
+            # every deadline belongs to an answered waiter: drop them and the timer at once
+            self._deadlines = []
+            if self._sweep_handle is not None:
+                self._sweep_handle.cancel()
+                self._sweep_handle = None
+            self._sweep_at = math.inf
+        elif len(deadlines) > 2 * (len(waiters) + 16):
+            self._deadlines = [d for d in deadlines if not d[2].done]
+            heapq.heapify(self._deadlines)
+
+    def _hand_back(self, flushed_phy_offset: int | None) -> None:
+        """Flush thread: one ``call_soon_threadsafe`` for the whole round."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        self.wakeups += 1
+        try:
+            loop.call_soon_threadsafe(self._settle, flushed_phy_offset)
+        except RuntimeError:  # the loop closed meanwhile (shutdown)
+            pass
+
+    # ---- the flush thread ------------------------------------------------------------------------------
     def _run(self) -> None:
         last_cq_flush = 0.0
         failing: str | None = None  # the cause of the failing flushes, logged once (a full disk: every round)
+        handed_back = -1  # the flushed offset last handed to the loop
+        signal = self._signal
         while not self._stopping:
-            self._wake.wait((SYNC_FLUSH_IDLE_WAIT_MS if self.sync_flush else self._interval_ms) / 1000)
-            self._wake.clear()
+            if self.sync_flush:
+                # blocked on the signal; woken by a send (or to retry a failed flush / flush consume queues)
+                wait_ms = SYNC_FLUSH_RETRY_MS if failing is not None else FLUSH_CONSUME_QUEUE_INTERVAL_MS
+            else:
+                wait_ms = self._interval_ms
+            signal.acquire(timeout=wait_ms / 1000)
+            self._signalled = False  # before the flush: a send registered after this point signals again
+            if self._stopping:
+                break
             try:
                 self._store.flush()
                 now = time.monotonic()
@@ -88,41 +250,25 @@ class FlushService:
                 continue
             except Exception:
                 log.exception("flush failed")
+                failing = failing or "unexpected error"
                 continue
             if failing is not None:
                 failing = None
                 log.warning("flush succeeded again")
             if self.sync_flush:
-                self._resolve(self._store.flushed_phy_offset)
-        self._resolve(None)
-
-    def _resolve(self, flushed: int | None) -> None:
-        with self._lock:
-            if not self._waiters:
-                return
-            if flushed is None:
-                done, self._waiters = self._waiters, []
-            else:
-                done = [w for w in self._waiters if w[0] <= flushed]
-                if not done:
-                    return
-                self._waiters = [w for w in self._waiters if w[0] > flushed]
-        ok = flushed is not None
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-
-        def settle() -> None:
-            for _, fut in done:
-                if not fut.done():
-                    fut.set_result(ok)
-
-        loop.call_soon_threadsafe(settle)
+                # a waiter registered before this flush is at or below it: answered by this hand-back, or by
+                # an earlier one still queued, or at once (on_flushed) when it registers after that ran
+                flushed = self._store.flushed_phy_offset
+                if flushed > handed_back:
+                    handed_back = flushed
+                    self._hand_back(flushed)
+        self._hand_back(None)
 
     def stop(self) -> None:
-        """Stop the thread after a final flush (blocking; call from a thread or at shutdown)."""
+        """Stop the thread after a final flush (blocking; call from a thread or at shutdown). Waiters still
+        waiting are answered False."""
         self._stopping = True
-        self._wake.set()
+        self._wake()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None

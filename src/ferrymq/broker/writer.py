@@ -23,7 +23,6 @@ from typing import Any
 
 from ferrymq.broker.config import BrokerConfig, BrokerRole, FlushDiskType
 from ferrymq.broker.flush import FlushService
-from ferrymq.common import aio
 from ferrymq.common.message import MessageExtBrokerInner
 from ferrymq.store.results import PutMessageResult
 
@@ -216,18 +215,21 @@ class MessageWriter:
     def needs_wait(self, wait_store_msg_ok: bool) -> bool:
         return wait_store_msg_ok and (self.sync_flush or (self.sync_master and self.ha_service is not None))
 
+    def on_flushed(self, result: Any, fn: Callable[[bool], None]) -> None:
+        """SYNC_FLUSH without SYNC_MASTER, callback form of ``wait_stored``: ``fn(True)`` once the put's bytes
+        are flushed, ``fn(False)`` at syncFlushTimeout (FLUSH_DISK_TIMEOUT). May call ``fn`` at once; otherwise
+        ``fn`` runs on the loop in the flush round's one callback (no future, no task)."""
+        ar = result.append_result
+        self._flush.on_flushed(ar.wrote_offset + ar.wrote_bytes, self._config.sync_flush_timeout_ms, fn)
+
     async def wait_stored(self, result: Any) -> str:
         """Flush/replica waits for a stored put; the final PutMessageStatus name."""
         ar = result.append_result
         end = ar.wrote_offset + ar.wrote_bytes
         flush_status = "PUT_OK"
         if self.sync_flush:
-            fut = self._flush.request_flush(end)
-            try:
-                ok = await aio.wait_for(fut, self._config.sync_flush_timeout_ms / 1000)
-            except TimeoutError:
-                ok = False
-            if not ok:
+            # bounded by the flush service's one deadline timer (syncFlushTimeout), not a timer per send
+            if not await self._flush.request_flush(end, self._config.sync_flush_timeout_ms):
                 flush_status = "FLUSH_DISK_TIMEOUT"
         replica_status = "PUT_OK"
         ha = self.ha_service

@@ -435,6 +435,8 @@ class SendProcessor:
             if writer.needs_wait(wait):
                 if writer.sync_master and not writer.sync_flush and hasattr(writer.ha_service, "on_slave_ack"):
                     return self._finish_on_slave_ack(conn, cmd, result, queue_id)
+                if writer.sync_flush and not (writer.sync_master and writer.ha_service is not None):
+                    return self._finish_on_flush(conn, cmd, result, queue_id)
                 return self._finish_after_wait(cmd, result, queue_id)
             ar = result.append_result
             # the usual answer: a templated frame, byte for byte what encode() writes for the SUCCESS command
@@ -458,6 +460,15 @@ class SendProcessor:
         ha.on_slave_ack(end, self.ctx.config.replica_wait_ms, reply)
         reply.inline = False
         return reply.response  # None unless the ack (or a refusal) came inline
+
+    def _finish_on_flush(self, conn: Any, cmd: RemotingCommand, result: Any, queue_id: int
+                         ) -> RemotingCommand | bytes | None:
+        """SYNC_FLUSH (no replica wait): the flush round's callback writes the answer to ``conn`` itself, like
+        ``_finish_on_slave_ack`` (FLUSH_DISK_TIMEOUT when the flush does not come in syncFlushTimeout)."""
+        reply = _FlushReply(self, conn, cmd, result, queue_id)
+        self.ctx.writer.on_flushed(result, reply)
+        reply.inline = False
+        return reply.response
 
     async def _finish_after_wait(self, cmd: RemotingCommand, result: Any, queue_id: int) -> RemotingCommand:
         status = await self.ctx.writer.wait_stored(result)
@@ -494,6 +505,9 @@ class _SlaveAckReply:
     Writes follow ``Connection._reply``: nothing for oneway requests or closed connections."""
 
     __slots__ = ("proc", "conn", "cmd", "result", "queue_id", "inline", "response", "started_s")
+    #: the status answered when the wait fails, and whether the wait is a replica wait (its histogram)
+    timeout_status = "FLUSH_SLAVE_TIMEOUT"
+    replica_wait = True
 
     def __init__(self, proc: SendProcessor, conn: Any, cmd: RemotingCommand, result: Any, queue_id: int) -> None:
         self.proc = proc
@@ -507,7 +521,7 @@ class _SlaveAckReply:
 
     def __call__(self, ok: bool) -> None:
         cmd = self.cmd
-        if self.proc is not None:  # (None in unit tests of the reply alone)
+        if self.proc is not None and self.replica_wait:  # (None in unit tests of the reply alone)
             self.proc.ctx.stats.sync_wait.observe(time.perf_counter() - self.started_s)
         resp: RemotingCommand | bytes
         role = self.proc.ctx.controller_role if self.proc is not None else None
@@ -521,7 +535,7 @@ class _SlaveAckReply:
                 resp = encode_send_ok_response(cmd.opaque, ar.msg_id, self.queue_id, ar.queue_offset,
                                                cmd.serialize_type)
             else:
-                resp = self.proc._response(cmd, self.result, self.queue_id, "FLUSH_SLAVE_TIMEOUT")
+                resp = self.proc._response(cmd, self.result, self.queue_id, self.timeout_status)
         except Exception as exc:  # answered as SYSTEM_ERROR, like a failing handler
             log.exception("SYNC_MASTER answer for code %s failed", cmd.code)
             resp = cmd.response(R.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}")
@@ -537,6 +551,15 @@ class _SlaveAckReply:
             conn.send(resp)
         except Exception as exc:  # the connection went away meanwhile
             log.debug("SYNC_MASTER answer to %s not sent: %s", getattr(conn, "peer_addr", "?"), exc)
+
+
+class _FlushReply(_SlaveAckReply):
+    """The ``on_flushed`` callback of one SYNC_FLUSH send (``_SlaveAckReply``'s answers, FLUSH_DISK_TIMEOUT
+    when the flush does not come in time)."""
+
+    __slots__ = ()
+    timeout_status = "FLUSH_DISK_TIMEOUT"
+    replica_wait = False
 
 
 def _delay_level(props: dict[str, str]) -> int:

@@ -1,0 +1,148 @@
+"""Syscalls and CPU per message of a broker under ``ferry bench``'s producer load (private perf driver).
+
+    python benchmarks/syscalls_per_msg.py [--flush ASYNC_FLUSH|SYNC_FLUSH] [--producers 1] [--secs 5]
+                                          [--strace] [--client-strace] [--repeats 1]
+
+Starts a name server and one broker (``--flush``) as subprocesses, then runs ``ferry bench``'s produce worker
+(``ferrymq.client.Producer``, one connection per producer) in its own process. Prints, per repeat: messages
+stored (the topic's max offsets before/after), the broker's CPU (utime+stime of all its threads, over the whole
+worker run, so warm-up and start-up are included and divided by the messages of the whole run) per message,
+and with ``--strace`` the broker's syscalls per message by name (``strace -c -f -p``, attached for the
+whole worker run; strace slows the broker, so rates with it are not rates). ``--client-strace`` counts the
+load process's syscalls instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from ferrymq.cli.bench_impl.mpwork import run_workers
+from ferrymq.cli.bench_impl.procs import Supervisor
+from ferrymq.cli.bench_impl.stack import Stack, create_topic, max_offsets, wait_send_ok
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def parse_strace(path: str) -> dict[str, int]:
+    calls: dict[str, int] = {}
+    with open(path) as fh:
+        for line in fh:
+            parts = line.split()
+            # % time, seconds, usecs/call, calls, [errors], syscall
+            if len(parts) >= 5 and parts[0][0].isdigit() and parts[-1] != "total":
+                try:
+                    calls[parts[-1]] = int(parts[3])
+                except ValueError:
+                    continue
+    return calls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flush", default="ASYNC_FLUSH")
+    ap.add_argument("--producers", type=int, default=1)
+    ap.add_argument("--secs", type=float, default=5.0)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--strace", action="store_true")
+    ap.add_argument("--client-strace", action="store_true")
+    a = ap.parse_args()
+    with Supervisor() as sup:
+        stack = Stack(sup, "sys")
+        try:
+            stack.start_namesrv()
+            master = stack.broker("bench-s", flush=a.flush)
+            stack.start(master)
+            topic = "BenchSys"
+            asyncio.run(create_topic(stack.name_server, master, topic))
+            asyncio.run(wait_send_ok(stack.name_server, topic))
+            assert master.child is not None
+            pid = master.child.pid
+            for rep in range(a.repeats):
+                before = sum(asyncio.run(max_offsets(master.addr, topic)))
+                out = os.path.join(sup.base_dir or "/tmp", f"strace-{rep}.txt")
+                tracer: subprocess.Popen[bytes] | None = None
+                client_tracer: list[subprocess.Popen[bytes]] = []
+                if a.strace:
+                    tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", out],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    time.sleep(0.5)
+                spec = {"name_server": stack.name_server, "topic": topic, "worker": rep, "producers": a.producers,
+                        "body_bytes": a.size, "batch": 0, "warmup_s": 0.5, "duration_s": a.secs}
+                if a.client_strace:
+                    # attach to the worker process once it exists (the only new child of ours besides strace)
+                    known = set(_children())
+
+                    def attach() -> None:
+                        deadline = time.monotonic() + 30
+                        while time.monotonic() < deadline:
+                            new = [p for p in _children() if p not in known and _is_python(p)]
+                            if new:
+                                client_tracer.append(subprocess.Popen(
+                                    ["strace", "-c", "-f", "-p", str(new[0]), "-o", out],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                                return
+                            time.sleep(0.05)
+
+                    threading.Thread(target=attach, daemon=True).start()
+                c0 = cpu_s(pid)
+                t0 = time.monotonic()
+                res = run_workers("ferrymq.cli.bench_impl.workers:produce", [spec], run_s=a.secs + 0.5)[0]
+                wall = time.monotonic() - t0
+                c1 = cpu_s(pid)
+                for tr in ([tracer] if tracer else []) + client_tracer:
+                    tr.send_signal(signal.SIGINT)
+                    tr.wait(30)
+                after = sum(asyncio.run(max_offsets(master.addr, topic)))
+                msgs = after - before
+                rate = res["count"] / res["elapsed_s"]
+                load = os.getloadavg()[0]
+                print(f"{a.flush} producers={a.producers} rep={rep}: {rate:,.0f} msg/s (counted), {msgs} stored in "
+                      f"{wall:.1f}s; broker CPU {(c1 - c0) / msgs * 1e6:.1f} us/msg; load {load:.2f}", flush=True)
+                if tracer or client_tracer:
+                    calls = parse_strace(out)
+                    total = sum(calls.values())
+                    top = sorted(calls.items(), key=lambda kv: -kv[1])[:10]
+                    who = "client" if client_tracer else "broker"
+                    print(f"  {who} syscalls/msg {total / msgs:.2f}: "
+                          + ", ".join(f"{k} {v / msgs:.2f}" for k, v in top), flush=True)
+        finally:
+            stack.close()
+
+
+def _children() -> list[int]:
+    me = os.getpid()
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    ppid = int(fh.read().rpartition(")")[2].split()[1])
+            except OSError:
+                continue
+            if ppid == me:
+                out.append(int(d))
+    return out
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"python" in fh.read().split(b"\0")[0]
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
