@@ -7,8 +7,8 @@ An in-process broker (metricsPort=0, no name server) is filled through its manag
 traffic counters (so every rate family has a series); then ``--scrapes`` scrapes run one after the other over
 HTTP by a client process (started per scrape, so the scrape time includes its start) while the broker's
 loop-lag probe watches. Printed: series, bytes, scrape time (median, max), the
-longest run of the builder between two yields of the loop (its own measure, wall time: on a busy machine it
-includes time the process was not scheduled), the longest event-loop stall (the probe's 10 ms timer overshoot, ``ferrymq_event_loop_lag_seconds``) and the
+longest run of the builder between two yields of the loop (its own measure, in wall time, which on a busy
+machine includes time the process waited for a CPU, and in the thread's CPU time, the work itself), the longest event-loop stall (the probe's 10 ms timer overshoot, ``ferrymq_event_loop_lag_seconds``) and the
 longest garbage-collector pause by generation (a stall the builder's slicing cannot split).
 
     python benchmarks/exporter_scrape.py --topics 10000 --groups 5000 --scrapes 5
@@ -90,7 +90,7 @@ async def run(topics: int, groups: int, scrapes: int) -> None:
             port = ctl.metrics_server.port
             await scrape(port)  # warm-up
             pauses = GcPauses()
-            times, stalls, slices = [], [], []
+            times, stalls, slices, cpu_slices = [], [], [], []
             size = series = 0
             for _ in range(scrapes):
                 ctl.loop_lag.reset_max()
@@ -99,13 +99,17 @@ async def run(topics: int, groups: int, scrapes: int) -> None:
                 times.append(time.perf_counter() - t0)
                 await asyncio.sleep(0.05)  # let the probe report the last slice
                 stalls.append(ctl.loop_lag.reset_max())
-                slices.append(ctl.metrics_server.exposition.last_longest_slice_s)  # type: ignore[attr-defined]
+                exposition = ctl.metrics_server.exposition  # type: ignore[attr-defined]
+                slices.append(exposition.last_longest_slice_s)
+                cpu_slices.append(exposition.last_longest_slice_cpu_s)
             print(f"topics={topics} groups={groups} series={series} bytes={size}")
             print(f"scrape s: median={statistics.median(times):.3f} max={max(times):.3f}")
             print(f"longest event-loop stall ms: {max(stalls) * 1000:.1f} (per scrape: "
                   f"{', '.join(f'{s * 1000:.1f}' for s in stalls)})")
             print(f"longest run of the builder between two yields ms: {max(slices) * 1000:.1f} (per scrape: "
                   f"{', '.join(f'{s * 1000:.1f}' for s in slices)})")
+            print(f"  the same in CPU time of the loop's thread ms: {max(cpu_slices) * 1000:.1f} (per scrape: "
+                  f"{', '.join(f'{s * 1000:.1f}' for s in cpu_slices)})")
             print("longest garbage-collector pause ms by generation: "
                   + ", ".join(f"gen{g}={p * 1000:.1f}" for g, p in sorted(pauses.take().items())))
         finally:

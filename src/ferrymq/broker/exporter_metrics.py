@@ -191,9 +191,12 @@ class Pacer:
         self.budget_s = EXPOSITION_SLICE_BUDGET_S if budget_s is None else budget_s
         self.rows = 0
         self.yields = 0
-        #: the longest run between two yields (s)
+        #: the longest run between two yields (s): wall time, and this thread's CPU time (the work itself, without
+        #: the time the process waited for a CPU)
         self.longest_slice_s = 0.0
+        self.longest_slice_cpu_s = 0.0
         self._since = time.perf_counter()
+        self._since_cpu = time.thread_time()
 
     async def tick(self) -> None:
         self.rows += 1
@@ -206,8 +209,10 @@ class Pacer:
         if ran_s >= self.budget_s:
             self.yields += 1
             self.longest_slice_s = max(self.longest_slice_s, ran_s)
+            self.longest_slice_cpu_s = max(self.longest_slice_cpu_s, time.thread_time() - self._since_cpu)
             await asyncio.sleep(0)
             self._since = time.perf_counter()
+            self._since_cpu = time.thread_time()
 
 
 def _num(text: Any, default: float = 0.0) -> float:
@@ -350,6 +355,7 @@ class ExporterExposition:
         self.last_rows = 0
         self.last_yields = 0
         self.last_longest_slice_s = 0.0
+        self.last_longest_slice_cpu_s = 0.0
 
     async def render(self) -> list[bytes]:
         """The text in pieces (written one after the other); a scrape arriving while another builds shares that
@@ -398,6 +404,7 @@ class ExporterExposition:
                 await pacer.check()
         self.last_rows, self.last_yields = pacer.rows, pacer.yields
         self.last_longest_slice_s = max(pacer.longest_slice_s, time.perf_counter() - pacer._since)
+        self.last_longest_slice_cpu_s = max(pacer.longest_slice_cpu_s, time.thread_time() - pacer._since_cpu)
         return parts
 
     def _broker_runtime(self, st: BrokerStats, ident: dict[str, str]) -> list[Family]:
