@@ -41,6 +41,7 @@ import contextlib
 import datetime
 import hmac
 import logging
+import re
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -74,13 +75,14 @@ _DATA: web.AppKey[ConsoleData] = web.AppKey("data", ConsoleData)
 _ACTIONS: web.AppKey[ConsoleActions] = web.AppKey("actions", ConsoleActions)
 _ENV: web.AppKey[jinja2.Environment] = web.AppKey("env", jinja2.Environment)
 #: answered without credentials (a liveness probe learns nothing from it)
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/favicon.ico"})
 #: answered without a session when a users file is configured
 LOGIN_PATH = "/login"
 SESSION_COOKIE = "ferrymq_session"
 #: the double-submit cookie of the log-in form (it has no session yet to hold a CSRF token)
 LOGIN_COOKIE = "ferrymq_login"
 CSRF_FIELD = "csrf_token"
+_LOGIN_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{43}")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -211,13 +213,17 @@ async def login_page(request: web.Request) -> web.Response:
     cfg = request.app[_ACCESS]
     if not cfg.logins:
         raise PageError(404, "this console has no accounts (start it with --users-file to log in)")
-    return _login_form(request, "", 200)
+    return _login_form(request, "", 200, request.query.get("next"))
 
 
-def _login_form(request: web.Request, error: str, status: int) -> web.Response:
-    token = console_auth.new_token()
+def _login_form(request: web.Request, error: str, status: int, next_path: str | None) -> web.Response:
+    # one token per browser until it logs in: a second log-in page (another tab, a redirected favicon
+    # request) must not invalidate the form already shown
+    token = request.cookies.get(LOGIN_COOKIE, "")
+    if not _LOGIN_TOKEN_RE.fullmatch(token):
+        token = console_auth.new_token()
     resp = _render(request, "login.html", status, title="Log in", error=error, login_token=token,
-                   next=_safe_next(request.query.get("next")), login_page=True)
+                   next=_safe_next(next_path), login_page=True)
     resp.set_cookie(LOGIN_COOKIE, token, httponly=True, samesite="Strict", path=LOGIN_PATH,
                     secure=request.app[_ACCESS].secure_cookie)
     return resp
@@ -234,18 +240,19 @@ async def login_submit(request: web.Request) -> web.Response:
         raise _forbidden("missing or wrong log-in form token: reload the log-in page")
     name = str(form.get("user", ""))[:console_auth.MAX_USER_NAME_CHARS]
     password = str(form.get("password", ""))[:console_auth.MAX_PASSWORD_CHARS]
+    next_path = str(form.get("next", ""))
     now = cfg.clock()
     if not cfg.throttle.allowed(name, now):
-        return _login_form(request, "too many failed log-ins for this user: wait a minute", 429)
+        return _login_form(request, "too many failed log-ins for this user: wait a minute", 429, next_path)
     user = cfg.users.get(name)
     # the KDF runs in a thread (tens of ms): the event loop keeps serving; an unknown user costs the same
     ok = await asyncio.to_thread(_password_ok, user, password)
     if user is None or not ok:
         cfg.throttle.failed(name, now)
-        return _login_form(request, "wrong user name or password", 401)
+        return _login_form(request, "wrong user name or password", 401, next_path)
     cfg.throttle.succeeded(name)
     session = cfg.sessions.create(user, now)
-    resp = web.HTTPSeeOther(_safe_next(str(form.get("next", ""))))
+    resp = web.HTTPSeeOther(_safe_next(next_path))
     resp.set_cookie(SESSION_COOKIE, session.session_id, httponly=True, samesite="Strict", path="/",
                     secure=cfg.secure_cookie, max_age=int(cfg.sessions.max_age_s))
     resp.del_cookie(LOGIN_COOKIE, path=LOGIN_PATH)
@@ -418,6 +425,10 @@ async def samples_json(request: web.Request) -> web.Response:
 
 async def healthz(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
+
+
+async def favicon(_request: web.Request) -> web.Response:
+    return web.Response(status=204)
 
 
 # ---- actions ---------------------------------------------------------------------------------------------------
@@ -632,6 +643,7 @@ def make_app(admin: Admin, *, sample_interval_s: float = SAMPLE_INTERVAL_S, auth
     r.add_post("/logout", logout)
     r.add_get("/api/samples.json", samples_json)
     r.add_get("/healthz", healthz)
+    r.add_get("/favicon.ico", favicon)
     r.add_static("/static", str(resources.files("ferrymq.console") / "static"))
 
     async def sampler(_app: web.Application) -> AsyncIterator[None]:
