@@ -48,7 +48,8 @@ Offsets JSON: ``{"topic": {"brokerName:queueId": offset}}`` (also accepted: the 
 ``{"topic": {"brokerName": {"queueId": offset}}}``); -2 = earliest, -1 = latest.
 
 Sink options: nameServer (required), topic (wins over the column), group (producer group),
-sendTimeoutMs, sendPipelineDepth, and the same accessKey/secretKey/tls* options.
+sendTimeoutMs, sendPipelineDepth, and the same accessKey/secretKey/tls* options; exactlyOnce (false) and
+exactlyOnce.timeoutMs (1 h): the exactly-once sink of decision 0006 (needs the topic option).
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ DEFAULT_SOURCE_GROUP = "spark-ferrymq-source"
 DEFAULT_SINK_GROUP = "spark-ferrymq-sink"
 DEFAULT_SEND_TIMEOUT_MS = 10_000
 DEFAULT_SEND_PIPELINE_DEPTH = 64
+#: how long a batch's half messages may wait for their commit (and a crashed driver for its restart)
+DEFAULT_EXACTLY_ONCE_TIMEOUT_MS = 3_600_000
+#: the smallest exactlyOnce.timeoutMs: the commit refuses batches within a minute of it
+MIN_EXACTLY_ONCE_TIMEOUT_MS = 120_000
 MAX_SEND_PIPELINE_DEPTH = 4096
 
 READ_FROM_SLAVE_CHOICES = ("never", "whenMasterDown", "prefer")
@@ -94,7 +99,8 @@ SOURCE_OPTION_NAMES = (
     "endingTimestamp", "endingOffsetsByTimestamp", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
     *SECURITY_OPTION_NAMES,
 )  # fmt: skip
-SINK_OPTION_NAMES = ("nameServer", "topic", "group", "sendTimeoutMs", "sendPipelineDepth", *SECURITY_OPTION_NAMES)
+SINK_OPTION_NAMES = ("nameServer", "topic", "group", "sendTimeoutMs", "sendPipelineDepth", "exactlyOnce",
+                     "exactlyOnce.timeoutMs", *SECURITY_OPTION_NAMES)
 #: Options Spark itself may pass along (streaming sinks get checkpointLocation, file-like calls a path).
 SPARK_OPTION_NAMES = ("path", "checkpointLocation", "queryName")
 SOURCE_OPTIONS = frozenset(k.lower() for k in SOURCE_OPTION_NAMES + SPARK_OPTION_NAMES)
@@ -593,6 +599,8 @@ class SinkOptions:
     send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS
     send_pipeline_depth: int = DEFAULT_SEND_PIPELINE_DEPTH
     security: ClientSecurity = ClientSecurity()
+    exactly_once: bool = False
+    exactly_once_timeout_ms: int = DEFAULT_EXACTLY_ONCE_TIMEOUT_MS
 
     @property
     def producer_key(self) -> tuple[str, str, int, ClientSecurity]:
@@ -610,6 +618,10 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     group = (_get(options, "group") or DEFAULT_SINK_GROUP).strip()
     if not group:
         raise ConfigError("group", "must not be empty")
+    exactly_once = _bool(options, "exactlyOnce", False)
+    if exactly_once and not topic:
+        raise ConfigError("exactlyOnce", "needs the topic option (its route names the brokers that keep the "
+                                         "epoch records)")
     return SinkOptions(
         name_server=name_server,
         topic=topic.strip() if topic else None,
@@ -620,4 +632,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         )
         or DEFAULT_SEND_PIPELINE_DEPTH,
         security=parse_security(options),
+        exactly_once=exactly_once,
+        exactly_once_timeout_ms=_int(options, "exactlyOnce.timeoutMs", DEFAULT_EXACTLY_ONCE_TIMEOUT_MS,
+                                     MIN_EXACTLY_ONCE_TIMEOUT_MS) or DEFAULT_EXACTLY_ONCE_TIMEOUT_MS,
     )

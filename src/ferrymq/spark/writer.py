@@ -23,12 +23,14 @@ Queues are written concurrently (``sendPipelineDepth`` requests in flight), each
 other so rows keep their order within a queue. They run on the process's loop thread, through a producer
 cached per executor process. A request that raises, or answers anything but SEND_OK, fails the task
 with the broker's error (at-least-once: Spark retries the task, earlier rows may be sent twice).
+With ``exactlyOnce=true`` tasks, commit and abort go to ``exactly_once`` (decision 0006).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from itertools import repeat
@@ -65,7 +67,7 @@ from ferrymq.common.message import (
 )
 from ferrymq.common.route import MessageQueue
 from ferrymq.errors import ClientError, ConfigError, FerryError
-from ferrymq.spark import runtime
+from ferrymq.spark import exactly_once, runtime
 from ferrymq.spark.options import SinkOptions
 
 log = logging.getLogger("ferrymq.spark")
@@ -385,15 +387,25 @@ class RocketMQBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: SinkOptions, layout: SinkLayout) -> None:
         self.opts = opts
         self.layout = layout
+        #: the epoch group of this job when exactly-once (made on the driver, pickled to the tasks)
+        self.job_group = f"job-{uuid.uuid4().hex}" if opts.exactly_once else None
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:  # type: ignore[override]
+        if self.opts.exactly_once:
+            return exactly_once.write_partition(iterator, self.opts, self.layout, self.job_group)
         return write_batches(iterator, self.opts, self.layout)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.opts.exactly_once:
+            exactly_once.commit(self.opts, messages, 0)
+            return
         sent = sum(m.rows for m in messages if isinstance(m, SentCount))
         log.info("rocketmq sink: %d messages sent", sent)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.opts.exactly_once:
+            exactly_once.abort(self.opts, messages, 0)
+            return
         sent = sum(m.rows for m in messages if isinstance(m, SentCount))
         log.warning("rocketmq sink: write aborted after %d messages were sent (not retractable)", sent)
 
@@ -404,11 +416,19 @@ class RocketMQStreamWriter(DataSourceStreamArrowWriter):
         self.layout = layout
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:  # type: ignore[override]
+        if self.opts.exactly_once:
+            return exactly_once.write_partition(iterator, self.opts, self.layout)
         return write_batches(iterator, self.opts, self.layout)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.opts.exactly_once:
+            exactly_once.commit(self.opts, messages, batchId)
+            return
         sent = sum(m.rows for m in messages if isinstance(m, SentCount))
         log.info("rocketmq sink: batch %d, %d messages sent", batchId, sent)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.opts.exactly_once:
+            exactly_once.abort(self.opts, messages, batchId)
+            return
         log.warning("rocketmq sink: batch %d aborted (sent messages are not retractable)", batchId)
