@@ -381,3 +381,51 @@ def test_console_actions_in_chromium(cluster: Callable[..., Cluster], procs: Pro
     wait_for(lambda: port_answers(port), timeout_s=30, what="the console to listen", alive=[console])
     asyncio.run(_act_in_chromium(tmp_path, f"http://127.0.0.1:{port}", c.ns_addr, c.broker, slave))
     assert console.exited is False
+
+
+# ---- controller mode ----------------------------------------------------------------------------------------------
+async def _controller_mode_in_chromium(tmp: Path, base: str, ng: Any) -> None:
+    from controller_support import BROKER_NAME, REPLICA_IDS
+
+    from ferrymq.client.controller_admin import ControllerAdmin
+
+    async with Chromium(CHROMIUM, CHROMIUM_FLAGS[:-2] + ["--window-size=1280,900"], tmp / "cdp") as chrome:
+        page = await chrome.new_page()
+        await _login(page, base, ADMIN, ADMIN_PW, "/")
+
+        async def shown_ids() -> list[int]:
+            await page.goto(f"{base}/")
+            ids = await page.eval("[...document.querySelectorAll('table.brokers tr[data-addr] td:first-child')]"
+                                  ".map(td => +td.textContent)")
+            return sorted(ids) if sorted(ids) == sorted(REPLICA_IDS) else []
+        await _until(shown_ids, "the controller's replica ids (not the name server's 0) on the cluster page", 30)
+
+        await page.goto(f"{base}/ha")
+        text = await page.text()
+        assert "Leader" in text and BROKER_NAME in text
+        sets = await page.eval("[...document.querySelectorAll('td.sync-state-set')].map(td => td.textContent)")
+        assert set(sets) == {",".join(map(str, REPLICA_IDS))}, sets
+        async with ControllerAdmin([c.addr for c in ng.controllers]) as controllers:
+            before = await controllers.replica_info(BROKER_NAME)
+            new_master = next(r for r in REPLICA_IDS if r != before["masterId"])
+            text = await page.submit("#elect", {"broker_name": BROKER_NAME, "broker_id": str(new_master)})
+            assert f"{BROKER_NAME}: master is replica {new_master}" in text, text
+            after = await controllers.replica_info(BROKER_NAME)
+            assert after["masterId"] == new_master and after["masterEpoch"] == before["masterEpoch"] + 1
+
+
+def test_console_controller_mode_in_chromium(procs: ProcessGroup, tmp_path: Path) -> None:
+    from controller_support import NemesisGroup
+
+    ng = NemesisGroup.start(procs)
+    try:
+        port = free_port()
+        # no --controller: the console finds the controllers from the brokers' controllerAddr
+        console = procs.spawn("console", ferry_argv("console", "-n", ng.ns.addr, "--listen", f"127.0.0.1:{port}",
+                                                   "--sample-interval", "1", "--users-file",
+                                                   str(_users_file(tmp_path))))
+        wait_for(lambda: port_answers(port), timeout_s=30, what="the console to listen", alive=[console])
+        asyncio.run(_controller_mode_in_chromium(tmp_path, f"http://127.0.0.1:{port}", ng))
+        assert console.exited is False
+    finally:
+        ng.close()
