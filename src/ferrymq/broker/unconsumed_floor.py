@@ -21,8 +21,8 @@ STEP_BUDGET_S = 0.010
 STEP_GAP_S = 0.020
 #: a completed pass's answer serves the cleanup this long before a new pass is started
 REUSE_S = 10.0
-#: committed offsets looked at between two looks at the clock
-_CLOCK_EVERY = 32
+#: committed offsets looked at between two looks at the clock (each may map a consume queue file)
+_CLOCK_EVERY = 4
 
 #: (topic, queue id, queue offset) -> the phy offset of the first unconsumed message there, None if none
 UnconsumedPhyOf = Callable[[str, int, int], "int | None"]

@@ -207,15 +207,18 @@ class ConsumeQueueTable:
         queues = self.queues
         while keys:
             cq = queues.get(keys.pop())
+            visited += 1
             if cq is not None and len(cq.mfq.files) > 1:  # never a queue's last file: one file, nothing to do
                 try:
                     count += cq.delete_expired(floor)
                 except (OSError, StoreError) as exc:  # no descriptor now: the next round sees it again
                     log.warning("consume queue %s/%d: expired files not deleted now: %s", cq.topic, cq.queue_id,
                                 exc)
-            visited += 1
-            if visited % _EXPIRE_CLOCK_EVERY == 0 and time.monotonic() >= deadline:
-                break
+                visited = _EXPIRE_CLOCK_EVERY  # file work (maps, unlinks): look at the clock now
+            if visited >= _EXPIRE_CLOCK_EVERY:
+                visited = 0
+                if time.monotonic() >= deadline:
+                    break
         self.expired_files_total += count
         return count
 
