@@ -2,6 +2,7 @@
 
     python benchmarks/syscalls_per_msg.py [--flush ASYNC_FLUSH|SYNC_FLUSH] [--producers 1] [--secs 5]
                                           [--strace] [--client-strace] [--repeats 1]
+                                          [--server-pythonpath OTHER_CHECKOUT/src]
 
 Starts a name server and one broker (``--flush``) as subprocesses, then runs ``ferry bench``'s produce worker
 (``ferrymq.client.Producer``, one connection per producer) in its own process. Prints, per repeat: messages
@@ -9,7 +10,8 @@ stored (the topic's max offsets before/after), the broker's CPU (utime+stime of 
 worker run, so warm-up and start-up are included and divided by the messages of the whole run) per message,
 and with ``--strace`` the broker's syscalls per message by name (``strace -c -f -p``, attached for the
 whole worker run; strace slows the broker, so rates with it are not rates). ``--client-strace`` counts the
-load process's syscalls instead.
+load process's syscalls instead. ``--server-pythonpath`` runs the name server and broker from another
+checkout (before/after comparisons; copy the built extensions next to its sources first).
 """
 
 from __future__ import annotations
@@ -57,7 +59,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--strace", action="store_true")
     ap.add_argument("--client-strace", action="store_true")
+    ap.add_argument("--server-pythonpath", default=None)
     a = ap.parse_args()
+    if a.server_pythonpath:
+        os.environ["PYTHONPATH"] = a.server_pythonpath  # the servers' environment; workers keep this sys.path
     with Supervisor() as sup:
         stack = Stack(sup, "sys")
         try:
@@ -108,7 +113,8 @@ def main() -> None:
                 msgs = after - before
                 rate = res["count"] / res["elapsed_s"]
                 load = os.getloadavg()[0]
-                print(f"{a.flush} producers={a.producers} rep={rep}: {rate:,.0f} msg/s (counted), {msgs} stored in "
+                label = "other" if a.server_pythonpath else "this"
+                print(f"[{label}] {a.flush} producers={a.producers} rep={rep}: {rate:,.0f} msg/s (counted), {msgs} stored in "
                       f"{wall:.1f}s; broker CPU {(c1 - c0) / msgs * 1e6:.1f} us/msg; load {load:.2f}", flush=True)
                 if tracer or client_tracer:
                     calls = parse_strace(out)

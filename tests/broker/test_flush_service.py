@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from ferrymq.broker.flush import FlushService
+import pytest
+
+from ferrymq.broker.flush import INLINE_FLUSH_MAX_MS, FlushService
 from support.aio import wait_for
 
 
@@ -68,12 +70,14 @@ class WritingStore:
         pass
 
 
-async def test_sync_flush_waiters_under_concurrency_are_all_answered_none_lost() -> None:
+@pytest.mark.parametrize("inline", [False, True])
+async def test_sync_flush_waiters_under_concurrency_are_all_answered_none_lost(inline: bool) -> None:
     """Sends arrive while flushes are in flight: every waiter is answered True exactly once, only after the
     flush covered its bytes, and the flushes are shared (group commit: far fewer rounds than waiters)."""
     loop = asyncio.get_running_loop()
     store = WritingStore(delay_s=0.002)
     service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.inline_flush = inline  # the loop's own flush (lone sends) and the thread's group commit
     service.start(loop)
     answers: dict[int, list[tuple[bool, int]]] = {}
     try:
@@ -91,12 +95,16 @@ async def test_sync_flush_waiters_under_concurrency_are_all_answered_none_lost()
         await asyncio.sleep(0.05)
         assert all(len(a) == 1 and a[0][0] for a in answers.values())
         assert store.flushes < 16 * 200 / 4, store.flushes
+        if not inline:
+            assert service.inline_flushes == 0
         assert not service._waiters and not service._deadlines and service._sweep_handle is None
     finally:
         await loop.run_in_executor(None, service.stop)
 
 
-async def test_a_lone_sync_flush_wait_uses_no_timer_of_its_own_and_one_loop_wakeup() -> None:
+async def test_a_lone_sync_flush_wait_on_a_quick_disk_is_flushed_by_the_loop_without_the_thread() -> None:
+    """One send at a time on a quick disk: the loop's commit step flushes and answers, no hand-off to the flush
+    thread and back, and no timer left armed between sends."""
     loop = asyncio.get_running_loop()
     store = WritingStore()
     service = FlushService(store, sync_flush=True, interval_ms=500)
@@ -104,16 +112,40 @@ async def test_a_lone_sync_flush_wait_uses_no_timer_of_its_own_and_one_loop_wake
     try:
         for _ in range(20):
             got: list[bool] = []
+            service.on_flushed(store.put(1024), 5000, got.append)
+            assert got == []  # answered by the commit step, once this iteration's reads are done
+            await asyncio.sleep(0)
+            assert got == [True]
+            assert service._sweep_handle is None and not service._deadlines
+        assert service.wakeups == 0 and service.inline_flushes == 20
+        # already flushed: answered at once
+        got2: list[bool] = []
+        service.on_flushed(store.flushed_phy_offset, 5000, got2.append)
+        assert got2 == [True]
+    finally:
+        await loop.run_in_executor(None, service.stop)
+
+
+async def test_a_slow_flush_hands_later_flushes_to_the_thread_one_wakeup_each() -> None:
+    """A flush slower than INLINE_FLUSH_MAX_MS turns the loop's own flushing off: the thread flushes, one
+    hand-back per round, and no timer is left armed between sends."""
+    loop = asyncio.get_running_loop()
+    store = WritingStore(delay_s=(INLINE_FLUSH_MAX_MS + 5) / 1000)
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    try:
+        first: list[bool] = []
+        service.on_flushed(store.put(1024), 5000, first.append)
+        await wait_for(lambda: first == [True], timeout_s=10, what="the first (inline, slow) flush")
+        assert service.inline_flushes == 1
+        for _ in range(5):
+            got: list[bool] = []
             wakeups = service.wakeups
             service.on_flushed(store.put(1024), 5000, got.append)
             await wait_for(lambda got=got: got == [True], timeout_s=10, what="the flush answer")
             assert service.wakeups == wakeups + 1
-            # the answered waiter's deadline timer is gone with it: nothing armed between sends
             assert service._sweep_handle is None and not service._deadlines
-        # already flushed: answered at once, no wake-up of the thread
-        got2: list[bool] = []
-        service.on_flushed(store.flushed_phy_offset, 5000, got2.append)
-        assert got2 == [True]
+        assert service.inline_flushes == 1
     finally:
         await loop.run_in_executor(None, service.stop)
 

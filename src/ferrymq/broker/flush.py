@@ -2,13 +2,22 @@
 
 * ASYNC_FLUSH: every ``flushIntervalCommitLog`` ms the thread calls ``store.flush()``; sends never
   wait and never fsync per message.
-* SYNC_FLUSH (group commit): a send registers ``(end_phy_offset, callback)`` on the event loop thread and
-  signals the flush thread, which is blocked on that signal (no polling period on the path). The thread
-  flushes once for everything written so far and hands the flushed offset back with one
-  ``loop.call_soon_threadsafe``; on the loop, every waiter at or below it is answered in that one callback.
-  Sends arriving while a flush is in flight signal again and are taken by the next flush (all of them
-  together). A lone send therefore costs one signal (a futex wake), one ``fdatasync`` and one wake-up of
-  the loop: no timer, no future, no task.
+* SYNC_FLUSH (group commit): a send registers ``(end_phy_offset, callback)`` on the event loop thread; once
+  per loop iteration (one ``call_soon``, after the iteration's reads, so every send of the iteration is in)
+  the commit step decides who flushes:
+
+  - a lone waiter, no flush in flight and a disk whose flushes have kept within the loop's stall budget
+    (none slower than ``INLINE_FLUSH_MAX_MS`` for ``INLINE_FLUSH_BACKOFF_S``, none failed): the loop flushes
+    itself and answers at once. The send costs one read, one ``fdatasync`` and one write, with no thread
+    hand-off and no wake-up to wait for (the scheduler is not asked twice on a busy machine). The loop is
+    held for that one ``fdatasync`` (docs/decisions/0007); a slow or failing flush turns this off;
+  - otherwise the flush thread, blocked on a binary semaphore (no polling period on the path), is
+    signalled; it flushes once for everything written so far and hands the flushed offset back with one
+    ``loop.call_soon_threadsafe``. Sends arriving while its flush is in flight are taken by its next flush
+    (all of them together), so concurrent producers share flushes.
+
+  On the loop every waiter at or below the flushed offset is answered in that one callback: no timer, no
+  future, no task per send.
 
 Waiters live on the loop thread only (the thread never touches them). Their deadlines
 (``syncFlushTimeout``) share one timer, armed for the earliest; an expired waiter is answered False
@@ -37,6 +46,13 @@ log = logging.getLogger(__name__)
 
 #: SYNC_FLUSH: a failing flush is tried again this often while waiters wait
 SYNC_FLUSH_RETRY_MS = 10
+#: SYNC_FLUSH: the loop flushes a lone waiter's bytes itself while no flush took longer than this (the event
+#: loop's stall budget) ...
+INLINE_FLUSH_MAX_MS = 50.0
+#: ... within this many seconds (a slower or failing flush hands every flush to the thread for that long)
+INLINE_FLUSH_BACKOFF_S = 10.0
+#: SYNC_FLUSH: at most this many waiters of one loop iteration are flushed by the loop itself
+INLINE_FLUSH_MAX_WAITERS = 1
 #: consume queues are flushed this often (flushIntervalConsumeQueue)
 FLUSH_CONSUME_QUEUE_INTERVAL_MS = 1000
 #: waiters queued at once before new waits resolve as timed out
@@ -87,9 +103,19 @@ class FlushService:
         self._flushed_phy_offset = -1
         self._stopping = False
         self._thread: threading.Thread | None = None
-        #: counters for tests and metrics: flush rounds that answered waiters, loop wake-ups asked for
+        #: the once-per-iteration commit step is scheduled
+        self._commit_scheduled = False
+        #: the thread is flushing (set and cleared by the thread; read by the commit step)
+        self._in_flight = False
+        #: no inline flush before this time (time.monotonic(); a slow or failing flush sets it)
+        self._inline_off_until = 0.0
+        #: whether the loop may flush a lone waiter itself (tests turn it off to exercise the thread)
+        self.inline_flush = True
+        #: counters for tests and metrics: flush rounds that answered waiters, loop wake-ups asked for,
+        #: flushes done by the loop itself
         self.rounds = 0
         self.wakeups = 0
+        self.inline_flushes = 0
 
     @property
     def interval_ms(self) -> int:
@@ -137,7 +163,35 @@ class FlushService:
         heapq.heappush(self._deadlines, (deadline, next(self._seq), waiter))
         if deadline < self._sweep_at:
             self._arm_sweep(loop, deadline)
+        if not self._commit_scheduled:
+            self._commit_scheduled = True
+            loop.call_soon(self._commit)
+
+    def _commit(self) -> None:
+        """Once per loop iteration with new waiters: flush a lone waiter here, or signal the thread."""
+        self._commit_scheduled = False
+        waiters = self._waiters
+        if not waiters:
+            return
+        if (self.inline_flush and not self._in_flight and len(waiters) <= INLINE_FLUSH_MAX_WAITERS
+                and not self._stopping and time.monotonic() >= self._inline_off_until):
+            started = time.perf_counter()
+            try:
+                self._store.flush()
+            except Exception:  # the thread retries and logs it; the loop stops flushing for a while
+                self._inline_off_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
+                self._wake()
+                return
+            self.inline_flushes += 1
+            self._took((time.perf_counter() - started) * 1000)
+            self._settle(self._store.flushed_phy_offset)
+            if not self._waiters:
+                return
         self._wake()
+
+    def _took(self, flush_ms: float) -> None:
+        if flush_ms > INLINE_FLUSH_MAX_MS:
+            self._inline_off_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
 
     def request_flush(self, end_phy_offset: int, timeout_ms: int = 0) -> asyncio.Future[bool]:
         """SYNC_FLUSH: a future resolving True once the commit log is flushed up to ``end_phy_offset`` (False
@@ -236,22 +290,31 @@ class FlushService:
             self._signalled = False  # before the flush: a send registered after this point signals again
             if self._stopping:
                 break
+            self._in_flight = True
             try:
+                started = time.perf_counter()
                 self._store.flush()
+                if self.sync_flush:
+                    self._took((time.perf_counter() - started) * 1000)
                 now = time.monotonic()
                 if now - last_cq_flush >= FLUSH_CONSUME_QUEUE_INTERVAL_MS / 1000:
                     last_cq_flush = now
                     self._store.flush_consume_queues()
             except (OSError, StoreError) as exc:  # the disk refused (full, I/O error): one line, not a traceback
+                self._in_flight = False
+                self._inline_off_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
                 cause = f"{type(exc).__name__}: {exc}"
                 if cause != failing:
                     failing = cause
                     log.error("flush failed (retried every round until it succeeds): %s", cause)
                 continue
             except Exception:
+                self._in_flight = False
+                self._inline_off_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
                 log.exception("flush failed")
                 failing = failing or "unexpected error"
                 continue
+            self._in_flight = False
             if failing is not None:
                 failing = None
                 log.warning("flush succeeded again")
