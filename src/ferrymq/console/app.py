@@ -55,7 +55,7 @@ from aiohttp import web
 from ferrymq.client import Admin
 from ferrymq.client.admin import check_message_id
 from ferrymq.common.http_auth import HttpAuth
-from ferrymq.common.topic import DLQ_GROUP_TOPIC_PREFIX, dlq_topic
+from ferrymq.common.topic import DLQ_GROUP_TOPIC_PREFIX
 from ferrymq.console import auth as console_auth
 from ferrymq.console.actions import ConsoleActions
 from ferrymq.console.auth import LoginThrottle, Role, Session, SessionStore, User
@@ -320,7 +320,7 @@ async def group_page(request: web.Request) -> web.Response:
     queues = await data.group_lag(group)
     clients = await data.group_clients(group, queues)
     topics = sorted({q.topic for q in queues if not q.topic.startswith("%")})
-    has_dlq = dlq_topic(group) in set(await data.topics())
+    has_dlq = await data.has_dlq(group)
     return _render(request, "group.html", title=f"Group {group}", group=group, queues=queues, clients=clients,
                    topics=topics, config=table[group], has_dlq=has_dlq, total=sum(q.lag for q in queues),
                    nav="groups")

@@ -48,6 +48,8 @@ REPLICA_LAG_WARN_BYTES = 1 << 20
 REPLICA_LAG_CRITICAL_BYTES = 64 << 20
 #: most messages a time-range search or a DLQ page shows
 MESSAGES_SHOWN_MAX = 64
+#: consumer groups listed on the overview, the most lagging first
+OVERVIEW_GROUPS_SHOWN = 10
 #: brokers remembered after they were last seen (a killed one stays on the page, red, this long)
 DEAD_BROKER_KEPT_S = 24 * 3600.0
 #: the producer group of the console's test and DLQ re-sends
@@ -166,6 +168,10 @@ class Samples:
         while len(self.points) > self.kept:
             self.points.popleft()
 
+    def latest(self) -> dict[str, float]:
+        """The values of the newest sample ({} before the first)."""
+        return dict(self.points[-1][1]) if self.points else {}
+
     def last(self, name: str) -> float | None:
         for _, values, _unknown in reversed(self.points):
             if name in values:
@@ -189,6 +195,8 @@ class ConsoleData:
         #: (broker name, address) -> the row last seen alive (a broker that vanishes stays, dead)
         self.known: dict[tuple[str, str], BrokerRow] = {}
         self.controller_addrs = controller_addrs
+        #: the controllers named by a controller-mode broker's config (when not given)
+        self._found_controller_addrs = ""
 
     # ---- brokers -----------------------------------------------------------------------------------------
     async def brokers(self, *, timeout_ms: int | None = None) -> list[BrokerRow]:
@@ -330,6 +338,13 @@ class ConsoleData:
             rows.append(row)
         return rows
 
+    async def has_dlq(self, group: str) -> bool:
+        try:
+            await self.admin.topic_route(dlq_topic(group))
+        except TopicNotExistError:
+            return False
+        return True
+
     async def dlq_messages(self, group: str) -> list[MessageExt]:
         """The newest dead-lettered messages of ``group`` (up to ``MESSAGES_SHOWN_MAX``); [] when it has none."""
         try:
@@ -399,7 +414,7 @@ class ConsoleData:
     async def controller(self) -> ControllerAdmin | None:
         """An admin client of the controllers (``--controller``, else the ``controllerAddr`` a broker in
         controller mode is configured with); None outside controller mode."""
-        addrs = self.controller_addrs
+        addrs = self.controller_addrs or self._found_controller_addrs
         if not addrs:
             for r in self.known.values():
                 if r.replica_id is not None and not r.dead:
@@ -408,6 +423,7 @@ class ConsoleData:
                     except (FerryError, OSError):
                         continue
                     if addrs:
+                        self._found_controller_addrs = addrs
                         break
         if not addrs:
             return None
@@ -440,16 +456,17 @@ class ConsoleData:
         topics = await self.topics()
         user_topics = [t for t in topics if not t.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))]
         groups = await self.groups()
-        lags = await asyncio.gather(*(self.group_lag(g) for g in groups))
-        totals = sorted(((sum(q.lag for q in ql), g) for g, ql in zip(groups, lags, strict=True)),
-                        key=lambda t: (-t[0], t[1]))
-        group_rows = [{"group": g, "lag": lag} for lag, g in totals]
+        # the lag of every group as last sampled (the sampler already asks every master; a page view does not)
+        latest = self.samples.latest()
+        totals = sorted(((latest[f"lag {g}"], g) for g in groups if f"lag {g}" in latest), key=lambda t: (-t[0], t[1]))
+        group_rows = [{"group": g, "lag": int(lag)} for lag, g in totals]
         dlq_groups = [t[len(DLQ_GROUP_TOPIC_PREFIX):] for t in topics if t.startswith(DLQ_GROUP_TOPIC_PREFIX)]
         return {"brokers": brokers, "alive": sum(1 for b in brokers if not b.dead),
                 "dead": [b for b in brokers if b.dead], "topics": len(user_topics), "groups": len(groups),
                 "putTps": sum(b.put_tps for b in brokers if not b.dead),
                 "getTps": sum(b.get_tps for b in brokers if not b.dead),
-                "topLag": group_rows[:10], "dlqGroups": dlq_groups,
+                "topLag": group_rows[:OVERVIEW_GROUPS_SHOWN], "sampled": bool(self.samples.points),
+                "dlqGroups": dlq_groups,
                 "nameServers": list(self.admin.config.name_servers)}
 
     # ---- samples -------------------------------------------------------------------------------------------
