@@ -12,6 +12,14 @@ each round waits until the group is whole again. At the end it checks every SEND
 (tests/acceptance/controller_support.py: in the log at its offset, one acknowledging broker per epoch, the
 replicas' logs byte-identical) and prints one line per round and a summary table: rounds, failovers, SEND_OK,
 lost, duplicates, write unavailability per failover (median, max). Exit code 1 on any violation.
+
+``--client cpp|alions|ferrymq --rounds N``: instead, N SIGKILLs of the master with that client as the only
+producer (``cpp``: the Apache C++ client 1.x through PyPI rocketmq 0.4.4; ``alions``: npm ali-ons; both
+unchanged, in a subprocess) and one line per failover with the seconds from the kill to its first SEND_OK
+on the new master; the table gives median, min and max, and the end checks every acknowledged body. Each
+kill waits a random ``--phase-jitter`` seconds (30 by default for cpp and alions) after the group is whole, so
+the kills fall at random points of the client's own 30 s route poll, as they would in production (back to
+back they would all fall at the same point of it).
 """
 
 from __future__ import annotations
@@ -27,9 +35,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "acceptance"), str(ROOT / "tests")]
 
-from controller_support import ACTIONS, FAILOVER_ACTIONS, PARTITION_ACTIONS, NemesisGroup, ProducerLoop  # noqa: E402
+from controller_support import (  # noqa: E402
+    ACTIONS,
+    FAILOVER_ACTIONS,
+    PARTITION_ACTIONS,
+    ForeignProducer,
+    NemesisGroup,
+    ProducerLoop,
+)
 from partition_support import unavailable_reason  # noqa: E402
-from procs import ProcessGroup  # noqa: E402
+from procs import ProcessGroup, wait_for  # noqa: E402
+
+#: a client's first SEND_OK after the kill must come within this (RocketMQ clients poll routes every 30 s)
+CLIENT_RESUME_BOUND_S = 90.0
 
 #: how often each action is drawn: failovers dominate
 WEIGHTS = {"kill-master": 5, "pause-master": 3, "kill-slave": 1, "kill-controller": 1,
@@ -46,8 +64,14 @@ def main() -> int:
                     help="also cut the master and the Raft leader off from the rest (iptables; needs --controllers 3)")
     ap.add_argument("--broker-prop", action="append", default=[], metavar="KEY=VALUE",
                     help="a broker.conf key for every replica (repeatable), e.g. brokerRole=ASYNC_MASTER")
+    ap.add_argument("--client", choices=("ferrymq", *ForeignProducer.KINDS),
+                    help="only master SIGKILLs, this client producing: how long until its writes resume")
+    ap.add_argument("--phase-jitter", type=float, default=None, metavar="S",
+                    help="--client: wait a random 0..S s before each kill (default 30 for cpp/alions, 0 for ferrymq)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir (logs) after the run")
     args = ap.parse_args()
+    if args.client:
+        return client_failovers(args)
     actions = list(ACTIONS)
     if args.partitions:
         reason = unavailable_reason()
@@ -55,6 +79,7 @@ def main() -> int:
             ap.error(f"--partitions: {reason or 'needs --controllers 3'}")
         actions += PARTITION_ACTIONS
     broker_props = dict(kv.split("=", 1) for kv in args.broker_prop)
+    allow_loss = broker_props.get("brokerRole") == "ASYNC_MASTER"
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="failover-nemesis-"))
     group = ProcessGroup(tmp)
@@ -74,7 +99,7 @@ def main() -> int:
         finally:
             producer.stop()
         try:
-            summary = nemesis.verify(producer)
+            summary = nemesis.verify(producer, allow_loss=allow_loss)
         except AssertionError as exc:
             print(f"VIOLATION: {exc}")
             ok = False
@@ -92,6 +117,68 @@ def main() -> int:
     finally:
         if nemesis is not None:
             nemesis.close()  # the iptables rules
+        group.stop_all()
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"logs kept under {tmp}")
+    return 0 if ok else 1
+
+
+def client_failovers(args: argparse.Namespace) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix=f"failover-{args.client}-"))
+    group = ProcessGroup(tmp)
+    rng = random.Random(args.seed)
+    ok = True
+    resumes: list[float] = []
+    try:
+        nemesis = NemesisGroup.start(group, controllers=args.controllers)
+        ours: ProducerLoop | None = None
+        foreign: ForeignProducer | None = None
+        if args.client == "ferrymq":
+            ours = ProducerLoop(nemesis.ns.addr, f"c{args.seed}", concurrency=1).start()
+        else:
+            foreign = ForeignProducer(group, nemesis.ns.addr, args.client, tmp / "client").start(alive=nemesis.alive)
+        jitter_s = args.phase_jitter if args.phase_jitter is not None else (0.0 if ours is not None else 30.0)
+        try:
+            for i in range(args.rounds):
+                nemesis.wait_whole()
+                time.sleep(rng.uniform(0, jitter_s))  # a random point of the client's route poll
+                r = nemesis.round("kill-master", ours, rng)
+                if foreign is not None:
+                    fault_ms = r.fault_at_ms
+                    resume = wait_for(lambda: foreign.resumed_s(fault_ms), timeout_s=CLIENT_RESUME_BOUND_S,  # noqa: B023
+                                      what=f"a {args.client} SEND_OK after the kill", alive=nemesis.alive)
+                else:
+                    resume = r.unavailable_s
+                resumes.append(resume)
+                print(f"round {i + 1:3d} kill-master master {r.master_before}->{r.master_after} "
+                      f"{args.client} writes resumed after {resume:6.2f}s", flush=True)
+        finally:
+            if ours is not None:
+                ours.stop()
+            if foreign is not None:
+                foreign.stop()
+        try:
+            if ours is not None:
+                summary = nemesis.verify(ours)
+            else:
+                assert foreign is not None
+                summary = nemesis.verify(ProducerLoop(nemesis.ns.addr, "none"), foreign.acked_bodies())
+        except AssertionError as exc:
+            print(f"VIOLATION: {exc}")
+            ok = False
+            summary = {"send_ok": "?", "lost": "?"}
+        print()
+        print(f"client {args.client}, controllers {args.controllers}, seed {args.seed}")
+        print("| client | failovers | resume median (s) | min (s) | max (s) | SEND_OK | lost |")
+        print("|--------|----------:|------------------:|--------:|--------:|--------:|-----:|")
+        print(f"| {args.client} | {len(resumes)} | {statistics.median(resumes):.2f} | {min(resumes):.2f} | "
+              f"{max(resumes):.2f} | {summary['send_ok']} | {summary['lost']} |")
+        print(f"resumes (s): {[round(x, 2) for x in resumes]}")
+    finally:
         group.stop_all()
         if not args.keep:
             import shutil

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import struct
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -34,7 +36,9 @@ from typing import Any
 from ha_support import commit_log_bytes
 from partition_support import LoopbackPartitions, Node
 from procs import (
+    CPP_SCRIPTS_DIR,
     LOOPBACK,
+    NODE_DIR,
     Broker,
     ManagedProcess,
     Namesrv,
@@ -45,6 +49,8 @@ from procs import (
     port_answers,
     port_free,
     request,
+    route,
+    spawn_cpp_script,
     start_namesrv,
     wait_for,
     write_properties,
@@ -55,6 +61,10 @@ from ferrymq.common.message_codec import BLANK_MAGIC_CODE, decode_record
 from ferrymq.ha.epoch import EPOCH_FILE_NAME, EpochFile
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from support.ports import free_port
+
+if str(CPP_SCRIPTS_DIR) not in sys.path:
+    sys.path.insert(0, str(CPP_SCRIPTS_DIR))
+from _cpp_common import expected_message  # noqa: E402
 
 TOPIC = "NemesisTopic"
 BROKER_NAME = "broker-n"
@@ -270,6 +280,91 @@ class ProducerLoop:
                         self.failures += 1
 
             await asyncio.gather(*(sender() for _ in range(self.concurrency)))
+
+
+class ForeignProducer:
+    """An unchanged RocketMQ 4.x client sending in a subprocess until stopped: ``cpp`` (the Apache C++ client
+    1.x through PyPI rocketmq 0.4.4, cpp_scripts/produce.py) or ``alions`` (npm ali-ons,
+    node/alions_produce_loop.js). Each writes one JSON line per send; ``resumed_s(fault_ms)`` reads them
+    incrementally (the files grow large over many failovers)."""
+
+    KINDS = ("cpp", "alions")
+
+    def __init__(self, group: ProcessGroup, ns_addr: str, kind: str, work_dir: Path, *, topic: str = TOPIC) -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown client {kind!r} (one of {self.KINDS})")
+        self.group, self.ns_addr, self.kind, self.topic = group, ns_addr, kind, topic
+        self.work_dir = work_dir
+        self.out = work_dir / f"{kind}-sends.jsonl"
+        self.proc: ManagedProcess | None = None
+        #: (send start ms, send end ms, body) of every SEND_OK read so far, wall clock
+        self.oks: list[tuple[float, float, str]] = []
+        self.failed = 0
+        self._pos = 0
+
+    def start(self, *, alive: Sequence[ManagedProcess] = ()) -> ForeignProducer:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.kind == "cpp":
+            self.proc = spawn_cpp_script(self.group, self.work_dir, f"{self.kind}-producer", "produce", {
+                "namesrv": self.ns_addr, "topic": self.topic, "group": "cpp-nemesis", "count": 100_000_000,
+                "prefix": "cpp", "deadline_s": 24 * 3600, "timeout_ms": 2000, "out": str(self.out)})
+        else:
+            assert (NODE_DIR / "node_modules" / "ali-ons").is_dir(), "run `npm --prefix tests/acceptance/node ci`"
+            seed = ProducerLoop(self.ns_addr, "seed").start()  # ali-ons needs the topic routed (no auto-creation)
+            try:
+                wait_for(lambda: route(self.ns_addr, self.topic) is not None, timeout_s=START_TIMEOUT_S,
+                         what="the topic's route", alive=list(alive))
+            finally:
+                seed.stop()
+            self.proc = self.group.spawn(f"{self.kind}-producer", ["node", str(NODE_DIR / "alions_produce_loop.js"),
+                                         json.dumps({"namesrv": self.ns_addr, "topic": self.topic,
+                                                     "producerGroup": "alions-nemesis", "prefix": "ons",
+                                                     "out": str(self.out), "logDir": str(self.work_dir)})],
+                                         cwd=NODE_DIR)
+        wait_for(lambda: len(self.poll()) >= 20, timeout_s=START_TIMEOUT_S, what=f"{self.kind} sends acknowledged",
+                 alive=[*alive, self.proc])
+        return self
+
+    def poll(self) -> list[tuple[float, float, str]]:
+        """Read the lines written since the last call; every SEND_OK so far."""
+        if not self.out.exists():
+            return self.oks
+        with open(self.out, "rb") as f:
+            f.seek(self._pos)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._pos += end
+        for line in data[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not rec.get("ok"):
+                self.failed += 1
+                continue
+            if self.kind == "cpp":
+                self.oks.append((rec["send_start_ms"], rec["send_end_ms"],
+                                 expected_message("cpp", rec["seq"], ["TagA"])["body"]))
+            else:
+                self.oks.append((rec["startMs"], rec["endMs"], rec["body"]))
+        return self.oks
+
+    def resumed_s(self, fault_at_ms: float) -> float | None:
+        """Seconds from the fault to the first SEND_OK of a send started after it, None before there is one."""
+        first: float | None = None
+        for start_ms, end_ms, _body in reversed(self.poll()):
+            if start_ms <= fault_at_ms:
+                break
+            first = end_ms if first is None else min(first, end_ms)
+        return (first - fault_at_ms) / 1000 if first is not None else None
+
+    def acked_bodies(self) -> list[str]:
+        return [body for _s, _e, body in self.poll()]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+        self.poll()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,12 @@ an answer or a transfer whose master epoch is older than the known master epoch 
 whose data epoch is older than the newest local entry, or one that does not start at the local max phy
 offset. A transfer of a newer data epoch adds (data_epoch, epoch_start) to the epoch file before its bytes
 are appended. ``on_appended()`` (the broker's reput) runs after each appended transfer.
+
+The handshake runs on streams; the copy that follows runs in ``_TransferProtocol`` callbacks on the same
+transport (``transport.set_protocol``): every complete transfer of a receive is appended inside
+``data_received`` and one report with the new max phy offset answers the receive, with no task wake-up
+and no per-read timer on the replication path. Silence for ``read_timeout_ms`` ends the session (checked
+every quarter of it).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -177,37 +184,105 @@ class AutoSwitchHAClient:
         await writer.drain()
 
     async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        store = self.store
-        epoch_file = self.epoch_file
+        """Hand the transport to a ``_TransferProtocol`` and wait for the session's end."""
+        transport = writer.transport
+        proto = _TransferProtocol(self, transport)
+        leftover = bytes(getattr(reader, "_buffer", b""))  # sent right after the handshake, already read
+        transport.set_protocol(proto)
+        if leftover:
+            proto.data_received(leftover)
+        if reader.at_eof():
+            proto.connection_lost(None)
+        timeout_s = self.read_timeout_ms / 1000
         while True:
-            header = codec.decode_transfer_header(await self._read(reader, codec.TRANSFER_HEADER_SIZE))
-            if header.master_epoch < self.master_epoch:
-                self.refused_transfers += 1
-                raise StaleEpochError(f"transfer of master epoch {header.master_epoch}; epoch {self.master_epoch} "
-                                      "is known")
-            self.master_epoch = header.master_epoch
-            self.confirm_offset = header.confirm_offset
-            if not header.body_size:
-                # a heartbeat: answered with a report, or an idle master takes this replica for a silent one
-                writer.write(codec.encode_report(int(store.max_phy_offset)))
-                continue
-            body = await self._read(reader, header.body_size)
-            last = epoch_file.last_entry()
-            if last is None or header.data_epoch > last.epoch:
-                if last is not None and header.epoch_start < last.start_phy_offset:
-                    raise ProtocolError(f"epoch {header.data_epoch} starts at {header.epoch_start}, before "
-                                        f"epoch {last.epoch}")
-                epoch_file.append(header.data_epoch, header.epoch_start)
-            elif header.data_epoch < last.epoch:
-                self.refused_transfers += 1
-                raise StaleEpochError(f"transfer of data epoch {header.data_epoch} after epoch {last.epoch}")
-            local_max = int(store.max_phy_offset)
-            if header.phy_offset != local_max and local_max != 0:
-                raise ProtocolError(f"transfer at {header.phy_offset}, local max {local_max}")
-            if not store.append_at(header.phy_offset, body):
-                raise ProtocolError(f"append at {header.phy_offset} refused by the store")
-            writer.write(codec.encode_report(int(store.max_phy_offset)))
-            if self.on_appended is not None:
-                result = self.on_appended()
-                if asyncio.iscoroutine(result):
-                    await result
+            await asyncio.wait((proto.done,), timeout=timeout_s / 4)
+            if proto.done.done():
+                error = proto.done.result()
+                if error is not None:
+                    raise error
+                raise ConnectionError("the master closed the HA connection")
+            if time.monotonic() - proto.last_received_s > timeout_s:
+                raise TimeoutError(f"nothing from the master for {self.read_timeout_ms} ms")
+
+    def _on_transfer(self, header: codec.TransferHeader, body: bytes) -> bool:
+        """Apply one transfer (checks, epoch entry, append); True when bytes were appended."""
+        if header.master_epoch < self.master_epoch:
+            self.refused_transfers += 1
+            raise StaleEpochError(f"transfer of master epoch {header.master_epoch}; epoch {self.master_epoch} "
+                                  "is known")
+        self.master_epoch = header.master_epoch
+        self.confirm_offset = header.confirm_offset
+        if not header.body_size:
+            return False  # a heartbeat: answered with a report all the same
+        epoch_file = self.epoch_file
+        store = self.store
+        last = epoch_file.last_entry()
+        if last is None or header.data_epoch > last.epoch:
+            if last is not None and header.epoch_start < last.start_phy_offset:
+                raise ProtocolError(f"epoch {header.data_epoch} starts at {header.epoch_start}, before "
+                                    f"epoch {last.epoch}")
+            epoch_file.append(header.data_epoch, header.epoch_start)
+        elif header.data_epoch < last.epoch:
+            self.refused_transfers += 1
+            raise StaleEpochError(f"transfer of data epoch {header.data_epoch} after epoch {last.epoch}")
+        local_max = int(store.max_phy_offset)
+        if header.phy_offset != local_max and local_max != 0:
+            raise ProtocolError(f"transfer at {header.phy_offset}, local max {local_max}")
+        if not store.append_at(header.phy_offset, body):
+            raise ProtocolError(f"append at {header.phy_offset} refused by the store")
+        return True
+
+
+class _TransferProtocol(asyncio.Protocol):
+    """The copy phase of one session: transfers in, reports out (see the module docstring). ``done`` gets
+    the error that ended the session (None: the master closed it)."""
+
+    def __init__(self, client: AutoSwitchHAClient, transport: asyncio.BaseTransport) -> None:
+        self.client = client
+        self.transport: Any = transport
+        self.buffer = bytearray()
+        self.done: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        self.last_received_s = time.monotonic()
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        self.last_received_s = time.monotonic()
+        buffer = self.buffer
+        buffer += data
+        client = self.client
+        head = codec.TRANSFER_HEADER_SIZE
+        pos, end, answered, appended = 0, len(buffer), False, False
+        try:
+            while end - pos >= head:
+                header = codec.decode_transfer_header(bytes(buffer[pos:pos + head]))
+                if end - pos - head < header.body_size:
+                    break
+                body = bytes(memoryview(buffer)[pos + head:pos + head + header.body_size])  # (view freed at once)
+                pos += head + header.body_size
+                appended = client._on_transfer(header, body) or appended
+                answered = True
+        except (ProtocolError, OSError, ValueError) as exc:
+            self._end(exc)
+            return
+        finally:
+            if pos:
+                del buffer[:pos]
+        if answered:  # one report per receive: the new max (an idle master's heartbeat gets one too)
+            self.transport.write(codec.encode_report(int(client.store.max_phy_offset)))
+        if appended and client.on_appended is not None:
+            result = client.on_appended()
+            if asyncio.iscoroutine(result):
+                asyncio.ensure_future(result)
+
+    def _end(self, error: BaseException | None) -> None:
+        if not self.done.done():
+            self.done.set_result(error)
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(exc)
+
+    def eof_received(self) -> bool:
+        return False

@@ -91,8 +91,44 @@ class _Slave:
         self.next_phy_offset = next_phy_offset
         self.last_read_ms = _now_ms()
         self.wake = asyncio.Event()
+        #: set while the transport takes writes (cleared by pause_writing: the pump waits)
+        self.writable = asyncio.Event()
+        self.writable.set()
         self.partial = b""  # an unfinished report
         self.tasks: list[asyncio.Task[None]] = []
+
+
+class _AckProtocol(asyncio.Protocol):
+    """The transport's protocol once a replica's handshake is done: its reports are acks."""
+
+    def __init__(self, master: AutoSwitchHAMaster, slave: _Slave) -> None:
+        self.master = master
+        self.slave = slave
+
+    def data_received(self, data: bytes) -> None:
+        slave = self.slave
+        buffered = slave.partial + data if slave.partial else data
+        whole = len(buffered) - len(buffered) % codec.REPORT_SIZE
+        slave.partial = buffered[whole:]
+        if whole:
+            try:
+                self.master._on_ack(slave, codec.last_report(buffered[:whole]))
+            except ProtocolError as exc:
+                log.warning("HA replica %d: %s", slave.replica_id, exc)
+                self.master._drop(slave, "protocol error")
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.slave.writable.set()  # a pump waiting to write finds the transport closing
+        self.master._drop(self.slave, "connection closed")
+
+    def pause_writing(self) -> None:
+        self.slave.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.slave.writable.set()
 
 
 class AutoSwitchHAMaster:
@@ -412,7 +448,14 @@ class AutoSwitchHAMaster:
             self._drop(old, "replaced by a new connection")
         self._slaves[slave.replica_id] = slave
         self._acks[slave.replica_id] = slave.ack_phy_offset
-        slave.tasks = [asyncio.create_task(self._pump(slave)), asyncio.create_task(self._read_acks(slave, reader))]
+        proto = _AckProtocol(self, slave)
+        leftover = bytes(getattr(reader, "_buffer", b""))  # reports that came with the handshake's last read
+        writer.transport.set_protocol(proto)
+        slave.tasks = [asyncio.create_task(self._pump(slave))]
+        if leftover:
+            proto.data_received(leftover)
+        if reader.at_eof():
+            proto.connection_lost(None)
         if slave.replica_id in self.sync_state_set:
             self._recompute()
 
@@ -465,21 +508,6 @@ class AutoSwitchHAMaster:
             if task is not current:
                 task.cancel()
 
-    async def _read_acks(self, slave: _Slave, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                data = await reader.read(64 * 1024)
-                if not data:
-                    break
-                buffered = slave.partial + data
-                whole = len(buffered) - len(buffered) % codec.REPORT_SIZE
-                slave.partial = buffered[whole:]
-                if whole:
-                    self._on_ack(slave, codec.last_report(buffered[:whole]))
-        except (ProtocolError, OSError) as exc:
-            log.warning("HA replica %d: %s", slave.replica_id, exc)
-        self._drop(slave, "connection closed")
-
     def _next_chunk(self, phy_offset: int) -> tuple[int, int, bytes]:
         """(data epoch, its start, bytes from ``phy_offset`` up to the batch size, the segment end and the
         next epoch's start)."""
@@ -521,12 +549,15 @@ class AutoSwitchHAMaster:
         try:
             while True:
                 slave.wake.clear()
+                if writer.transport.is_closing():
+                    break
                 if not self._push_available(slave):
-                    await writer.drain()
+                    await slave.writable.wait()
                     continue
                 if not await wait_event(slave.wake, heartbeat_s):
                     writer.write(codec.encode_transfer_header(self.epoch_file.last_epoch(), 0, 0,
                                                               slave.next_phy_offset, self.confirm_offset, 0))
-                    await writer.drain()
+                    if not slave.writable.is_set():
+                        await slave.writable.wait()
         except (OSError, ConnectionError) as exc:
             self._drop(slave, f"write failed: {exc}")

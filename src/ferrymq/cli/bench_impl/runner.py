@@ -135,6 +135,23 @@ class Row:
 
 
 
+@dataclass
+class _SyncPlan:
+    """One SYNC stack of workloads 3, 4 or 12 and its rows (one client / many producers, per size)."""
+
+    stack: Stack
+    label: str
+    wid: str
+    role: str
+    flush: str
+    slave: bool
+    controller: bool
+    one: list[Row]
+    many: list[Row]
+    topic: str = "BenchSync"
+    ready: bool = False
+
+
 def cpp_client_missing() -> str | None:
     """Why row 9 cannot run here (the C++ client of PyPI rocketmq==0.4.4 is not importable), or None."""
     try:
@@ -222,12 +239,10 @@ class Bench:
                 self.redis(sup)
             if any(self.wants(w) for w in ("1", "2", "5", "6", "9")):
                 self.async_stack(sup)
-            if self.wants("3"):
-                self.sync_master(sup)
+            if self.wants("3") or self.wants("12"):
+                self.sync_master_and_controller(sup)
             if self.wants("4"):
                 self.sync_flush(sup)
-            if self.wants("12"):
-                self.controller_sync(sup)
             if self.wants("7") or self.wants("8"):
                 self.catchup_and_restart(sup)
         self.evaluate()
@@ -551,64 +566,85 @@ class Bench:
             self._record_produce(row, _merge(res))
             self.advance()
 
-    # ---- 3: SYNC_MASTER + slave, 4: SYNC_FLUSH ----------------------------------------------------------------
-    def _one_and_many(self, sup: Supervisor, label: str, wid: str, title: str, *, role: str, flush: str,
-                      slave: bool, controller: bool = False) -> None:
-        stack = Stack(sup, label, common_conf=self.o.broker_conf)
+    # ---- 3: SYNC_MASTER + slave, 12: controller mode SYNC + slave, 4: SYNC_FLUSH --------------------------------
+    def _sync_plan(self, sup: Supervisor, label: str, wid: str, title: str, *, role: str, flush: str,
+                   slave: bool, controller: bool = False) -> _SyncPlan:
         n = self.o.producers
         one = [self.row(f"{wid}a", f"{title}, 1 client sync sends", s, "msgs/s", "msgs/s") for s in self.o.sizes]
         many = [self.row(f"{wid}b", f"{title}, {n} producers", s, "msgs/s", "msgs/s") for s in self.o.sizes]
+        return _SyncPlan(Stack(sup, label, common_conf=self.o.broker_conf), label, wid, role, flush, slave,
+                         controller, one, many)
 
-        def run() -> None:
-            self.step(f"starting {label} stack")
-            stack.start_namesrv()
-            if controller:
-                ctl = stack.start_controller()
-                extra = {"enableControllerMode": "true", "controllerAddr": ctl, "allAckInSyncStateSet": "true"}
-                replicas = [stack.broker("bench-a", role=role, flush=flush, broker_id=i, extra=extra)
-                            for i in (1, 2)]
-                for bp in replicas:
-                    stack.start(bp)
-                master = asyncio.run(controller_master(stack.name_server, ctl, replicas))
-            else:
-                master = stack.broker("bench-a", role=role, flush=flush)
-                stack.start(master)
-                if slave:
-                    sl = stack.broker("bench-a", broker_id=1, flush=flush, master=master)
-                    stack.start(sl)
-            topic = "BenchSync"
-            asyncio.run(create_topic(stack.name_server, master, topic))
-            asyncio.run(wait_send_ok(stack.name_server, topic))
-            for row_one, row_many in zip(one, many, strict=True):
-                size = row_one.size or 0
+    def _sync_setup(self, plan: _SyncPlan) -> None:
+        stack = plan.stack
+        self.step(f"starting {plan.label} stack")
+        stack.start_namesrv()
+        if plan.controller:
+            ctl = stack.start_controller()
+            extra = {"enableControllerMode": "true", "controllerAddr": ctl, "allAckInSyncStateSet": "true"}
+            replicas = [stack.broker("bench-a", role=plan.role, flush=plan.flush, broker_id=i, extra=extra)
+                        for i in (1, 2)]
+            for bp in replicas:
+                stack.start(bp)
+            master = asyncio.run(controller_master(stack.name_server, ctl, replicas))
+        else:
+            master = stack.broker("bench-a", role=plan.role, flush=plan.flush)
+            stack.start(master)
+            if plan.slave:
+                sl = stack.broker("bench-a", broker_id=1, flush=plan.flush, master=master)
+                stack.start(sl)
+        asyncio.run(create_topic(stack.name_server, master, plan.topic))
+        asyncio.run(wait_send_ok(stack.name_server, plan.topic))
+        plan.ready = True
 
-                def r_one(row: Row = row_one, size: int = size) -> None:
-                    for rep in range(self.o.repeats):
-                        self.step(f"{wid} {label} 1 client {fmt_size(size)} #{rep + 1}")
-                        self._record_produce(row, self.produce(stack, topic, size, 1, procs=1))
-                        self.advance()
-
-                def r_many(row: Row = row_many, size: int = size) -> None:
-                    for rep in range(self.o.repeats):
-                        self.step(f"{wid} {label} x{n} {fmt_size(size)} #{rep + 1}")
-                        self._record_produce(row, self.produce(stack, topic, size, n))
-                        self.advance()
-
-                self.guarded([row_one], r_one)
-                self.guarded([row_many], r_many)
-
+    def _interleaved(self, plans: list[_SyncPlan]) -> None:
+        """Start every plan's stack, then run repeat i of each plan's row right after repeat i of the previous
+        plan's same row (this machine's speed drifts within minutes: paired repeats compare like with like)."""
         try:
-            self.guarded(one + many, run)
+            for plan in plans:
+                self.guarded(plan.one + plan.many, functools.partial(self._sync_setup, plan))
+            n = self.o.producers
+            for i, size in enumerate(self.o.sizes):
+                for kind in ("one", "many"):
+                    for rep in range(self.o.repeats):
+                        for plan in plans:
+                            if not plan.ready:
+                                continue
+                            row = (plan.one if kind == "one" else plan.many)[i]
+                            label = "1 client" if kind == "one" else f"x{n}"
+                            self.step(f"{plan.wid} {plan.label} {label} {fmt_size(size)} #{rep + 1}")
+                            producers, procs = (1, 1) if kind == "one" else (n, None)
+                            self.guarded([row], functools.partial(self._sync_repeat, plan, row, size, producers,
+                                                                  procs))
+                            self.advance()
         finally:
-            stack.close()
+            for plan in plans:
+                plan.stack.close()
+        if len(plans) > 1:
+            for plan in plans[1:]:
+                for mine, ref in ((plan.one, plans[0].one), (plan.many, plans[0].many)):
+                    for r, ref_row in zip(mine, ref, strict=True):
+                        r.paired_with = ref_row.wid
 
-    def sync_master(self, sup: Supervisor) -> None:
-        self._one_and_many(sup, "sync_master", "3", "SYNC_MASTER + 1 slave", role="SYNC_MASTER",
-                           flush="ASYNC_FLUSH", slave=True)
+    def _sync_repeat(self, plan: _SyncPlan, row: Row, size: int, producers: int, procs: int | None) -> None:
+        m = self.produce(plan.stack, plan.topic, size, producers, procs=procs)
+        self._record_produce(row, m)
 
-    def controller_sync(self, sup: Supervisor) -> None:
-        self._one_and_many(sup, "controller", "12", "controller mode SYNC + 1 slave", role="SYNC_MASTER",
-                           flush="ASYNC_FLUSH", slave=True, controller=True)
+    def _one_and_many(self, sup: Supervisor, label: str, wid: str, title: str, *, role: str, flush: str,
+                      slave: bool, controller: bool = False) -> None:
+        self._interleaved([self._sync_plan(sup, label, wid, title, role=role, flush=flush, slave=slave,
+                                           controller=controller)])
+
+    def sync_master_and_controller(self, sup: Supervisor) -> None:
+        """Workloads 3 and 12 interleaved repeat by repeat (12's ratio to 3 is a target)."""
+        plans = []
+        if self.wants("3"):
+            plans.append(self._sync_plan(sup, "sync_master", "3", "SYNC_MASTER + 1 slave", role="SYNC_MASTER",
+                                         flush="ASYNC_FLUSH", slave=True))
+        if self.wants("12"):
+            plans.append(self._sync_plan(sup, "controller", "12", "controller mode SYNC + 1 slave",
+                                         role="SYNC_MASTER", flush="ASYNC_FLUSH", slave=True, controller=True))
+        self._interleaved(plans)
 
     def sync_flush(self, sup: Supervisor) -> None:
         self._one_and_many(sup, "sync_flush", "4", "SYNC_FLUSH", role="ASYNC_MASTER", flush="SYNC_FLUSH",
@@ -755,8 +791,19 @@ class Bench:
                             f">= {TARGET_SYNC_MASTER_VS_ASYNC:.0%} of (1)")
             elif r.wid in ("12a", "12b"):
                 ref_id = "3a" if r.wid == "12a" else "3b"
-                self._judge(r, v, self.find(ref_id, r.size), TARGET_CONTROLLER_VS_SYNC_MASTER,
+                ref = self.find(ref_id, r.size)
+                self._judge(r, v, ref, TARGET_CONTROLLER_VS_SYNC_MASTER,
                             f">= {TARGET_CONTROLLER_VS_SYNC_MASTER:.0%} of classic SYNC_MASTER ({ref_id})")
+                if ref is not None and r.paired_with == ref_id and len(ref.values) == len(r.values):
+                    ratios = [a / b for a, b in zip(r.values, ref.values, strict=True) if b]
+                    if ratios:  # each repeat of 12 ran right after the same repeat of 3: judged on those pairs
+                        paired = median(ratios)
+                        assert paired is not None
+                        text = "/".join(f"{q:.2f}" for q in ratios)
+                        r.note = "; ".join(x for x in (r.note, f"repeat/paired {text} (median of the pairs; "
+                                                       f"ratio of the medians {r.ratio.split('x')[0]})") if x)
+                        r.ratio = f"{paired:.2f}x of ({ref_id})"
+                        r.status = _pf(paired >= TARGET_CONTROLLER_VS_SYNC_MASTER)
             elif r.wid == "6":
                 self._judge(r, v, self.find("1", r.size), 1.0, ">= (1)")
             elif r.wid == "7":
