@@ -214,3 +214,22 @@ async def test_without_a_users_file_nothing_is_offered_or_done(namesrv: Any, bro
         finally:
             await b.close()
             await runner.cleanup()
+
+
+@pytest.mark.parametrize(("given", "landing"), [
+    ("/topics", "/topics"), ("/groups/g?x=1", "/groups/g?x=1"), (None, "/overview"), ("", "/overview"),
+    ("https://evil.example/", "/overview"), ("//evil.example", "/overview"), ("/\\evil.example", "/overview"),
+    ("/\t/evil.example", "/overview"), ("/\n/evil.example", "/overview"), ("topics", "/overview"),
+])
+def test_log_in_lands_only_on_a_local_page(given: str | None, landing: str) -> None:
+    from ferrymq.console.app import _safe_next
+
+    assert _safe_next(given) == landing
+
+
+def test_long_bodies_are_cut_on_pages() -> None:
+    from ferrymq.console.app import BODY_SHOWN_BYTES, _body_text
+
+    assert _body_text(b"caf\xc3\xa9 \xff") == "café \ufffd"
+    text = _body_text(b"x" * (BODY_SHOWN_BYTES + 10))
+    assert text.startswith("x" * BODY_SHOWN_BYTES) and text.endswith(f"(10 more bytes of {BODY_SHOWN_BYTES + 10} not shown)")

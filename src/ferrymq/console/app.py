@@ -82,6 +82,10 @@ SESSION_COOKIE = "ferrymq_session"
 #: the double-submit cookie of the log-in form (it has no session yet to hold a CSRF token)
 LOGIN_COOKIE = "ferrymq_login"
 CSRF_FIELD = "csrf_token"
+#: where a log-in lands without a (safe) next page
+DEFAULT_LANDING = "/overview"
+#: bytes of a message body shown on a page (the rest is counted, not shown)
+BODY_SHOWN_BYTES = 16 * 1024
 _LOGIN_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{43}")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -204,8 +208,11 @@ async def _access(request: web.Request, handler: Handler) -> web.StreamResponse:
 # ---- log-in ----------------------------------------------------------------------------------------------------
 def _safe_next(value: str | None) -> str:
     """A local path to go to after log-in (never another site)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
-        return "/overview"
+    # browsers drop tabs and newlines inside URLs ("/\t/evil.example" becomes "//evil.example") and read "\\"
+    # as "/": anything but a plain path is refused
+    if (not value or not value.startswith("/") or value.startswith("//") or "\\" in value
+            or any(c.isspace() or not c.isprintable() for c in value)):
+        return DEFAULT_LANDING
     return value
 
 
@@ -590,6 +597,14 @@ async def ha_elect(request: web.Request) -> web.Response:
 
 
 # ---- the application -------------------------------------------------------------------------------------------
+def _body_text(body: bytes) -> str:
+    """A message body as text for a page: UTF-8 (undecodable bytes replaced), cut at ``BODY_SHOWN_BYTES``."""
+    if len(body) <= BODY_SHOWN_BYTES:
+        return body.decode("utf-8", "replace")
+    return (body[:BODY_SHOWN_BYTES].decode("utf-8", "replace")
+            + f"\n… ({len(body) - BODY_SHOWN_BYTES} more bytes of {len(body)} not shown)")
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("ferrymq.console", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined)
@@ -597,6 +612,7 @@ def _environment() -> jinja2.Environment:
     env.filters["lagclass"] = lag_severity
     env.filters["replclass"] = replica_lag_severity
     env.filters["q"] = _q
+    env.filters["body"] = _body_text
     env.globals["DLQ_PREFIX"] = DLQ_GROUP_TOPIC_PREFIX
     return env
 
