@@ -181,6 +181,43 @@ def test_common_imports_no_other_layer() -> None:
     assert not bad, "\n".join(bad)
 
 
+def processor_context_violations(src: Path) -> list[str]:
+    """Broker processors take their context (broker/context.py), never the controller: no module under
+    broker/processors imports broker/app.py, not even under TYPE_CHECKING; context.py imports neither."""
+    broker = src / "broker"
+    paths = _py_files(broker / "processors") if (broker / "processors").is_dir() else []
+    paths += [broker / "context.py"] if (broker / "context.py").exists() else []
+    bad = []
+    for path in paths:
+        forbidden = ["ferrymq.broker.app"] + (["ferrymq.broker.processors"] if path.name == "context.py" else [])
+        for imp in _imports(path, src):
+            if any(imp.module == f or imp.module.startswith(f + ".") for f in forbidden):
+                bad.append(f"{path.relative_to(src)}:{imp.line} imports {imp.module}")
+    return bad
+
+
+def test_processors_take_a_narrow_context(tmp_path: Path) -> None:
+    bad = processor_context_violations(SRC)
+    assert not bad, "\n".join(bad)
+    assert (SRC / "broker" / "context.py").exists()
+    # the scanner itself, on a fake tree: a type-only import, a relative one, and context.py importing a processor
+    fake = tmp_path / "ferrymq"
+    files = {
+        "broker/processors/send.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                     "    from ferrymq.broker.app import BrokerController\n",
+        "broker/processors/pull.py": "from ..app import BrokerController\nfrom ferrymq.broker.context import P\n",
+        "broker/context.py": "from ferrymq.broker.processors import send\nfrom ferrymq.broker.config import C\n",
+    }
+    for rel, text in files.items():
+        (fake / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake / rel).write_text(text)
+    assert processor_context_violations(fake) == [
+        "broker/processors/pull.py:1 imports ferrymq.broker.app.BrokerController",
+        "broker/processors/send.py:3 imports ferrymq.broker.app.BrokerController",
+        "broker/context.py:1 imports ferrymq.broker.processors.send",
+    ]
+
+
 def test_checks_catch_violations(tmp_path: Path) -> None:
     """The scanners themselves, on a small fake tree with one violation of each rule."""
     src = tmp_path / "ferrymq"

@@ -25,6 +25,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,7 @@ from ferrymq.broker.unconsumed_floor import UnconsumedFloor
 from ferrymq.broker.writer import MessageWriter
 from ferrymq.common.aio import LoopLagProbe
 from ferrymq.common.message import host_to_bytes
+from ferrymq.common.tls import TlsServerSettings
 from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
@@ -184,7 +186,8 @@ class BrokerController:
         OpsProcessor(self).register(self.dispatcher)
         ClientQueryProcessor(self).register(self.dispatcher)
         BrokerConfigProcessor(self).register(self.dispatcher)
-        self.long_polling = PullRequestHoldService(self.pull_processor.rerun, self.store.get_max_offset_in_queue)
+        self.long_polling: PullRequestHoldService = PullRequestHoldService(self.pull_processor.rerun,
+                                                                           self.store.get_max_offset_in_queue)
         self.metrics_server = broker_metrics_server(self)  # None when metricsPort = -1
         #: the ACL check (None when aclEnable is false); every request passes it first, nothing is wrapped when off
         self.acl_guard: AclGuard | None = None
@@ -193,10 +196,10 @@ class BrokerController:
             self.acl_guard.install(self.dispatcher)
 
         # TLS (common/tls.py): certificates are loaded now, so a bad path stops the start with its key
-        self.tls_server = config.tls_server
+        self.tls_server: TlsServerSettings = config.tls_server
         self.tls_server.context()
         tls_client = config.tls_client
-        self.tls_client_context = tls_client.context() if tls_client is not None else None
+        self.tls_client_context: ssl.SSLContext | None = tls_client.context() if tls_client is not None else None
         self.pool = ConnectionPool(Dispatcher(), ssl_context=self.tls_client_context)
         self.server: RemotingServer | None = None
         self.fast_server: RemotingServer | None = None
@@ -209,7 +212,7 @@ class BrokerController:
         #: learnt from the name server (slaves): the master's main and HA addresses
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = config.ha_master_address or None
-        self.store_host = host_to_bytes(config.broker_ip1, config.listen_port)
+        self.store_host: bytes = host_to_bytes(config.broker_ip1, config.listen_port)
         self._timers: list[asyncio.Task[None]] = []
         self._started = False
         self.start_ms = 0

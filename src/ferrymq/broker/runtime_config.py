@@ -41,42 +41,42 @@ from ferrymq.common.topic import PERM_READ, PERM_WRITE
 from ferrymq.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import RuntimeConfigContext
 
 log = logging.getLogger(__name__)
 
 
-def _store(attr: str) -> Callable[[BrokerController, Any], None]:
-    def apply(ctl: BrokerController, value: Any) -> None:
+def _store(attr: str) -> Callable[[RuntimeConfigContext, Any], None]:
+    def apply(ctl: RuntimeConfigContext, value: Any) -> None:
         setattr(ctl.store_config, attr, value)
     return apply
 
 
-def _flush_interval(ctl: BrokerController, value: Any) -> None:
+def _flush_interval(ctl: RuntimeConfigContext, value: Any) -> None:
     ctl.flush_service.interval_ms = value
     ctl.store_config.flush_interval_commit_log_ms = value
 
 
-def _transactions(ctl: BrokerController, _value: Any) -> None:
+def _transactions(ctl: RuntimeConfigContext, _value: Any) -> None:
     c = ctl.config
     ctl.transactions.config = TransactionConfig(c.transaction_timeout_ms, c.transaction_check_interval_ms,
                                                 c.transaction_check_max)
 
 
-def _auto_create_topic(ctl: BrokerController, value: Any) -> None:
+def _auto_create_topic(ctl: RuntimeConfigContext, value: Any) -> None:
     ctl.topics.auto_create_topic_enable = value
 
 
-def _auto_create_group(ctl: BrokerController, value: Any) -> None:
+def _auto_create_group(ctl: RuntimeConfigContext, value: Any) -> None:
     ctl.groups.auto_create = value
 
 
-def _channel_expiry(ctl: BrokerController, value: Any) -> None:
+def _channel_expiry(ctl: RuntimeConfigContext, value: Any) -> None:
     ctl.consumers.channel_expired_ms = value
     ctl.producers.channel_expired_ms = value
 
 
-def _broker_permission(ctl: BrokerController, _value: Any) -> None:
+def _broker_permission(ctl: RuntimeConfigContext, _value: Any) -> None:
     """As RocketMQ: the permission masks every topic's perm in the registration, and the broker registers
     at once with a new data version, so the name servers route (or stop routing) writes to it."""
     registrar = ctl.registrar
@@ -87,7 +87,7 @@ def _broker_permission(ctl: BrokerController, _value: Any) -> None:
     registrar.trigger()
 
 
-def masked_topic_wrapper(ctl: BrokerController) -> dict[str, Any]:
+def masked_topic_wrapper(ctl: RuntimeConfigContext) -> dict[str, Any]:
     """The registration's TopicConfigSerializeWrapper with each perm ANDed with brokerPermission."""
     obj = ctl.topics.encode()
     perm = ctl.config.broker_permission
@@ -98,7 +98,7 @@ def masked_topic_wrapper(ctl: BrokerController) -> dict[str, Any]:
     return obj
 
 
-def _config_only(_ctl: BrokerController, _value: Any) -> None:
+def _config_only(_ctl: RuntimeConfigContext, _value: Any) -> None:
     """The broker reads the key from its BrokerConfig on every use."""
 
 
@@ -106,7 +106,7 @@ def _config_only(_ctl: BrokerController, _value: Any) -> None:
 FULL_PERM = PERM_READ | PERM_WRITE
 
 #: runtime-safe key -> what else to update once BrokerConfig holds the new value
-RUNTIME_KEYS: dict[str, Callable[[BrokerController, Any], None]] = {
+RUNTIME_KEYS: dict[str, Callable[[RuntimeConfigContext, Any], None]] = {
     "brokerPermission": _broker_permission,
     "maxMessageSize": _store("max_message_size"),
     "flushIntervalCommitLog": _flush_interval,
@@ -171,7 +171,7 @@ class UpdateResult:
     persisted_to: str = ""
 
 
-def apply_update(ctl: BrokerController, props: dict[str, str]) -> UpdateResult:
+def apply_update(ctl: RuntimeConfigContext, props: dict[str, str]) -> UpdateResult:
     """Check every key (known, runtime-safe, valid value, the whole config still valid), then apply all of
     them and write them to the config file; or change nothing and say why."""
     unknown = sorted(k for k in props if k not in FIELDS)

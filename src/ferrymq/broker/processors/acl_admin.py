@@ -17,13 +17,13 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import AclAdminContext
 
 ACL_OFF_REMARK = "aclEnable is false on this broker: there is no ACL to manage"
 
 
 class AclAdminProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: AclAdminContext) -> None:
         self.ctx = ctx
 
     def register(self, d: Any) -> None:

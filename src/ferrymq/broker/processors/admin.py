@@ -43,7 +43,7 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import AdminContext
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _validate_queue_config(read_q: int, write_q: int, perm: int, sys_flag: int) 
 
 
 class AdminProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: AdminContext) -> None:
         self.ctx = ctx
 
     def register(self, d: Any) -> None:

@@ -30,7 +30,7 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import RuntimeConfigContext
 
 
 #: what GET_BROKER_CONFIG answers in place of a secret value
@@ -48,7 +48,7 @@ def masked(props: dict[str, str]) -> dict[str, str]:
 
 
 class BrokerConfigProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: RuntimeConfigContext) -> None:
         self.ctx = ctx
         self.data_version = DataVersion()
 

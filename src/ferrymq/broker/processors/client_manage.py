@@ -36,7 +36,7 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import ClientManageContext
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ HEARTBEAT_STEP_GROUPS = 64
 
 
 class ClientManageProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: ClientManageContext) -> None:
         self.ctx = ctx
 
     def register(self, dispatcher: Any) -> None:

@@ -25,7 +25,7 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import ClientQueryContext
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ CLIENT_QUERY_TIMEOUT_MS = 5_000
 
 
 class ClientQueryProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: ClientQueryContext) -> None:
         self.ctx = ctx
 
     def register(self, d: Any) -> None:

@@ -12,13 +12,13 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import ConsumerManageContext
 
 QUERY_NOT_FOUND_REMARK = "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"
 
 
 class ConsumerManageProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: ConsumerManageContext) -> None:
         self.ctx = ctx
 
     def register(self, dispatcher: Any) -> None:

@@ -23,7 +23,7 @@ Header (RocketMQ names): ``producerGroup``, ``tranStateTableOffset`` (the half m
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.transaction import EndStatus, EpochTag
 from ferrymq.common.message import (
@@ -36,6 +36,9 @@ from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
+if TYPE_CHECKING:
+    from ferrymq.broker.context import EndTransactionContext
+
 log = logging.getLogger(__name__)
 
 #: how a refusal names the earlier decision (broker/transaction.py Decision values)
@@ -43,7 +46,7 @@ _DONE = {"commit": "committed", "rollback": "rolled back", "discard": "discarded
 
 
 class EndTransactionProcessor:
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: EndTransactionContext) -> None:
         self.ctx = ctx
 
     def register(self, dispatcher: Any) -> None:

@@ -18,7 +18,7 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import LockContext
 
 LOCK_MAX_LIVE_MS = 60_000
 
@@ -63,7 +63,7 @@ def _parse(body: bytes) -> tuple[str, str, list[MessageQueue]]:
 
 
 class LockProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: LockContext) -> None:
         self.ctx = ctx
         self.locks = RebalanceLockManager(ctx.clock_ms)
 

@@ -49,7 +49,7 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import OpsContext
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _true(value: str | None) -> bool:
 
 
 class OpsProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: OpsContext) -> None:
         self.ctx = ctx
 
     def register(self, d: Any) -> None:

@@ -25,7 +25,7 @@ from ferrymq.remoting.codes import ResponseCode as R
 from ferrymq.store.filter import MessageFilter, SqlFilter, TagFilter, parse_subscription
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import PullContext
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ MASTER_ID = 0
 
 
 class PullProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: PullContext) -> None:
         self.ctx = ctx
 
     def register(self, dispatcher: Any) -> None:

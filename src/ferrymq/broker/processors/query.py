@@ -16,13 +16,13 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import QueryContext
 
 DEFAULT_QUERY_MAX_NUM = 32
 
 
 class QueryProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: QueryContext) -> None:
         self.ctx = ctx
 
     def register(self, dispatcher: Any) -> None:

@@ -44,7 +44,7 @@ from ferrymq.remoting.codes import ResponseCode as R
 from ferrymq.store.results import PutMessageStatus
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import ReplyContext
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ PUSH_REPLY_TIMEOUT_MS = 3_000
 
 
 class ReplyProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: ReplyContext) -> None:
         self.ctx = ctx
 
     def register(self, dispatcher: Any) -> None:

@@ -70,7 +70,7 @@ from ferrymq.remoting.codes import ResponseCode as R
 from ferrymq.store.results import PutMessageStatus
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import SendContext
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def max_reconsume_times(group_max: int, cmd_version: int, header_max: int | None
 
 
 class SendProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: SendContext) -> None:
         self.ctx = ctx
         #: topic -> validate_topic() reason (None = valid); the regex runs once per topic
         self._topic_reasons: dict[str, str | None] = {}

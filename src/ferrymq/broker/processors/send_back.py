@@ -31,7 +31,7 @@ from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
 
 if TYPE_CHECKING:
-    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.context import SendBackContext
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ RETRY_BASE_DELAY_LEVEL = 3
 
 
 class SendBackProcessor:
-    def __init__(self, ctx: BrokerController) -> None:
+    def __init__(self, ctx: SendBackContext) -> None:
         self.ctx = ctx
 
     def register(self, dispatcher: Any) -> None:
