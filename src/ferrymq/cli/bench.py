@@ -44,7 +44,7 @@ def _size_option(value: str | None) -> int | None:
 @click.option("--catchup-bytes", default=None, help="Master backlog a new slave catches up on [2GiB].")
 @click.option("--restart-bytes", default=None, help="Commit-log size for the SIGKILL restart [1GiB].")
 @click.option("--disk-bytes", default=None, help="Bytes for the sequential-write limit [1GiB].")
-@click.option("--only", default=None, help="Workload numbers to run, e.g. 1,2,11 (default all: 1-11).")
+@click.option("--only", default=None, help="Workload numbers to run, e.g. 1,2,11 (default all: 1-13).")
 @click.option("--skip", default=None, help="Workload numbers to skip, e.g. 7,8.")
 @click.option("--quick", is_flag=True, help="Tiny counts and one short repeat (smoke run; figures meaningless).")
 @click.option("--json", "json_path", default=None, help="Also write results as JSON to this file ('-' = stdout).")

@@ -1,6 +1,11 @@
 """Peer: Redis streams (Debian's redis-server). XADD from 16 clients (redis-benchmark, C), and XADD +
 ``WAIT 1 0`` from one Python client (redis-py) with one replica attached. No persistence (like
-ASYNC_FLUSH); the replica only for the WAIT run."""
+ASYNC_FLUSH); the replica only for the WAIT run.
+
+``DurableRedis`` is a second server with the append-only file on: ``appendfsync always`` (Redis writes and
+fsyncs the AOF on its event loop before it answers: the fsync-before-ack peer of SYNC_FLUSH) or ``everysec``
+(written before the answer, fsynced once a second: the peer of ASYNC_FLUSH), switched with CONFIG SET
+between runs."""
 
 from __future__ import annotations
 
@@ -98,3 +103,28 @@ def xadd_benchmark(port: int, clients: int, requests: int, body_bytes: int) -> d
     cli(port, "del", "benchstream")
     return {"rps": float(rec["rps"]), "p50_us": float(rec["p50_latency_ms"]) * 1000,
             "p99_us": float(rec["p99_latency_ms"]) * 1000, "count": requests}
+
+
+class DurableRedis:
+    """One redis-server with ``appendonly yes``; ``set_fsync("always" | "everysec")`` before each run."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        import os
+
+        self.sup = sup
+        self.port = free_port()
+        d = sup.path("redis", "durable")
+        os.makedirs(d, exist_ok=True)
+        argv = ["redis-server", "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "yes",
+                "--appendfsync", "always", "--dir", d, "--protected-mode", "no", "--daemonize", "no",
+                "--loglevel", "warning"]
+        self.child = sup.spawn("redis-durable", argv, port=self.port)
+        sup.wait_port(self.child)
+
+    def set_fsync(self, mode: str) -> None:
+        out = cli(self.port, "config", "set", "appendfsync", mode)
+        if "OK" not in out:
+            raise RuntimeError(f"redis CONFIG SET appendfsync {mode}: {out.strip()}")
+
+    def close(self) -> None:
+        self.sup.stop(self.child)

@@ -25,6 +25,10 @@ Workload ids (rows of the table):
 | 11c | limit: loopback TCP, one stream (1 MiB and 1 KiB writes)                 | sink subprocess  |
 | 11d | limit: sequential write MB/s on the store's disk                        | in process       |
 | 11e | limit: 4 KiB write + fdatasync per second on the store's disk            | in process       |
+| 13a-i | ferrymq beside Redis, RabbitMQ, NATS: one client each, interleaved per repeat (peers.py) | peers |
+
+Every row shows the machine's 1-minute load average during its repeats (the highest), flagged when it was
+above 1.0 per core (the figures of such a row are those of a shared, busy machine).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ferrymq.cli.bench_impl import redis_peer
+from ferrymq.cli.bench_impl import peers, redis_peer
 from ferrymq.cli.bench_impl.mpwork import run_workers
 from ferrymq.cli.bench_impl.procs import Supervisor, free_port, python_argv
 from ferrymq.cli.bench_impl.stack import (
@@ -57,8 +61,8 @@ from ferrymq.cli.bench_impl.stack import (
 from ferrymq.cli.bench_impl.stats import latency_summary_us, median
 from ferrymq.cli.bench_impl.units import fmt_size
 
-ALL_WORKLOADS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12")
-TARGET_ASYNC_VS_ECHO = 0.5
+ALL_WORKLOADS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13")
+TARGET_ASYNC_VS_ECHO = 0.8
 TARGET_BATCH_MB_S = 300.0
 TARGET_SYNC_MASTER_VS_ASYNC = 0.7
 #: controller-mode SYNC sends against classic SYNC_MASTER (3a/3b) in the same run
@@ -194,8 +198,18 @@ class Bench:
                 print(f"bench [{done}/{self.total_steps()}] {text}", file=sys.stderr, flush=True)
 
     def advance(self) -> None:
+        self.note_load()
         if self.progress is not None and self._task is not None:
             self.progress.advance(self._task)
+
+    def note_load(self) -> None:
+        """The 1-minute load average for every row that measured a repeat since the last note (each repeat
+        ends with ``advance``)."""
+        load1 = os.getloadavg()[0]
+        for r in self.rows:
+            loads = r.extra.setdefault("load1", [])
+            while len(loads) < len(r.values):
+                loads.append(load1)
 
     def wants(self, wid: str) -> bool:
         return wid in self.o.only
@@ -227,6 +241,8 @@ class Bench:
             n += self.o.repeats
         if self.wants("8"):
             n += self.o.repeats
+        if self.wants("13"):
+            n += peers.steps(self.o.repeats)
         return n
 
     def run(self) -> list[Row]:
@@ -245,6 +261,8 @@ class Bench:
                 self.sync_flush(sup)
             if self.wants("7") or self.wants("8"):
                 self.catchup_and_restart(sup)
+            if self.wants("13"):
+                self.guarded([], functools.partial(peers.run, self, sup))
         self.evaluate()
         return self.rows
 
@@ -797,13 +815,13 @@ class Bench:
                 if ref is not None and r.paired_with == ref_id and len(ref.values) == len(r.values):
                     ratios = [a / b for a, b in zip(r.values, ref.values, strict=True) if b]
                     if ratios:  # each repeat of 12 ran right after the same repeat of 3: judged on those pairs
-                        paired = median(ratios)
-                        assert paired is not None
+                        pair_median = median(ratios)
+                        assert pair_median is not None
                         text = "/".join(f"{q:.2f}" for q in ratios)
                         r.note = "; ".join(x for x in (r.note, f"repeat/paired {text} (median of the pairs; "
                                                        f"ratio of the medians {r.ratio.split('x')[0]})") if x)
-                        r.ratio = f"{paired:.2f}x of ({ref_id})"
-                        r.status = _pf(paired >= TARGET_CONTROLLER_VS_SYNC_MASTER)
+                        r.ratio = f"{pair_median:.2f}x of ({ref_id})"
+                        r.status = _pf(pair_median >= TARGET_CONTROLLER_VS_SYNC_MASTER)
             elif r.wid == "6":
                 self._judge(r, v, self.find("1", r.size), 1.0, ">= (1)")
             elif r.wid == "7":

@@ -344,3 +344,101 @@ async def redis_wait(spec: dict[str, Any], ctl: Any) -> dict[str, Any]:
                 win.not_ok += 1
     r.close()
     return win.result()
+
+
+async def _timed_loop(spec: dict[str, Any], ctl: Any, one: Any, size: int) -> dict[str, Any]:
+    """Run ``await one()`` back to back (one in flight) over the counted window; ``one`` returns False for an
+    answer that is not the success (counted in not_ok)."""
+    await ctl.ready()
+    win = Window(spec["warmup_s"], spec["duration_s"])
+    while not win.done():
+        counted = time.monotonic() >= win.t_measure
+        t0 = time.perf_counter_ns()
+        try:
+            ok = await one()
+        except Exception as exc:  # noqa: BLE001 - counted and reported
+            if counted:
+                win.error(exc)
+            await asyncio.sleep(ERROR_BACKOFF_S)
+            continue
+        t1 = time.perf_counter_ns()
+        if counted and time.monotonic() <= win.t_end:
+            win.count += 1
+            win.bytes += size
+            win.lat_ns.append(t1 - t0)
+            if ok is False:
+                win.not_ok += 1
+    return win.result()
+
+
+async def redis_xadd(spec: dict[str, Any], ctl: Any) -> dict[str, Any]:
+    """One redis-py client (asyncio): XADD after XADD, each awaited (the server's appendfsync decides when
+    the answer comes: ``always`` after the fsync)."""
+    import redis.asyncio as aredis  # type: ignore[import-not-found]
+
+    r = aredis.Redis(host="127.0.0.1", port=spec["port"])
+    value = _body(spec["body_bytes"])
+    stream = spec.get("stream", "benchdurable")
+
+    async def one() -> bool:
+        await r.xadd(stream, {"f": value})
+        return True
+
+    try:
+        for _ in range(10):
+            await one()
+        return await _timed_loop(spec, ctl, one, len(value))
+    finally:
+        await r.aclose()
+
+
+async def nats_publish(spec: dict[str, Any], ctl: Any) -> dict[str, Any]:
+    """One nats-py client publishing to a JetStream stream (file storage), awaiting each publish ack."""
+    import nats  # type: ignore[import-not-found]
+    from nats.js.api import StorageType, StreamConfig  # type: ignore[import-not-found]
+
+    nc = await nats.connect(spec["url"])
+    try:
+        js = nc.jetstream()
+        stream, subject = spec["stream"], spec["subject"]
+        try:
+            await js.add_stream(StreamConfig(name=stream, subjects=[subject], storage=StorageType.FILE))
+        except Exception:  # noqa: BLE001 - already there (an earlier repeat)
+            pass
+        body = _body(spec["body_bytes"])
+
+        async def one() -> bool:
+            ack = await js.publish(subject, body)
+            return bool(ack.seq)
+
+        for _ in range(10):
+            await one()
+        return await _timed_loop(spec, ctl, one, len(body))
+    finally:
+        await nc.close()
+
+
+async def rabbit_publish(spec: dict[str, Any], ctl: Any) -> dict[str, Any]:
+    """One aio-pika client publishing persistent messages to a durable queue with publisher confirms,
+    awaiting each confirm."""
+    import aio_pika  # type: ignore[import-not-found]
+
+    conn = await aio_pika.connect(spec["url"])
+    try:
+        channel = await conn.channel(publisher_confirms=True)
+        queue = await channel.declare_queue(spec["queue"], durable=True)
+        body = _body(spec["body_bytes"])
+        exchange = channel.default_exchange
+
+        async def one() -> bool:
+            await exchange.publish(aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                                   routing_key=queue.name)
+            return True
+
+        for _ in range(10):
+            await one()
+        out = await _timed_loop(spec, ctl, one, len(body))
+        await queue.purge()
+        return out
+    finally:
+        await conn.close()
