@@ -28,11 +28,13 @@ import pytest
 pytestmark = pytest.mark.spark
 
 #: rows added to topic A before the query starts and before each fault (so every fault finds batches to hit)
-ROWS_PER_STEP = 400
+ROWS_PER_STEP = 200
 #: source rows per micro-batch
 ROWS_PER_TRIGGER = 100
 #: a transform that takes time, so that faults land inside batches
 ROW_DELAY_MS = 2
+#: the bounded nemesis CI runs (each driver kill costs a Spark start); the benchmark runs longer plans
+CI_PLAN = ["driver-commit", "worker", "driver-between"]
 DRIVER_START_TIMEOUT_S = 120.0
 PROGRESS_TIMEOUT_S = 90.0
 FINISH_TIMEOUT_S = 150.0
@@ -374,14 +376,14 @@ def test_exactly_once_sink_survives_worker_and_driver_kills(harness_procs: Any, 
     h = Harness(harness_procs, tmp_path, exactly_once=True)
     h.start_cluster()
     try:
-        run_nemesis(h, ["worker", "driver-commit", "driver-between", "worker"])
+        run_nemesis(h, CI_PLAN)
         h.finish()
         total, duplicates, missing = h.verdict()
     except BaseException:
         print(harness_procs.dump())
         raise
     print(f"faults {dict(h.faults)}, rows {total}, duplicates {duplicates}, missing {missing}")
-    assert sum(h.faults.values()) >= 4
+    assert sum(h.faults.values()) >= len(CI_PLAN)
     assert (duplicates, missing, total) == (0, 0, h.rows)
 
 
