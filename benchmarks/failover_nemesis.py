@@ -1,14 +1,16 @@
 """Controller-mode failover nemesis: ``python benchmarks/failover_nemesis.py [--rounds N] [--seed S]
-[--controllers 3 --partitions] [--broker-prop KEY=VALUE ...]``.
+[--controllers 3] [--partitions] [--groups 2] [--broker-prop KEY=VALUE ...]``.
 
 Starts one name server, one controller (three with ``--controllers 3``) and a broker group of three replicas
 in controller mode with its defaults (SYNC, allAckInSyncStateSet; real ``ferry`` processes under a tmp dir;
 ``--broker-prop brokerRole=ASYNC_MASTER`` shows what ASYNC loses), runs ferrymq's Producer sending unique
 bodies, and injects ``--rounds`` faults chosen at random (seeded): SIGKILL of the master, SIGSTOP of the
 master through an election then SIGCONT, SIGKILL of a slave, SIGKILL of the controller (the Raft leader), and
-with ``--partitions`` (root and iptables; tests/acceptance/partition_support.py) a partition of the master
-together with the Raft leader from the rest; every killed process is restarted, every partition healed, and
-each round waits until the group is whole again. At the end it checks every SEND_OK
+with ``--partitions`` (root and iptables; tests/acceptance/partition_support.py) partitions: the master
+from every controller, one slave from everyone, and with ``--controllers 3`` the master together with the
+Raft leader from the rest; every killed process is restarted, every partition healed, and each round waits
+until the group is whole again. ``--groups 2``: a second group shares the name server and controllers and
+serves the topic too; each fault hits one group drawn at random. At the end it checks every SEND_OK
 (tests/acceptance/controller_support.py: in the log at its offset, one acknowledging broker per epoch, the
 replicas' logs byte-identical) and prints one line per round and a summary table: rounds, failovers, SEND_OK,
 lost, duplicates, write unavailability per failover (median, max). Exit code 1 on any violation.
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "acceptance"), str(ROOT / "tests")]
@@ -39,19 +42,20 @@ from controller_support import (  # noqa: E402
     ACTIONS,
     FAILOVER_ACTIONS,
     PARTITION_ACTIONS,
+    TOPIC,
     ForeignProducer,
     NemesisGroup,
     ProducerLoop,
 )
 from partition_support import unavailable_reason  # noqa: E402
-from procs import ProcessGroup, wait_for  # noqa: E402
+from procs import ProcessGroup, create_topic, wait_for  # noqa: E402
 
 #: a client's first SEND_OK after the kill must come within this (RocketMQ clients poll routes every 30 s)
 CLIENT_RESUME_BOUND_S = 90.0
 
 #: how often each action is drawn: failovers dominate
 WEIGHTS = {"kill-master": 5, "pause-master": 3, "kill-slave": 1, "kill-controller": 1,
-           "partition-master-leader": 4}
+           "partition-master-leader": 4, "partition-master": 2, "partition-slave": 1}
 
 
 def main() -> int:
@@ -61,7 +65,10 @@ def main() -> int:
     ap.add_argument("--controllers", type=int, default=1, choices=(1, 3),
                     help="controllers in the Raft group; with 3, kill-controller kills the leader")
     ap.add_argument("--partitions", action="store_true",
-                    help="also cut the master and the Raft leader off from the rest (iptables; needs --controllers 3)")
+                    help="also cut the master off from the controllers, one slave off from everyone and (with "
+                         "--controllers 3) the master and the Raft leader off from the rest (iptables)")
+    ap.add_argument("--groups", type=int, default=1, choices=(1, 2),
+                    help="broker groups serving the topic (each fault hits one of them)")
     ap.add_argument("--broker-prop", action="append", default=[], metavar="KEY=VALUE",
                     help="a broker.conf key for every replica (repeatable), e.g. brokerRole=ASYNC_MASTER")
     ap.add_argument("--client", choices=("ferrymq", *ForeignProducer.KINDS),
@@ -75,9 +82,9 @@ def main() -> int:
     actions = list(ACTIONS)
     if args.partitions:
         reason = unavailable_reason()
-        if reason is not None or args.controllers != 3:
-            ap.error(f"--partitions: {reason or 'needs --controllers 3'}")
-        actions += PARTITION_ACTIONS
+        if reason is not None:
+            ap.error(f"--partitions: {reason}")
+        actions += [a for a in PARTITION_ACTIONS if args.controllers == 3 or a != "partition-master-leader"]
     broker_props = dict(kv.split("=", 1) for kv in args.broker_prop)
     allow_loss = broker_props.get("brokerRole") == "ASYNC_MASTER"
     rng = random.Random(args.seed)
@@ -88,31 +95,44 @@ def main() -> int:
     nemesis: NemesisGroup | None = None
     try:
         nemesis = NemesisGroup.start(group, controllers=args.controllers, partitions=args.partitions, **broker_props)
+        groups = [nemesis]
+        if args.groups == 2:
+            groups.append(NemesisGroup.start(group, broker_name="broker-m", share=nemesis, **broker_props))
+            for g in groups:  # the topic on both groups (a producer's retry moves to the other one)
+                create_topic(g.master().addr, TOPIC)
         producer = ProducerLoop(nemesis.ns.addr, f"n{args.seed}").start()
         try:
             for i in range(args.rounds):
                 action = rng.choices(actions, weights=[WEIGHTS[a] for a in actions])[0]
-                r = nemesis.round(action, producer, rng)
-                print(f"round {i + 1:3d} {r.action:15s} victim={r.victim:10s} master {r.master_before}->"
-                      f"{r.master_after} write-unavailable={r.unavailable_s:6.2f}s acks={len(producer.acks)}",
-                      flush=True)
+                target = rng.choice(groups) if action != "kill-controller" else nemesis
+                r = target.round(action, producer, rng)
+                for g in groups:
+                    g.wait_whole()
+                print(f"round {i + 1:3d} {target.broker_name} {r.action:23s} victim={r.victim:10s} master "
+                      f"{r.master_before}->{r.master_after} write-unavailable={r.unavailable_s:6.2f}s "
+                      f"acks={len(producer.acks)}", flush=True)
         finally:
             producer.stop()
-        try:
-            summary = nemesis.verify(producer, allow_loss=allow_loss)
-        except AssertionError as exc:
-            print(f"VIOLATION: {exc}")
-            ok = False
-            summary = {"send_ok": len(producer.acks), "lost": "?", "duplicates": "?"}
-        failovers = [r.unavailable_s for r in nemesis.rounds if r.action in FAILOVER_ACTIONS]
+        summary: dict[str, Any] = {"send_ok": 0, "lost": 0, "duplicates": 0}
+        for g in groups:
+            try:
+                one = g.verify(producer, allow_loss=allow_loss)
+                for key in summary:
+                    summary[key] += one[key]
+            except AssertionError as exc:
+                print(f"VIOLATION ({g.broker_name}): {exc}")
+                ok = False
+                summary = {"send_ok": len(producer.acks), "lost": "?", "duplicates": "?"}
+                break
+        failovers = [r.unavailable_s for g in groups for r in g.rounds if r.action in FAILOVER_ACTIONS]
         print()
-        print(f"controllers: {args.controllers}, seed {args.seed}, partitions {args.partitions}, "
+        print(f"controllers: {args.controllers}, groups {args.groups}, seed {args.seed}, partitions {args.partitions}, "
               f"broker props {broker_props or 'defaults'}")
         print("| rounds | failovers | SEND_OK | lost | duplicates | unavailability median (s) | max (s) | run (s) |")
         print("|-------:|----------:|--------:|-----:|-----------:|--------------------------:|--------:|--------:|")
         med = statistics.median(failovers) if failovers else float("nan")
         worst = max(failovers) if failovers else float("nan")
-        print(f"| {len(nemesis.rounds)} | {len(failovers)} | {summary['send_ok']} | {summary['lost']} | "
+        print(f"| {sum(len(g.rounds) for g in groups)} | {len(failovers)} | {summary['send_ok']} | {summary['lost']} | "
               f"{summary['duplicates']} | {med:.2f} | {worst:.2f} | {time.monotonic() - t_start:.0f} |")
     finally:
         if nemesis is not None:

@@ -2,7 +2,8 @@
 benchmarks/failover_nemesis.py.
 
 A ``NemesisGroup`` is one name server, one controller (``ferry controller -c``) and three brokers of one
-broker group in controller mode with its defaults (SYNC, ``allAckInSyncStateSet=true``), real processes. A
+broker group in controller mode with its defaults (SYNC, ``allAckInSyncStateSet=true``), real processes; a
+second group can share its name server and controllers (``NemesisGroup.start(share=...)``). A
 ``ProducerLoop`` thread sends unique bodies continuously through ferrymq's Producer and records every SEND_OK
 (its offset msgId says which broker stored it at which phy offset). ``NemesisGroup.round(action)`` injects one fault
 (SIGKILL or SIGSTOP/SIGCONT of the master, SIGKILL of a slave or of the controller), restarts what it killed
@@ -78,9 +79,11 @@ START_TIMEOUT_S = 60.0
 PAUSE_S = 6.0
 ERRORS_KEPT = 200
 ACTIONS = ("kill-master", "pause-master", "kill-slave", "kill-controller")
-#: needs NemesisGroup.start(partitions=True, controllers=3): the master and the Raft leader cut off together
-PARTITION_ACTIONS = ("partition-master-leader",)
-FAILOVER_ACTIONS = ("kill-master", "pause-master", *PARTITION_ACTIONS)
+#: need NemesisGroup.start(partitions=True): the master and the Raft leader cut off together from the rest
+#: (controllers=3), the master cut off from every controller (its replicas still reach it), one slave cut
+#: off from everyone
+PARTITION_ACTIONS = ("partition-master-leader", "partition-master", "partition-slave")
+FAILOVER_ACTIONS = ("kill-master", "pause-master", "partition-master-leader", "partition-master")
 
 #: no brokerRole and no allAckInSyncStateSet: the nemesis runs controller mode's defaults (SYNC, every
 #: SyncStateSet member acknowledges)
@@ -154,7 +157,8 @@ def start_controller(group: ProcessGroup, **props: Any) -> Controller:
 def start_replica(group: ProcessGroup, ns: Namesrv, controllers: list[Controller], replica_id: int,
                   argv_prefix: Sequence[str] = (), **props: Any) -> Broker:
     """A controller-mode broker; ready once its port answers (its name-server slot depends on its role)."""
-    name = f"replica{replica_id}"
+    broker_name = str(props.get("brokerName", BROKER_NAME))
+    name = f"replica{replica_id}" if broker_name == BROKER_NAME else f"{broker_name}-replica{replica_id}"
     store_dir = group.base_dir / f"{name}-store"
     store_dir.mkdir(parents=True, exist_ok=True)
     port = free_port(broker=True)
@@ -177,14 +181,14 @@ def start_replica_process(broker: Broker, argv_prefix: Sequence[str] = ()) -> No
              what=f"{broker.name} to accept connections", alive=[broker.proc])
 
 
-def group_state(controllers: list[Controller]) -> dict[str, Any] | None:
-    """The leading controller's GroupState of the nemesis group (CONTROLLER_GET_REPLICA_INFO), None if no
+def group_state(controllers: list[Controller], broker_name: str = BROKER_NAME) -> dict[str, Any] | None:
+    """The leading controller's GroupState of a nemesis group (CONTROLLER_GET_REPLICA_INFO), None if no
     controller answers it."""
     for controller in controllers:
         if controller.proc is None or controller.proc.exited:
             continue
         try:
-            resp = request(controller.addr, RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": BROKER_NAME},
+            resp = request(controller.addr, RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": broker_name},
                            timeout_ms=1000)
         except Exception:
             continue
@@ -403,32 +407,38 @@ class NemesisGroup:
     #: iptables partitions on loopback (partition_support.py), None when not asked for
     partitions: LoopbackPartitions | None = None
     replica_gids: dict[int, int] = field(default_factory=dict)
+    broker_name: str = BROKER_NAME
 
     @classmethod
     def start(cls, group: ProcessGroup, *, controllers: int = 1, partitions: bool = False,
-              **broker_props: Any) -> NemesisGroup:
+              broker_name: str = BROKER_NAME, share: NemesisGroup | None = None, **broker_props: Any) -> NemesisGroup:
         """With ``partitions`` (check ``partition_support.unavailable_reason()`` first) every controller and
-        replica runs under its own group id and ``partition-master-leader`` rounds are possible; call
-        ``close()`` when done (it removes the iptables rules)."""
-        parts: LoopbackPartitions | None = None
+        replica runs under its own group id and partition rounds are possible; call ``close()`` when done (it
+        removes the iptables rules). ``share``: another group whose name server, controllers and partitions
+        this one uses (``broker_name`` must differ)."""
+        parts: LoopbackPartitions | None = share.partitions if share is not None else None
         gids: dict[int, int] = {}
-        if partitions:
+        if partitions and share is None:
             parts = LoopbackPartitions()
             parts.install()
         try:
-            ns = start_namesrv(group)
-            ctls = start_controllers(group, controllers, parts)
+            ns = share.ns if share is not None else start_namesrv(group)
+            ctls = share.controllers if share is not None else start_controllers(group, controllers, parts)
             if parts is not None:
                 gids = {rid: parts.new_gid() for rid in REPLICA_IDS}
-            replicas = {rid: start_replica(group, ns, ctls, rid, cls._prefix(parts, gids.get(rid, 0)),
-                                           **broker_props) for rid in REPLICA_IDS}
-            ng = cls(group, ns, ctls, replicas, partitions=parts, replica_gids=gids)
+            props = {**broker_props, "brokerName": broker_name}
+            replicas = {rid: start_replica(group, ns, ctls, rid, cls._prefix(parts, gids.get(rid, 0)), **props)
+                        for rid in REPLICA_IDS}
+            ng = cls(group, ns, ctls, replicas, partitions=parts, replica_gids=gids, broker_name=broker_name)
             ng.wait_whole()
         except BaseException:
-            if parts is not None:
+            if parts is not None and share is None:
                 parts.remove()
             raise
         return ng
+
+    def master(self) -> Broker:
+        return self.replicas[int(self.wait_whole()["masterId"])]
 
     @staticmethod
     def _prefix(parts: LoopbackPartitions | None, gid: int) -> list[str]:
@@ -452,7 +462,7 @@ class NemesisGroup:
         return [p for p in (self.ns.proc,) if p is not None]
 
     def state(self) -> dict[str, Any] | None:
-        return group_state(self.controllers)
+        return group_state(self.controllers, self.broker_name)
 
     def master_id(self) -> int:
         st = self.state()
@@ -469,7 +479,7 @@ class NemesisGroup:
                 return None
             master = self.replicas[int(st["masterId"])]
             resp = request(self.ns.addr, RequestCode.GET_BROKER_CLUSTER_INFO)
-            entry = ((json_body(resp) or {}).get("brokerAddrTable") or {}).get(BROKER_NAME) or {}
+            entry = ((json_body(resp) or {}).get("brokerAddrTable") or {}).get(self.broker_name) or {}
             addrs = {str(k): v for k, v in (entry.get("brokerAddrs") or {}).items()}
             return st if addrs.get("0") == master.addr else None
 
@@ -511,6 +521,10 @@ class NemesisGroup:
                 proc.signal(signal.SIGCONT)
         elif action == "partition-master-leader":
             victim = self._partition_master_with_leader(master, t0)
+        elif action == "partition-master":
+            victim = self._partition_master(master, t0)
+        elif action == "partition-slave":
+            victim = self._partition_slave(rng.choice(slaves), t0)
         elif action == "kill-slave":
             rid = rng.choice(slaves)
             victim = self.replicas[rid].name
@@ -571,6 +585,34 @@ class NemesisGroup:
             parts.heal()
         return f"{self.replicas[master].name}+{self.controllers[leader].name}"
 
+    def _partition_master(self, master: int, t0: float) -> str:
+        """Cut the master off from every controller (its replicas, the producer and the name server still reach
+        it) until another replica was elected and ``PAUSE_S`` passed; then heal."""
+        parts = self.partitions
+        assert parts is not None, "needs partitions=True"
+        parts.cut([self._replica_node(master)], [self._controller_node(i) for i in range(len(self.controllers))])
+        try:
+            self._wait_new_master(master)
+            hold_left = PAUSE_S - (time.monotonic() - t0)
+            if hold_left > 0:
+                time.sleep(hold_left)  # the fault itself
+        finally:
+            parts.heal()
+        return f"{self.replicas[master].name} (from the controllers)"
+
+    def _partition_slave(self, slave: int, t0: float) -> str:
+        """Cut one slave off from the master, the other replicas and every controller for ``PAUSE_S``; then
+        heal. The master goes on (without it in the SyncStateSet once ``haMaxTimeSlaveNotCatchup`` passed)."""
+        parts = self.partitions
+        assert parts is not None, "needs partitions=True"
+        others = [self._replica_node(rid) for rid in REPLICA_IDS if rid != slave]
+        parts.cut([self._replica_node(slave)], [*others, *(self._controller_node(i) for i in range(len(self.controllers)))])
+        try:
+            time.sleep(PAUSE_S)  # the fault itself: the master must drop the slave from its acks and go on
+        finally:
+            parts.heal()
+        return f"{self.replicas[slave].name} (from everyone)"
+
     def _wait_new_master(self, old: int) -> None:
         def elected() -> bool:
             st = self.state()
@@ -601,23 +643,25 @@ class NemesisGroup:
             other = commit_log_bytes(broker.store_dir, end)
             assert other == master_log, f"replica {rid}'s commit log differs from the master's below {end}"
         records = read_records(master_log)
+        mine = {b.addr for b in self.replicas.values()}
+        acks = [a for a in producer.acks if a.host in mine]  # (a producer may also write to other groups)
         by_offset = {phy: body for phy, body in records}
         counts: dict[str, int] = {}
         for _phy, body in records:
             counts[body] = counts.get(body, 0) + 1
-        lost = [a for a in producer.acks if counts.get(a.body, 0) == 0]
+        lost = [a for a in acks if counts.get(a.body, 0) == 0]
         lost_extra = [b for b in extra_bodies if counts.get(b, 0) == 0]
-        misplaced = [a for a in producer.acks if counts.get(a.body) and by_offset.get(a.phy_offset) != a.body]
+        misplaced = [a for a in acks if counts.get(a.body) and by_offset.get(a.phy_offset) != a.body]
         entries = EpochFile(str(master.store_dir / EPOCH_FILE_NAME)).entries()
         ackers: dict[int, set[str]] = {}
-        for a in producer.acks:
+        for a in acks:
             if by_offset.get(a.phy_offset) == a.body:  # a lost one's offset belongs to a later epoch
                 ackers.setdefault(_epoch_at(entries, a.phy_offset), set()).add(a.host)
         split = {e: hosts for e, hosts in ackers.items() if len(hosts) > 1}
         overlaps = [r for r in self.rounds if r.overlap]
         duplicates = sum(c - 1 for body, c in counts.items() if c > 1 and body.startswith(producer.run_id))
         duplicates += sum(counts[b] - 1 for b in set(extra_bodies) if counts.get(b, 0) > 1)
-        summary = {"send_ok": len(producer.acks) + len(extra_bodies), "lost": len(lost) + len(lost_extra),
+        summary = {"send_ok": len(acks) + len(extra_bodies), "lost": len(lost) + len(lost_extra),
                    "misplaced": len(misplaced),
                    "duplicates": duplicates, "epochs": len(entries), "split_epochs": split,
                    "overlapping_rounds": len(overlaps), "log_end": end}
@@ -632,6 +676,30 @@ class NemesisGroup:
         assert not misplaced, f"{len(misplaced)} SEND_OK offsets hold another record, e.g. {misplaced[:3]}"
         assert not split, f"two brokers acknowledged sends in one epoch: {split}"
         return summary
+
+
+def verify_across(groups: Sequence[NemesisGroup], bodies: Sequence[str]) -> dict[str, Any]:
+    """Several groups serving one topic: each group's own checks (replicas identical, one acknowledging broker
+    per epoch), then every acknowledged body of ``bodies`` must be in one group's master log."""
+    present: dict[str, int] = {}
+    for g in groups:
+        g.verify(ProducerLoop(g.ns.addr, "none"))
+        master = g.master()
+        for _phy, body in read_records(commit_log_bytes(master.store_dir, _max_phy(master))):
+            present[body] = present.get(body, 0) + 1
+    lost = [b for b in bodies if not present.get(b)]
+    summary = {"send_ok": len(bodies), "lost": len(lost),
+               "duplicates": sum(present[b] - 1 for b in set(bodies) if present.get(b, 0) > 1)}
+    assert not lost, f"{len(lost)} acknowledged bodies are in no group's log, e.g. {lost[:3]}: {summary}"
+    return summary
+
+
+def longest_gap_s(oks: Sequence[tuple[float, float, str]], from_ms: float, to_ms: float) -> float:
+    """The longest time between two consecutive SEND_OKs (end times, wall ms) within [from_ms, to_ms]."""
+    ends = sorted(end for _start, end, _body in oks if from_ms <= end <= to_ms)
+    if len(ends) < 2:
+        return (to_ms - from_ms) / 1000
+    return max(b - a for a, b in zip(ends, ends[1:], strict=False)) / 1000
 
 
 def _max_phy(broker: Broker) -> int:

@@ -16,7 +16,16 @@ import time
 from pathlib import Path
 
 import pytest
-from controller_support import FAILOVER_ACTIONS, TOPIC, NemesisGroup, ProducerLoop, start_controller
+from controller_support import (
+    FAILOVER_ACTIONS,
+    TOPIC,
+    ForeignProducer,
+    NemesisGroup,
+    ProducerLoop,
+    longest_gap_s,
+    start_controller,
+    verify_across,
+)
 from ferry_cli import ferry_json
 from partition_support import unavailable_reason
 from procs import (
@@ -25,6 +34,7 @@ from procs import (
     NODE_DIR,
     Broker,
     ProcessGroup,
+    create_topic,
     free_port,
     json_body,
     request,
@@ -149,6 +159,71 @@ def test_partition_of_the_master_with_the_raft_leader_loses_nothing(procs: Proce
     assert summary["split_epochs"] == {} and summary["overlapping_rounds"] == 0
     if replication == "SYNC":
         assert summary["lost"] == 0 and summary["send_ok"] > 0
+
+
+def test_partitions_of_the_master_from_the_controllers_and_of_one_slave(procs: ProcessGroup) -> None:
+    """The defaults (SYNC, allAckInSyncStateSet), one controller: the master cut off from the controller (its
+    replicas and the producer still reach it) loses its lease and a replica takes over; one slave cut off from
+    everyone leaves the SyncStateSet and the master goes on without it. Every partition is healed, the group
+    becomes whole again; nothing acknowledged is lost, no two brokers acknowledge at once."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no loopback partitions: {reason}")
+    group = NemesisGroup.start(procs, partitions=True)
+    try:
+        producer = ProducerLoop(group.ns.addr, "cut").start()
+        rng = random.Random(5)
+        try:
+            for action in ("partition-master", "partition-slave", "partition-master", "partition-slave"):
+                result = group.round(action, producer, rng)
+                if action == "partition-master":
+                    assert result.master_after != result.master_before and not result.overlap, result
+                else:
+                    assert result.master_after == result.master_before, result
+        finally:
+            producer.stop()
+        summary = group.verify(producer)
+    finally:
+        group.close()
+    print(f"partitions: {summary}; rounds {[(r.victim, round(r.unavailable_s, 2)) for r in group.rounds]}")
+    assert summary["lost"] == 0 and summary["send_ok"] > 0
+
+
+#: the producers' send timeout here; a send in flight to the master when it dies may wait that long for its
+#: answer (the C++ client 1.x does: its connection's close does not fail the pending request)
+FOREIGN_SEND_TIMEOUT_S = 2.0
+#: across two groups a 4.x producer's retry goes to the other group at once: no gap beyond that one send
+TWO_GROUP_MAX_GAP_S = FOREIGN_SEND_TIMEOUT_S + 1.5
+
+
+@pytest.mark.parametrize("client", ForeignProducer.KINDS)
+def test_two_groups_keep_a_foreign_producer_writing_through_a_master_kill(procs: ProcessGroup, tmp_path: Path,
+                                                                        client: str) -> None:
+    """A topic on two controller-mode groups, an unchanged RocketMQ 4.x producer (C++ 1.x, ali-ons): when one
+    group's master is SIGKILLed the client's retry takes another group's queue (its fault avoidance), so it
+    keeps writing while that group elects, the way docs/failover.md recommends for 4.x clients (the longest
+    gap is at most the one send that was in flight to the dying master: its timeout); everything acknowledged
+    is in one of the groups' logs."""
+    if client == "alions":
+        assert (NODE_DIR / "node_modules" / "ali-ons").is_dir(), "run `npm --prefix tests/acceptance/node ci`"
+    one = NemesisGroup.start(procs)
+    two = NemesisGroup.start(procs, broker_name="broker-m", share=one)
+    for g in (one, two):
+        assert create_topic(g.master().addr, TOPIC).code == ResponseCode.SUCCESS
+    wait_for(lambda: {b["brokerName"] for b in (route(one.ns.addr, TOPIC) or {}).get("brokerDatas") or []}
+             >= {one.broker_name, two.broker_name}, timeout_s=30, what="the topic routed on both groups",
+             alive=one.alive)
+    producer = ForeignProducer(procs, one.ns.addr, client, tmp_path / client).start(alive=one.alive)
+    result = one.round("kill-master", None, random.Random(4))
+    assert result.master_after != result.master_before
+    kill_ms = result.fault_at_ms
+    wait_for(lambda: len([1 for _s, e, _b in producer.poll() if e > kill_ms]) >= 50, timeout_s=60,
+             what=f"{client} SEND_OKs after the kill", alive=one.alive)
+    gap_s = longest_gap_s(producer.poll(), kill_ms - 1000, kill_ms + 8000)
+    producer.stop()
+    summary = verify_across([one, two], producer.acked_bodies())
+    print(f"two groups, {client} producer: longest gap between SEND_OKs around the kill {gap_s:.3f} s; {summary}")
+    assert gap_s < TWO_GROUP_MAX_GAP_S, gap_s
 
 
 def test_three_controllers_survive_the_leader_and_the_master_dying(procs: ProcessGroup) -> None:
