@@ -4,6 +4,9 @@ Run as ``python sdk5_driver.py '<json args>'`` with PYTHONPATH naming the SDK's 
 (its import name ``rocketmq`` is also the 4.x C++ client's). Every event is one JSON line appended to
 ``args["out"]``; the last line is ``{"done": ...}`` with a summary.
 
+Every verb takes ``ak``/``sk`` (credentials, default none) and ``tls`` (the SDK's tls_enable; the SDK trusts
+the CAs of GRPC_DEFAULT_SSL_ROOTS_FILE_PATH).
+
 Verbs (``args["verb"]``):
 
 * ``produce``: ``count`` messages to ``topic``, bodies ``<prefix>-<seq>``; optional ``groups`` (message
@@ -35,11 +38,17 @@ def message_record(m: Any) -> dict[str, Any]:
             "props": dict(m.properties or {}), "topic": m.topic, "t": time.time()}
 
 
-def produce(a: dict[str, Any]) -> dict[str, Any]:
-    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+def client_config(a: dict[str, Any]) -> Any:
+    from rocketmq import ClientConfiguration, Credentials
 
-    producer = Producer(ClientConfiguration(a["endpoints"], Credentials(), request_timeout=a.get("rpc_s", 10)),
-                        (a["topic"],))
+    return ClientConfiguration(a["endpoints"], Credentials(a.get("ak", ""), a.get("sk", "")),
+                               request_timeout=a.get("rpc_s", 10))
+
+
+def produce(a: dict[str, Any]) -> dict[str, Any]:
+    from rocketmq import Message, Producer
+
+    producer = Producer(client_config(a), (a["topic"],), tls_enable=a.get("tls", False))
     producer.startup()
     ok = 0
     try:
@@ -70,11 +79,11 @@ def produce(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def simple(a: dict[str, Any]) -> dict[str, Any]:
-    from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
+    from rocketmq import FilterExpression, SimpleConsumer
 
     expr = FilterExpression(a.get("expression", "*"))
-    consumer = SimpleConsumer(ClientConfiguration(a["endpoints"], Credentials(), request_timeout=a.get("rpc_s", 10)),
-                              a["group"], {a["topic"]: expr}, await_duration=a.get("await_s", 2))
+    consumer = SimpleConsumer(client_config(a), a["group"], {a["topic"]: expr}, await_duration=a.get("await_s", 2),
+                              tls_enable=a.get("tls", False))
     consumer.startup()
     acked = received = 0
     ack_every = a.get("ack_every", 1)
@@ -109,14 +118,7 @@ def simple(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def push(a: dict[str, Any]) -> dict[str, Any]:
-    from rocketmq import (
-        ClientConfiguration,
-        ConsumeResult,
-        Credentials,
-        FilterExpression,
-        MessageListener,
-        PushConsumer,
-    )
+    from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
 
     count = {"n": 0}
     done = threading.Event()
@@ -131,8 +133,8 @@ def push(a: dict[str, Any]) -> dict[str, Any]:
                     done.set()
             return ConsumeResult.SUCCESS
 
-    consumer = PushConsumer(ClientConfiguration(a["endpoints"], Credentials(), request_timeout=a.get("rpc_s", 10)),
-                            a["group"], Listener(), {a["topic"]: FilterExpression(a.get("expression", "*"))})
+    consumer = PushConsumer(client_config(a), a["group"], Listener(),
+                            {a["topic"]: FilterExpression(a.get("expression", "*"))}, tls_enable=a.get("tls", False))
     consumer.startup()
     try:
         done.wait(a["timeout_s"])

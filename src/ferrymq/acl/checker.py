@@ -126,12 +126,26 @@ def _owned(account: Account, need: Need) -> Perm:
 
 
 def _missing(account: Account, needs: list[Need], code: int) -> str | None:
+    return missing_right(account, needs, f"request code {code}")
+
+
+def missing_right(account: Account, needs: list[Need], what: str) -> str | None:
+    """None when ``account`` has every right of ``needs``, else the reason naming the first one missing
+    (``what`` names the request in it)."""
     for need in needs:
         if not grants(_owned(account, need), need.perm):
             kind = "group" if need.is_group else "topic"
             return (f"AccessKey {account.access_key} has no {need.perm.name} permission on {kind} {need.name} "
-                    f"(request code {code})")
+                    f"({what})")
     return None
+
+
+def is_white(acl: AclConfig, peer_ip: str, account: Account | None) -> bool:
+    """Whether ``peer_ip`` skips the signature and rights checks: a global white address, or the account's
+    own ``whiteRemoteAddress``."""
+    if any(matcher(peer_ip) for matcher in acl.global_white):
+        return True
+    return account is not None and account.white_remote_address is not None and account.white_remote_address(peer_ip)
 
 
 def _caller(acl: AclConfig, peer_ip: str, cmd: RemotingCommand) -> Account | None:

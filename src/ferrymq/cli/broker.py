@@ -75,16 +75,19 @@ async def _run(config_path: str, namesrv: str | None) -> None:
 async def _start_grpc(ctl: Any) -> Any:
     """The gRPC proxy in the broker process, finding brokers through this broker's name servers."""
     from ferrymq.proxy.config import ProxyConfig
-    from ferrymq.proxy.server import ProxyServer
+    from ferrymq.proxy.server import ProxyServer, admin_credentials, guard_source
 
     cfg = ctl.config
     if not cfg.namesrv_addr:
         raise ConfigError("enableGrpcServer", "the gRPC endpoint needs namesrvAddr")
+    guard = ctl.acl_guard  # aclEnable: 5.x clients are checked against the broker's own plain_acl.yml
+    access_key, secret_key = admin_credentials(guard.acl) if guard is not None else ("", "")
     server = ProxyServer(ProxyConfig(
         ";".join(cfg.namesrv_addr), listen_host=cfg.listen_host, listen_port=cfg.grpc_server_port,
         delay_levels_ms=tuple(ctl.delay_levels_ms), max_delivery_attempts=cfg.grpc_max_delivery_attempts,
         fifo_groups=frozenset(g.strip() for g in cfg.grpc_fifo_groups.split(",") if g.strip()),
-        tls=cfg.tls_client))
+        tls=cfg.tls_client, tls_server=cfg.tls_server, access_key=access_key, secret_key=secret_key),
+        acl_source=guard_source(guard) if guard is not None else None)
     await server.start()
     click.echo(f"ferrymq gRPC endpoint serving on {cfg.listen_host}:{server.port}")
     return server

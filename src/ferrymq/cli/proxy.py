@@ -7,13 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
+from typing import Any
 
 import click
 
 from ferrymq.cli.broker import EXIT_CONFIG_ERROR, LOG_LEVELS, event_loop_factory, wait_for_signal
 from ferrymq.common import logthrottle
 from ferrymq.errors import ConfigError, FerryError
+
+
+def _tls_of(path: str) -> tuple[Any, Any]:
+    """(server, client) TLS settings of a ``--tls-config`` properties file (relative paths from its folder)."""
+    if not path:
+        return None, None
+    from ferrymq.common import tls
+    from ferrymq.common.properties import parse_properties, read_config_text
+
+    props = parse_properties(read_config_text(path, "--tls-config"))
+    base_dir = os.path.dirname(os.path.abspath(path))
+    return tls.server_settings(props, base_dir), tls.client_settings(props, base_dir)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -46,9 +60,13 @@ async def _run(config: object) -> None:
               help="deliveries before a message moves to %DLQ%<group> (default 17)")
 @click.option("--access-key", default="", help="ACL credentials of the proxy's calls to the brokers")
 @click.option("--secret-key", default="")
+@click.option("--acl-file", default="", help="plain_acl.yml: check 5.x clients' signatures and rights against it")
+@click.option("--tls-config", default="",
+              help="properties file with the remoting TLS keys (tlsServerMode, tls.server.*: the gRPC port; "
+                   "tlsEnable, tls.client.*: the proxy's calls to name servers and brokers)")
 @click.option("--log-level", default="INFO", show_default=True)
 def command(namesrv: str, listen: str, fifo_groups: tuple[str, ...], max_delivery_attempts: int | None,
-            access_key: str, secret_key: str, log_level: str) -> None:
+            access_key: str, secret_key: str, acl_file: str, tls_config: str, log_level: str) -> None:
     """Serve RocketMQ 5 clients (gRPC, apache.rocketmq.v2) in front of the brokers the name servers know."""
     from ferrymq.proxy.config import DEFAULT_MAX_DELIVERY_ATTEMPTS, ProxyConfig
 
@@ -58,10 +76,12 @@ def command(namesrv: str, listen: str, fifo_groups: tuple[str, ...], max_deliver
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logthrottle.install()
-    config = ProxyConfig(namesrv, listen_host=host, listen_port=port, fifo_groups=frozenset(fifo_groups),
-                         max_delivery_attempts=max_delivery_attempts or DEFAULT_MAX_DELIVERY_ATTEMPTS,
-                         access_key=access_key, secret_key=secret_key)
     try:
+        tls_server, tls_client = _tls_of(tls_config)
+        config = ProxyConfig(namesrv, listen_host=host, listen_port=port, fifo_groups=frozenset(fifo_groups),
+                             max_delivery_attempts=max_delivery_attempts or DEFAULT_MAX_DELIVERY_ATTEMPTS,
+                             access_key=access_key, secret_key=secret_key, acl_path=acl_file,
+                             tls_server=tls_server, tls=tls_client)
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(_run(config))
     except ConfigError as exc:

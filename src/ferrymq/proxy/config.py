@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ferrymq.common.tls import TlsClientSettings
+from ferrymq.common.tls import TlsClientSettings, TlsServerSettings
 from ferrymq.proxy.translate import DEFAULT_DELAY_LEVELS_MS
 
 #: gRPC port of RocketMQ's proxy (``grpcServerPort``)
@@ -37,6 +37,11 @@ class ProxyConfig:
     access_key: str = ""
     secret_key: str = ""
     tls: TlsClientSettings | None = None
+    #: TLS of the gRPC port itself (the remoting port's settings: tlsServerMode, tls.server.*); None: plain
+    tls_server: TlsServerSettings | None = None
+    #: plain_acl.yml checked against 5.x clients' signatures (""; no check, unless the broker hands its own
+    #: ACL to local mode)
+    acl_path: str = ""
 
     def validate(self) -> None:
         from ferrymq.errors import ConfigError

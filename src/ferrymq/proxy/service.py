@@ -13,12 +13,13 @@ import heapq
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from ferrymq.acl.config import AclConfig
 from ferrymq.client import api, routes
 from ferrymq.client.config import ClientConfig, parse_name_servers
 from ferrymq.client.consumer.core import ConsumerCore
@@ -30,6 +31,7 @@ from ferrymq.common.route import MessageQueue as RemotingQueue
 from ferrymq.common.route import TopicRouteData
 from ferrymq.errors import FerryError, TopicNotExistError
 from ferrymq.proxy import translate as tr
+from ferrymq.proxy.auth import GrpcAuth
 from ferrymq.proxy.config import ProxyConfig
 from ferrymq.proxy.pop import PopQueue, SerialSource
 from ferrymq.proxy.v2 import definition_pb2 as pb
@@ -107,8 +109,11 @@ PopKey = tuple[str, str, str, int]  # group, topic, broker name, queue id
 
 
 class MessagingService(sgrpc.MessagingServiceServicer):
-    def __init__(self, config: ProxyConfig, *, clock_ms: Any = None) -> None:
+    def __init__(self, config: ProxyConfig, *, clock_ms: Any = None,
+                 acl_source: Callable[[], AclConfig | None] | None = None) -> None:
         self.config = config
+        #: checks 5.x clients' signatures and rights (acl_source None: no ACL, every call runs)
+        self.auth = GrpcAuth(acl_source or (lambda: None))
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         client_config = ClientConfig(parse_name_servers(config.namesrv_addr), access_key=config.access_key,
                                      secret_key=config.secret_key, tls=config.tls)
@@ -157,6 +162,16 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 return str(value)
         return ""
 
+    def _denied(self, rpc: str, request: Any, context: Any) -> pb.Status | None:
+        """The status refusing ``request`` under the ACL (auth.py), None when it may run."""
+        if not self.auth.enabled:
+            return None
+        denial = self.auth.check(rpc, context.invocation_metadata() or (), context.peer(), request)
+        if denial is None:
+            return None
+        log.debug("%s refused: %s", rpc, denial.message)
+        return denial.status()
+
     def _core(self, group: str) -> ConsumerCore:
         core = self._cores.get(group)
         if core is None:
@@ -181,6 +196,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     # ---- QueryRoute ------------------------------------------------------------------------------------
     async def QueryRoute(self, request: spb.QueryRouteRequest, context: Any) -> spb.QueryRouteResponse:
+        denied = self._denied("QueryRoute", request, context)
+        if denied is not None:
+            return spb.QueryRouteResponse(status=denied)
         topic = request.topic.name
         if not topic:
             return spb.QueryRouteResponse(status=tr.status(pb.ILLEGAL_TOPIC, "topic is empty"))
@@ -217,6 +235,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     # ---- Heartbeat / NotifyClientTermination ------------------------------------------------------------
     async def Heartbeat(self, request: spb.HeartbeatRequest, context: Any) -> spb.HeartbeatResponse:
+        denied = self._denied("Heartbeat", request, context)
+        if denied is not None:
+            return spb.HeartbeatResponse(status=denied)
         info = self._clients.setdefault(self._client_id(context), _ClientInfo())
         info.client_type = request.client_type
         if request.HasField("group") and request.group.name:
@@ -225,6 +246,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
                                       context: Any) -> spb.NotifyClientTerminationResponse:
+        denied = self._denied("NotifyClientTermination", request, context)
+        if denied is not None:
+            return spb.NotifyClientTerminationResponse(status=denied)
         self._clients.pop(self._client_id(context), None)
         return spb.NotifyClientTerminationResponse(status=tr.status())
 
@@ -233,6 +257,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                         context: Any) -> AsyncIterator[spb.TelemetryCommand]:
         client_id = self._client_id(context)
         async for command in request_iterator:
+            denied = self._denied("Telemetry", command, context)
+            if denied is not None:
+                yield spb.TelemetryCommand(status=denied)
+                continue
             which = command.WhichOneof("command")
             if which == "settings":
                 yield spb.TelemetryCommand(status=tr.status(), settings=self.settings_for(client_id, command.settings))
@@ -283,6 +311,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     # ---- SendMessage -------------------------------------------------------------------------------------
     async def SendMessage(self, request: spb.SendMessageRequest, context: Any) -> spb.SendMessageResponse:
+        denied = self._denied("SendMessage", request, context)
+        if denied is not None:
+            return spb.SendMessageResponse(status=denied)
         if not request.messages:
             return spb.SendMessageResponse(status=tr.status(pb.BAD_REQUEST, "no message to send"))
         entries = [await self._send_one(m) for m in request.messages]
@@ -320,6 +351,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                               context: Any) -> spb.QueryAssignmentResponse:
         """One assignment per broker group with readable queues (a ReceiveMessage pops from every queue of
         its broker group, as RocketMQ's proxy does)."""
+        denied = self._denied("QueryAssignment", request, context)
+        if denied is not None:
+            return spb.QueryAssignmentResponse(status=denied)
         topic = request.topic.name
         try:
             route = await self._route(topic)
@@ -340,6 +374,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                              context: Any) -> AsyncIterator[spb.ReceiveMessageResponse]:
         group, topic = request.group.name, request.message_queue.topic.name
         broker_name = request.message_queue.broker.name
+        denied = self._denied("ReceiveMessage", request, context)
+        if denied is not None:
+            yield spb.ReceiveMessageResponse(status=denied)
+            return
         if not group:
             yield spb.ReceiveMessageResponse(status=tr.status(pb.ILLEGAL_CONSUMER_GROUP, "consumer group is empty"))
             return
@@ -492,6 +530,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         return key, pq, handle
 
     async def AckMessage(self, request: spb.AckMessageRequest, context: Any) -> spb.AckMessageResponse:
+        denied = self._denied("AckMessage", request, context)
+        if denied is not None:
+            return spb.AckMessageResponse(status=denied)
         group, topic = request.group.name, request.topic.name
         results = []
         for entry in request.entries:
@@ -518,6 +559,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     async def ChangeInvisibleDuration(self, request: spb.ChangeInvisibleDurationRequest,
                                       context: Any) -> spb.ChangeInvisibleDurationResponse:
+        denied = self._denied("ChangeInvisibleDuration", request, context)
+        if denied is not None:
+            return spb.ChangeInvisibleDurationResponse(status=denied)
         try:
             _, pq, handle = self._held(request.group.name, request.topic.name, request.receipt_handle)
             duration = tr.duration_ms(request.invisible_duration)
@@ -538,6 +582,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     async def ForwardMessageToDeadLetterQueue(self, request: spb.ForwardMessageToDeadLetterQueueRequest,
                                               context: Any) -> spb.ForwardMessageToDeadLetterQueueResponse:
+        denied = self._denied("ForwardMessageToDeadLetterQueue", request, context)
+        if denied is not None:
+            return spb.ForwardMessageToDeadLetterQueueResponse(status=denied)
         try:
             key, pq, handle = self._held(request.group.name, request.topic.name, request.receipt_handle)
             entry = pq.entries.get(handle.queue_offset)
