@@ -4,6 +4,7 @@ of message bodies, beside the same DataFrame written to parquet in the same Spar
     python benchmarks/spark_write.py                  # 300k x 1 KiB rows, own name server + 1 broker
     python benchmarks/spark_write.py -n 100000 --size 100
     python benchmarks/spark_write.py --key            # rows carry a key: placed by key hash
+    python benchmarks/spark_write.py --exactly-once   # and the exactly-once sink (exactlyOnce=true) beside it
 
 The DataFrame is built once and cached (in the JVM) before the timed rounds, so the rounds time the sink alone:
 Arrow hand-off to Python, message building, SEND_BATCH requests per queue, the broker's store. Every round
@@ -39,6 +40,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=2, help="DataFrame partitions (writer tasks)")
     parser.add_argument("--key", action="store_true", help="give every row a key (key-hash placement)")
+    parser.add_argument("--exactly-once", action="store_true", help="also time the exactly-once sink")
     parser.add_argument("--broker-conf", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
 
@@ -64,12 +66,20 @@ def main() -> int:
         df.write.mode("overwrite").parquet(str(base / "warm-up"))
 
         body_mb = args.rows * args.size / MB
+        eos_opts = {**opts, "exactlyOnce": "true"}
+        if args.exactly_once:
+            df.write.format("rocketmq").options(**eos_opts).mode("append").save()
         rocket_s: list[float] = []
+        eos_s: list[float] = []
         parquet_s: list[float] = []
         for rnd in range(args.rounds):
             started = time.perf_counter()
             df.write.format("rocketmq").options(**opts).mode("append").save()
             rocket_s.append(time.perf_counter() - started)
+            if args.exactly_once:
+                started = time.perf_counter()
+                df.write.format("rocketmq").options(**eos_opts).mode("append").save()
+                eos_s.append(time.perf_counter() - started)
             out = base / f"pq{rnd}"
             started = time.perf_counter()
             df.write.mode("overwrite").parquet(str(out))
@@ -83,6 +93,9 @@ def main() -> int:
 
         print(f"\n{'pipeline':<28}{'rows':>10}{'med s':>9}{'MB/s':>10}{'rows/s':>12}   rounds (MB/s)")
         print(line("cached df -> rocketmq", rocket_s))
+        if eos_s:
+            print(line("cached df -> rocketmq (EOS)", eos_s))
+            print(f"exactly-once / at-least-once throughput: {statistics.median(rocket_s) / statistics.median(eos_s):.2f}x")
         print(line("cached df -> parquet", parquet_s))
         print(f"rows of {args.size} B{' with a key' if args.key else ''}, {args.partitions} writer tasks, "
               f"{args.master}; MB = 10^6 bytes of message bodies")
