@@ -175,10 +175,11 @@ async def _act_in_chromium(tmp: Path, base: str, ns: str, master: Any, slave: An
                 await _dlq_resend(page, base, admin, sent[0])
                 await _message_search(page, base)
                 await _producers_and_config(page, base, admin, master.addr)
-                await _hung_then_dead_slave(page, base, slave)
                 await _deletes(page, base, admin)
                 await page.click("#logout")
                 await _read_only(page, base, admin)
+                await _hung_then_dead_slave(page, base, slave)
+                await _killed_master(page, base, master)
         finally:
             await live.close()
             await live_producer.close()
@@ -322,13 +323,24 @@ async def _hung_then_dead_slave(page: Page, base: str, slave: Any) -> None:
     finally:
         slave.proc.kill()  # and now dead
 
-    async def dead_row() -> bool:
-        await page.goto(f"{base}/")
-        return bool(await page.eval(f"!!document.querySelector('tr.dead[data-addr=\"{slave.addr}\"]')"))
-    await _until(dead_row, "the killed slave's row, red", 40)
+    await _until(lambda: _dead_row(page, base, slave.addr), "the killed slave's row, red", 40)
     assert "DEAD" in await page.text()
     await page.goto(f"{base}/overview")
     assert await page.eval("document.getElementById('dead-brokers').textContent") == "1"
+
+
+async def _dead_row(page: Page, base: str, addr: str) -> bool:
+    await page.goto(f"{base}/")
+    return bool(await page.eval(f"!!document.querySelector('tr.dead[data-addr=\"{addr}\"]')"))
+
+
+async def _killed_master(page: Page, base: str, master: Any) -> None:
+    """docs/operations.md: "the console shows the master's row in red" (the name server forgets it at once)."""
+    master.kill()
+    await _until(lambda: _dead_row(page, base, master.addr), "the killed master's row, red", 40)
+    assert await _dead_row(page, base, master.addr)
+    await page.goto(f"{base}/overview")
+    assert await page.eval("document.getElementById('dead-brokers').textContent") == "2"
 
 
 async def _has(samples: Callable[[], Awaitable[dict[str, Any]]], series: str) -> bool:
