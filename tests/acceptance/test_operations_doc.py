@@ -64,6 +64,7 @@ RUN_HERE: dict[str, list[list[str]]] = {
     "ferry consumer status -g G -i CLIENT_ID": [["consumer", "status", "-g", GROUP, "-i", "{client_id}"]],
     "ferry consumer topics -g G": [["consumer", "topics", "-g", GROUP]],
     "ferry consumer config -g G": [["consumer", "config", "-g", GROUP]],
+    "ferry stats all [-t T] [--active]": [["stats", "all"], ["stats", "all", "-t", TOPIC, "--active"]],
     "ferry topic who-consumes -t T": [["topic", "who-consumes", "-t", TOPIC]],
     "ferry producer connection -g G": [["producer", "connection", "-g", PRODUCER_GROUP]],
     "ferry producer all -b ADDR": [["producer", "all", "-b", "{addr}"]],

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from broker_helpers import Client, send_v1, wait_for
+from broker_helpers import Client, pull, send_v1, wait_for
 
 from ferrymq.broker.runtime_config import RUNTIME_KEYS
 from ferrymq.client.jsonmq import loads_mq_keys, mq_keyed_map
@@ -205,6 +205,11 @@ async def test_broker_offset_topic_list_cleanup_and_stats(broker, client: Client
     assert set(jsonx.loads(resp.body)) == {"statsMinute", "statsHour", "statsDay"}
     resp = await client.call(C.VIEW_BROKER_STATS_DATA, {"statsName": "GROUP_GET_NUMS", "statsKey": "x"})
     assert resp.code == R.SYSTEM_ERROR and "GROUP_GET_NUMS" in (resp.remark or "")
+    resp = await client.call(C.PULL_MESSAGE, pull("StatT", group="stat-g", suspend_ms=0, sys_flag=4))
+    assert resp.code == R.SUCCESS, resp.remark
+    resp = await client.call(C.VIEW_BROKER_STATS_DATA, {"statsName": "GROUP_GET_NUMS", "statsKey": "StatT@stat-g"})
+    got = jsonx.loads(resp.body)
+    assert resp.code == R.SUCCESS and got["statsMinute"]["sum"] == 3 and got["statsMinute"]["tps"] > 0
 
     resp = await client.call(C.GET_BROKER_CONSUME_STATS, {"isOrder": "false"})
     assert resp.code == R.SUCCESS

@@ -115,3 +115,24 @@ async def test_print_messages_by_queue_and_time(ns_addr: str) -> None:
     assert code == 0 and len(out.splitlines()) == 3
     code, _, err = await ferry("message", "print", "-n", ns_addr, "-t", "PrintT", "--begin", "yesterday")
     assert code == 2
+
+
+async def test_stats_all_counts_a_topic_and_its_group(ns_addr: str) -> None:
+    async with Admin(ns_addr) as admin:
+        await admin.create_topic("StatsAllT", read_queue_nums=1, write_queue_nums=1)
+        await admin.wait_for_route("StatsAllT")
+        async with Producer(ns_addr, "statsall-producer") as producer:
+            for i in range(4):
+                await producer.send(new_message("StatsAllT", b"s%d" % i))
+        core = ConsumerCore(admin.instance, "statsall-group")
+        mq = MessageQueue("StatsAllT", "broker-a", 0)
+        result = await core.pull(mq, 0, 32, timeout_ms=3000)
+        assert len(result.messages) == 4
+        await core.commit_offset(mq, 4)
+    rows = await ferry_json("stats", "all", "-n", ns_addr, "-t", "StatsAllT")
+    assert [(r["group"], r["inTotal"], r["outTotal"]) for r in rows] == [  # type: ignore[index,union-attr]
+        ("statsall-group", 4, 4)]
+    assert rows[0]["inTps"] > 0 and rows[0]["outTps"] > 0  # type: ignore[index]
+    everything = await ferry_json("stats", "all", "-n", ns_addr)
+    assert "StatsAllT" in {r["topic"] for r in everything}  # type: ignore[index,union-attr]
+    assert not any(r["topic"].startswith(("%RETRY%", "TBW102")) for r in everything)  # type: ignore[index,union-attr]

@@ -105,6 +105,14 @@ class MinuteRates:
         while len(s) > 1 and s[1][0] <= now_ms - KEYED_RATE_WINDOW_MS:
             s.popleft()
 
+    def rate(self, index: int, key: Any, now_ms: int) -> float:
+        """Per second over the window, of table ``index`` (``MINUTE_*``) and one key."""
+        at_ms, snaps = self.base(now_ms)
+        elapsed_ms = now_ms - at_ms
+        if elapsed_ms <= 0:
+            return 0.0
+        return (self.tables[index].get(key, 0) - snaps[index].get(key, 0)) * 1000.0 / elapsed_ms
+
     def base(self, now_ms: int) -> tuple[int, tuple[dict[Any, int], ...]]:
         """(time, snapshots) of the oldest sample no older than the window (the newest if all are older)."""
         for snap in self._snaps:

@@ -28,6 +28,7 @@ COMMANDS = {
     "namesrv-config": "namesrv_config",
     "console": "console",
     "bench": "bench",
+    "stats": "stats",
     "proxy": "proxy",
 }
 

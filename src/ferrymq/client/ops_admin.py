@@ -8,6 +8,7 @@ a broker's status and consumption summary, a group's subscription config, and me
 | broker_consume_stats  | brokerConsumeStats       | 317 GET_BROKER_CONSUME_STATS                     |
 | group_config          | getConsumerConfig        | 201 GET_ALL_SUBSCRIPTIONGROUP_CONFIG (each master) |
 | messages_in_range     | printMsg, printMsgByQueue | 11 PULL_MESSAGE per queue                        |
+| stats_all             | statsAll                 | 300 QUERY_TOPIC_CONSUME_BY_WHO, 315 VIEW_BROKER_STATS_DATA (TOPIC_PUT_NUMS, GROUP_GET_NUMS) |
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ferrymq.client.admin import Admin
 from ferrymq.client.jsonmq import loads_mq_keys, mq_table_entries
 from ferrymq.common.message import MessageExt
 from ferrymq.common.topic import PERM_INHERIT, PERM_READ, PERM_WRITE, TopicConfig
-from ferrymq.errors import ClientError
+from ferrymq.errors import ClientError, TopicNotExistError
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
@@ -139,3 +140,48 @@ async def messages_in_range(admin: Admin, topic: str, *, broker_name: str | None
                     return
             else:
                 next_offset = result.next_begin_offset
+
+
+async def _keyed_stats(admin: Admin, addr: str, name: str, key: str) -> tuple[int, float]:
+    """(total since the broker started, rate over the last minute) of one VIEW_BROKER_STATS_DATA key; (0, 0.0)
+    where the broker has not counted the key."""
+    resp = await admin.instance.invoke(addr, RemotingCommand.request(
+        RequestCode.VIEW_BROKER_STATS_DATA, {"statsName": name, "statsKey": key}))
+    if resp.code != 0 or not resp.body:
+        return 0, 0.0
+    minute = (jsonx.loads(resp.body) or {}).get("statsMinute") or {}
+    return int(minute.get("sum", 0)), float(minute.get("tps", 0.0))
+
+
+async def stats_all(admin: Admin, *, topic: str | None = None, active_only: bool = False) -> list[dict[str, Any]]:
+    """Per topic and consuming group, summed over the topic's masters: messages put and got since each broker
+    started and their rates over the last minute (mqadmin statsAll; RocketMQ's 24-hour counts are totals since
+    start here). System, retry and dead-letter topics are left out unless named."""
+    from ferrymq.client import ops
+    from ferrymq.common.topic import is_sys_topic
+
+    topics = [topic] if topic else [t for t in await admin.topic_list()
+                                     if not is_sys_topic(t) and not t.startswith(("%RETRY%", "%DLQ%"))]
+    master_of = {b.broker_name: b.addr for b in await admin.brokers(masters_only=True)}
+    rows: list[dict[str, Any]] = []
+    for t in topics:
+        try:
+            route = await admin.topic_route(t)
+        except TopicNotExistError:
+            continue
+        masters = [master_of[qd.broker_name] for qd in route.queue_datas if qd.broker_name in master_of]
+        put_total, put_tps = 0, 0.0
+        for addr in masters:
+            n, tps = await _keyed_stats(admin, addr, "TOPIC_PUT_NUMS", t)
+            put_total, put_tps = put_total + n, put_tps + tps
+        groups = await ops.groups_consuming(admin, t)
+        for group in groups or [""]:
+            get_total, get_tps = 0, 0.0
+            for addr in masters if group else []:
+                n, tps = await _keyed_stats(admin, addr, "GROUP_GET_NUMS", f"{t}@{group}")
+                get_total, get_tps = get_total + n, get_tps + tps
+            if active_only and not (put_tps or get_tps):
+                continue
+            rows.append({"topic": t, "group": group, "inTps": round(put_tps, 2), "outTps": round(get_tps, 2),
+                         "inTotal": put_total, "outTotal": get_total})
+    return rows

@@ -27,10 +27,11 @@ QUERY_TOPIC_CONSUME_BY_WHO: the groups with committed offsets for the topic and 
 subscribing to it. QUERY_TOPICS_BY_CONSUMER: the topics the group has committed offsets for, and those its
 online consumers subscribe to.
 
-VIEW_BROKER_STATS_DATA knows TOPIC_PUT_NUMS / TOPIC_PUT_SIZE (key: topic) and BROKER_PUT_NUMS /
-BROKER_GET_NUMS (key: cluster name): ``sum`` is the count since start (RocketMQ: in the last minute/hour/day;
-ferrymq keeps totals and broker-wide rates only), ``tps`` the broker-wide 10 s / 1 min / 10 min rate for the
-BROKER_* names and 0 otherwise, ``avgpt`` 0. Other names: SYSTEM_ERROR naming it.
+VIEW_BROKER_STATS_DATA knows TOPIC_PUT_NUMS / TOPIC_PUT_SIZE (key: topic), GROUP_GET_NUMS / GROUP_GET_SIZE
+(key: ``topic@group``) and BROKER_PUT_NUMS / BROKER_GET_NUMS (key: cluster name): ``sum`` is the count since start
+(RocketMQ: in the last minute/hour/day; ferrymq keeps totals), ``tps`` the broker-wide 10 s / 1 min / 10 min rate
+for the BROKER_* names and the key's rate over the last minute (in all three periods) for the others, ``avgpt``
+0. Other names: SYSTEM_ERROR naming it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.headers import get_int, get_str
+from ferrymq.broker.stats import MINUTE_GET_BYTES, MINUTE_GET_MSGS, MINUTE_PUT_BYTES, MINUTE_PUT_MSGS
 from ferrymq.common.topic import is_sys_topic
 from ferrymq.errors import ProtocolError
 from ferrymq.remoting import jsonx
@@ -64,6 +66,13 @@ STATS_TOPIC_PUT_NUMS = "TOPIC_PUT_NUMS"
 STATS_TOPIC_PUT_SIZE = "TOPIC_PUT_SIZE"
 STATS_BROKER_PUT_NUMS = "BROKER_PUT_NUMS"
 STATS_BROKER_GET_NUMS = "BROKER_GET_NUMS"
+STATS_GROUP_GET_NUMS = "GROUP_GET_NUMS"
+STATS_GROUP_GET_SIZE = "GROUP_GET_SIZE"
+#: keyed stats name -> (BrokerStats.minute table index, key is "topic@group")
+_KEYED_STATS: dict[str, tuple[int, bool]] = {
+    STATS_TOPIC_PUT_NUMS: (MINUTE_PUT_MSGS, False), STATS_TOPIC_PUT_SIZE: (MINUTE_PUT_BYTES, False),
+    STATS_GROUP_GET_NUMS: (MINUTE_GET_MSGS, True), STATS_GROUP_GET_SIZE: (MINUTE_GET_BYTES, True),
+}
 
 
 def _true(value: str | None) -> bool:
@@ -233,10 +242,19 @@ class OpsProcessor:
         key = cmd.ext_fields.get("statsKey") or ""
         stats = self.ctx.stats
         rates: tuple[float, ...] = (0.0, 0.0, 0.0)
-        if name == STATS_TOPIC_PUT_NUMS and key in stats.put_msgs_by_topic:
-            total = stats.put_msgs_by_topic[key]
-        elif name == STATS_TOPIC_PUT_SIZE and key in stats.put_bytes_by_topic:
-            total = stats.put_bytes_by_topic[key]
+        keyed = _KEYED_STATS.get(name)
+        if keyed is not None:
+            table, topic_key = keyed
+            lookup: Any = key
+            if topic_key:  # GROUP_GET_*: key "topic@group", RocketMQ's statsKey of the group stats
+                topic, sep, group = key.partition("@")
+                lookup = (topic, group) if sep else None
+            totals = stats.minute.tables[table]
+            if lookup not in totals:
+                return cmd.response(R.SYSTEM_ERROR, remark=f"The stats <{name}> <{key}> not exist")
+            total = totals[lookup]
+            minute_rate = stats.minute.rate(table, lookup, stats.clock_ms())
+            rates = (minute_rate, minute_rate, minute_rate)
         elif name == STATS_BROKER_PUT_NUMS and key == self.ctx.config.broker_cluster_name:
             total, rates = stats.put_msgs_total, stats.put_tps()
         elif name == STATS_BROKER_GET_NUMS and key == self.ctx.config.broker_cluster_name:
