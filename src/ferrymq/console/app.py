@@ -82,6 +82,8 @@ SESSION_COOKIE = "ferrymq_session"
 #: the double-submit cookie of the log-in form (it has no session yet to hold a CSRF token)
 LOGIN_COOKIE = "ferrymq_login"
 CSRF_FIELD = "csrf_token"
+#: password checks (scrypt, in worker threads) running at once; further log-ins wait their turn
+PASSWORD_CHECKS_AT_ONCE = 2
 #: where a log-in lands without a (safe) next page
 DEFAULT_LANDING = "/overview"
 #: bytes of a message body shown on a page (the rest is counted, not shown)
@@ -101,6 +103,7 @@ class AccessConfig:
     #: mark the session cookie Secure (the console is reached through a TLS-terminating proxy)
     secure_cookie: bool = False
     clock: Callable[[], float] = time.monotonic
+    kdf_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(PASSWORD_CHECKS_AT_ONCE))
 
     @property
     def logins(self) -> bool:
@@ -252,8 +255,10 @@ async def login_submit(request: web.Request) -> web.Response:
     if not cfg.throttle.allowed(name, now):
         return _login_form(request, "too many failed log-ins for this user: wait a minute", 429, next_path)
     user = cfg.users.get(name)
-    # the KDF runs in a thread (tens of ms): the event loop keeps serving; an unknown user costs the same
-    ok = await asyncio.to_thread(_password_ok, user, password)
+    # the KDF runs in a thread (~0.1 s of one core): the event loop keeps serving; an unknown user costs the same; a few
+    # at a time, so a flood of log-ins queues instead of taking every core
+    async with cfg.kdf_slots:
+        ok = await asyncio.to_thread(_password_ok, user, password)
     if user is None or not ok:
         cfg.throttle.failed(name, now)
         return _login_form(request, "wrong user name or password", 401, next_path)
