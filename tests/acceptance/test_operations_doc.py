@@ -39,6 +39,7 @@ RUN_ELSEWHERE = {
     "ferry controller metadata": "tests/acceptance/test_controller.py",
     "ferry controller sync-state-set -b NAME": "tests/acceptance/test_controller.py",
     "ferry ha elect": "tests/acceptance/test_failover_controller.py",
+    "ferry broker epoch -b NAME": "tests/broker/test_controller_mode.py",
 }
 
 #: documented command -> the argument lists run here, in this order ({placeholders} filled in at run time)

@@ -15,10 +15,11 @@ from broker_helpers import Client, make_config, send_v1, wait_for
 from test_metrics import scrape
 
 from ferrymq.broker.app import BrokerController
+from ferrymq.client import Admin, ops_admin
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
-from ferrymq.remoting.connection import Connection, Dispatcher
+from ferrymq.remoting.connection import Connection, Dispatcher, connect
 from ferrymq.remoting.server import RemotingServer
 
 pytestmark = pytest.mark.asyncio
@@ -155,6 +156,25 @@ async def test_roles_epochs_sync_state_set_and_switchover(tmp_path: Path) -> Non
         await wait_for(lambda: b1.store.max_phy_offset == end2)
         assert r1.epoch_file.entries() == r2.epoch_file.entries()
         assert await _log_prefix(b1, end2) == await _log_prefix(b2, end2)
+        # GET_BROKER_EPOCH_CACHE (mqadmin getBrokerEpoch): each epoch's commit-log range
+        conn = await connect(b2.broker_addr, timeout_ms=3000)
+        try:
+            resp = await conn.invoke(RemotingCommand.request(RequestCode.GET_BROKER_EPOCH_CACHE), 3000)
+        finally:
+            conn.close()
+        body = orjson.loads(resp.body)
+        assert resp.code == ResponseCode.SUCCESS and body["brokerId"] == 2 and body["maxOffset"] == end2
+        assert body["epochList"] == [{"epoch": 1, "startOffset": 0, "endOffset": end1},
+                                     {"epoch": 2, "startOffset": end1, "endOffset": end2}]
+        # ... as `ferry broker epoch` reads it from every replica the name server lists (here: both)
+        async with Admin("127.0.0.1:1") as admin:
+            async def both() -> dict[str, Any]:
+                return {"brokerAddrTable": {"b": {"cluster": "c", "brokerAddrs": {0: b2.broker_addr,
+                                                                                  1: b1.broker_addr}}}}
+            admin.cluster_info = both  # type: ignore[method-assign]
+            rows = await ops_admin.broker_epochs(admin, "b")
+        assert [(r["replicaId"], r["epoch"], r["startOffset"], r["endOffset"]) for r in rows] == [
+            (2, 1, 0, end1), (2, 2, end1, end2), (1, 1, 0, end1), (1, 2, end1, end2)]
         # both serve the topic: the new master adopted it from its own queues if the config had not synced
         assert b2.topics.get("CtlTopic") is not None and b2.topics.get("CtlTopic").perm == 6
         await wait_for(lambda: b1.topics.get("CtlTopic") is not None)

@@ -218,3 +218,8 @@ async def test_broker_offset_topic_list_cleanup_and_stats(broker, client: Client
     [entry] = [e for e in body["consumeStatsList"] if "stat-g" in e]
     [stats] = entry["stat-g"]
     assert stats["offsetTable"]
+
+
+async def test_epoch_cache_of_a_classic_broker_says_it_keeps_none(client: Client) -> None:
+    resp = await client.call(C.GET_BROKER_EPOCH_CACHE)
+    assert resp.code == R.SYSTEM_ERROR and "not in controller mode" in (resp.remark or "")

@@ -108,6 +108,7 @@ RULES: tuple[Rule, ...] = (
     Rule(C.GET_BROKER_CONFIG, _SIGNED, fields=_f(), note="secret values (haSecret, any *secret*/*password* key) "
                                                           "are answered as ******"),
     Rule(C.GET_BROKER_RUNTIME_INFO, _SIGNED),
+    Rule(C.GET_BROKER_EPOCH_CACHE, _SIGNED, note="controller mode"),
     Rule(C.SEARCH_OFFSET_BY_TIMESTAMP, _SIGNED, numeric=("queueId", "timestamp")),
     Rule(C.GET_MAX_OFFSET, _SIGNED, numeric=("queueId",)),
     Rule(C.GET_MIN_OFFSET, _SIGNED, numeric=("queueId",)),

@@ -52,6 +52,7 @@ from ferrymq.broker.processors.client_manage import ClientManageProcessor
 from ferrymq.broker.processors.client_query import ClientQueryProcessor
 from ferrymq.broker.processors.consumer_manage import ConsumerManageProcessor
 from ferrymq.broker.processors.end_transaction import EndTransactionProcessor
+from ferrymq.broker.processors.epoch import EpochProcessor
 from ferrymq.broker.processors.lock import LockProcessor
 from ferrymq.broker.processors.ops import OpsProcessor
 from ferrymq.broker.processors.pull import PullProcessor
@@ -186,6 +187,7 @@ class BrokerController:
         OpsProcessor(self).register(self.dispatcher)
         ClientQueryProcessor(self).register(self.dispatcher)
         BrokerConfigProcessor(self).register(self.dispatcher)
+        EpochProcessor(self).register(self.dispatcher)
         self.long_polling: PullRequestHoldService = PullRequestHoldService(self.pull_processor.rerun,
                                                                            self.store.get_max_offset_in_queue)
         self.metrics_server = broker_metrics_server(self)  # None when metricsPort = -1

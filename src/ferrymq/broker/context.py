@@ -26,6 +26,7 @@ not replace them):
 | ``HasDelayLevels``  | ``schedule_max_level``, ``wake_schedule()`` | ``int``, ``() -> None`` |
 | ``HasAclGuard``     | ``acl_guard``        | ``AclGuard | None`` (None: aclEnable false) |
 | ``HasControllerRole`` | ``controller_role`` | ``WriteLease | None`` (None: classic mode) |
+| ``HasEpochSource``  | ``controller_role``  | ``EpochSource | None`` (its ``epoch_file``; None: classic mode) |
 | ``HasBrokerAddr``   | ``broker_addr``      | ``str`` (ip:port)                  |
 | ``HasPort``         | ``port``             | ``int`` (the listening port)       |
 | ``HasStoreHost``    | ``store_host``       | ``bytes`` (the records' store host) |
@@ -58,6 +59,7 @@ from ferrymq.broker.subscription_manager import SubscriptionGroupManager
 from ferrymq.broker.topic_manager import TopicManager
 from ferrymq.broker.transaction import TransactionService
 from ferrymq.broker.writer import MessageWriter
+from ferrymq.ha.epoch import EpochFile
 from ferrymq.store.config import StoreConfig
 from ferrymq.store.message_store import MessageStore
 
@@ -156,6 +158,18 @@ class HasControllerRole(Protocol):
     def controller_role(self) -> WriteLease | None: ...
 
 
+class EpochSource(Protocol):
+    """What the epoch-cache query reads of the controller-mode role: its epoch file."""
+
+    @property
+    def epoch_file(self) -> EpochFile: ...
+
+
+class HasEpochSource(Protocol):
+    @property
+    def controller_role(self) -> EpochSource | None: ...
+
+
 class HasBrokerAddr(Protocol):
     @property
     def broker_addr(self) -> str: ...
@@ -251,6 +265,10 @@ class AdminContext(HasConfig, HasTopics, HasGroups, HasOffsets, HasStore, HasCon
 class OpsContext(HasConfig, HasTopics, HasOffsets, HasStore, HasStats, HasConsumers, HasProducers, HasBrokerAddr,
                  Protocol):
     """processors/ops.py: operations codes (connections, consumption, offset reset and clone, cleanup, stats)."""
+
+
+class EpochContext(HasConfig, HasStore, HasEpochSource, Protocol):
+    pass
 
 
 class AclAdminContext(HasConfig, HasAclGuard, HasBrokerAddr, Protocol):

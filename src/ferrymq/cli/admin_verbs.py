@@ -1,5 +1,5 @@
 """mqadmin verbs beyond the daily ones, attached to their nouns: ``ferry topic update-perm`` (updateTopicPerm),
-``ferry broker status`` (brokerStatus) and ``consume-stats`` (brokerConsumeStats), ``ferry consumer config``
+``ferry broker status`` (brokerStatus), ``consume-stats`` (brokerConsumeStats) and ``epoch`` (getBrokerEpoch), ``ferry consumer config``
 (getConsumerConfig), ``ferry message print`` (printMsg / printMsgByQueue)."""
 
 from __future__ import annotations
@@ -71,6 +71,21 @@ def broker_consume_stats(namesrv: str, broker_addr: str, order: bool, as_json: b
          title=f"broker {broker_addr}, total lag {sum(r['lag'] for r in rows)}")
 
 
+@click.command("epoch")
+@namesrv_option
+@click.option("-b", "--broker-name", required=True, help="Broker group (brokerName), controller mode")
+@json_option
+def broker_epoch(namesrv: str, broker_name: str, as_json: bool) -> None:
+    """Each replica's master epochs and the commit-log range each wrote (mqadmin getBrokerEpoch)."""
+    from ferrymq.client import Admin, ops_admin
+
+    async def go() -> list[dict[str, Any]]:
+        async with Admin(namesrv) as admin:
+            return await ops_admin.broker_epochs(admin, broker_name)
+    emit(run(go()), ["replicaId", "addr", "epoch", "startOffset", "endOffset", "maxOffset"], as_json=as_json,
+         title=f"epochs of {broker_name}")
+
+
 @click.command("config")
 @namesrv_option
 @click.option("-g", "--group", required=True)
@@ -124,6 +139,6 @@ def print_messages(namesrv: str, topic: str, broker_name: str | None, queue_id: 
 
 
 TOPIC_VERBS: tuple[click.Command, ...] = (update_perm,)
-BROKER_VERBS: tuple[click.Command, ...] = (broker_status, broker_consume_stats)
+BROKER_VERBS: tuple[click.Command, ...] = (broker_status, broker_consume_stats, broker_epoch)
 CONSUMER_VERBS: tuple[click.Command, ...] = (consumer_config,)
 MESSAGE_VERBS: tuple[click.Command, ...] = (print_messages,)

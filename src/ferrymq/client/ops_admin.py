@@ -8,6 +8,7 @@ a broker's status and consumption summary, a group's subscription config, and me
 | broker_consume_stats  | brokerConsumeStats       | 317 GET_BROKER_CONSUME_STATS                     |
 | group_config          | getConsumerConfig        | 201 GET_ALL_SUBSCRIPTIONGROUP_CONFIG (each master) |
 | messages_in_range     | printMsg, printMsgByQueue | 11 PULL_MESSAGE per queue                        |
+| broker_epochs         | getBrokerEpoch           | 106 GET_BROKER_CLUSTER_INFO, 1007 GET_BROKER_EPOCH_CACHE (each replica) |
 | stats_all             | statsAll                 | 300 QUERY_TOPIC_CONSUME_BY_WHO, 315 VIEW_BROKER_STATS_DATA (TOPIC_PUT_NUMS, GROUP_GET_NUMS) |
 """
 
@@ -184,4 +185,22 @@ async def stats_all(admin: Admin, *, topic: str | None = None, active_only: bool
                 continue
             rows.append({"topic": t, "group": group, "inTps": round(put_tps, 2), "outTps": round(get_tps, 2),
                          "inTotal": put_total, "outTotal": get_total})
+    return rows
+
+
+async def broker_epochs(admin: Admin, broker_name: str) -> list[dict[str, Any]]:
+    """Every registered replica's epoch entries of one controller-mode broker group (mqadmin getBrokerEpoch): one
+    row per (replica, epoch) with the commit-log range the epoch's master wrote."""
+    info = await admin.cluster_info()
+    group = info["brokerAddrTable"].get(broker_name)
+    if group is None:
+        raise ClientError(f"no name server knows the broker group {broker_name!r}")
+    rows: list[dict[str, Any]] = []
+    for _bid, addr in sorted(group["brokerAddrs"].items()):
+        resp = api.check(await admin.instance.invoke(addr, RemotingCommand.request(RequestCode.GET_BROKER_EPOCH_CACHE)))
+        body = jsonx.loads(resp.body) if resp.body else {}
+        for entry in body.get("epochList") or []:
+            rows.append({"brokerName": broker_name, "replicaId": body.get("brokerId"), "addr": addr,
+                         "epoch": entry.get("epoch"), "startOffset": entry.get("startOffset"),
+                         "endOffset": entry.get("endOffset"), "maxOffset": body.get("maxOffset")})
     return rows
