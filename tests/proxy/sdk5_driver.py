@@ -16,6 +16,10 @@ Verbs (``args["verb"]``):
   receive of a message; 0 = never; ``ack_bodies``: ack exactly these bodies), ``receives_expected``
   messages were received, or ``timeout_s`` passes.
 * ``push``: a PushConsumer of ``group`` on ``topic`` until ``expect`` messages were consumed.
+* ``transact``: a transactional producer sending one half message per entry of ``decisions``
+  (``commit``, ``rollback`` or ``none``: left to the check-back), bodies ``<prefix>-<i>``; its checker
+  answers ``check_answer`` (COMMIT or ROLLBACK) and emits ``{"checked": body}``; it runs until
+  ``expect_checks`` check-backs came (or ``timeout_s``).
 """
 
 from __future__ import annotations
@@ -143,9 +147,53 @@ def push(a: dict[str, Any]) -> dict[str, Any]:
     return {"consumed": count["n"]}
 
 
+def transact(a: dict[str, Any]) -> dict[str, Any]:
+    from rocketmq import Message, Producer, TransactionChecker, TransactionResolution
+
+    checks: list[str] = []
+    checked = threading.Event()
+
+    class Checker(TransactionChecker):
+        def check(self, message: Any) -> Any:
+            body = message.body.decode()
+            emit(a["out"], {"checked": body, "message_id": message.message_id, "topic": message.topic,
+                            "t": time.time()})
+            checks.append(body)
+            if len(checks) >= a.get("expect_checks", 0):
+                checked.set()
+            return getattr(TransactionResolution, a.get("check_answer", "COMMIT"))
+
+    producer = Producer(client_config(a), (a["topic"],), Checker(), tls_enable=a.get("tls", False))
+    producer.startup()
+    ok = 0
+    try:
+        for seq, decision in enumerate(a["decisions"]):
+            msg = Message()
+            msg.topic = a["topic"]
+            msg.body = f"{a['prefix']}-{seq}".encode()
+            try:
+                transaction = producer.begin_transaction()
+                receipt = producer.send(msg, transaction)
+                if decision == "commit":
+                    transaction.commit()
+                elif decision == "rollback":
+                    transaction.rollback()
+                emit(a["out"], {"seq": seq, "ok": True, "message_id": receipt.message_id, "decision": decision,
+                                "t": time.time()})
+                ok += 1
+            except Exception as exc:
+                emit(a["out"], {"seq": seq, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        if a.get("expect_checks"):
+            checked.wait(a["timeout_s"])
+        time.sleep(a.get("linger_s", 0))  # the checker's END_TRANSACTION answer leaves asynchronously
+    finally:
+        producer.shutdown()
+    return {"sent": ok, "checks": len(checks)}
+
+
 def main() -> None:
     args = json.loads(sys.argv[1])
-    verb = {"produce": produce, "simple": simple, "push": push}[args["verb"]]
+    verb = {"produce": produce, "simple": simple, "push": push, "transact": transact}[args["verb"]]
     try:
         summary = verb(args)
     except Exception as exc:

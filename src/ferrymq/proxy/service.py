@@ -27,6 +27,12 @@ from ferrymq.client.instance import ClientInstance
 from ferrymq.client.producer import Producer
 from ferrymq.client.values import PullStatus, SendStatus
 from ferrymq.common.aio import wait_event
+from ferrymq.common.message import (
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    decode_offset_msg_id,
+)
+from ferrymq.common.message_codec import RecordFormatError, decode_record
 from ferrymq.common.route import MessageQueue as RemotingQueue
 from ferrymq.common.route import TopicRouteData
 from ferrymq.errors import FerryError, TopicNotExistError
@@ -37,6 +43,7 @@ from ferrymq.proxy.pop import PopQueue, SerialSource
 from ferrymq.proxy.v2 import definition_pb2 as pb
 from ferrymq.proxy.v2 import service_pb2 as spb
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
+from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 
 log = logging.getLogger(__name__)
@@ -69,6 +76,10 @@ PRODUCER_BACKOFF_MULTIPLIER = 2.0
 PUSH_RECEIVE_BATCH = 32
 #: the first delay level a retry waits (RocketMQ: a retry starts at level 3, 10 s)
 FIRST_RETRY_DELAY_LEVEL = 3
+#: server commands (check-backs) queued for one Telemetry stream at most
+TELEMETRY_OUTBOX_MAX = 1024
+#: 5.x resolution -> END_TRANSACTION commitOrRollback
+TRANSACTION_END_KIND = {pb.COMMIT: SYSFLAG_TRANSACTION_COMMIT, pb.ROLLBACK: SYSFLAG_TRANSACTION_ROLLBACK}
 
 
 @dataclass(slots=True)
@@ -76,6 +87,10 @@ class _ClientInfo:
     client_type: int = pb.CLIENT_TYPE_UNSPECIFIED
     group: str = ""
     subscriptions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: topics a producer publishes (its Telemetry settings): check-backs of their half messages go to it
+    topics: frozenset[str] = frozenset()
+    #: commands for the client's open Telemetry stream (None: no stream open)
+    outbox: asyncio.Queue[spb.TelemetryCommand | None] | None = None
 
 
 class _GroupHooks:
@@ -122,6 +137,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self.producer = Producer.bound_to(self.instance, config.producer_group)
         #: receipt handles name this process: a handle from an earlier run is refused
         self.epoch = secrets.token_hex(4)
+        #: key of the transaction ids' MACs (translate.TransactionId)
+        self.tx_key = secrets.token_bytes(16)
+        #: brokers this proxy heartbeated as the producer of half messages (see ``_known_as_producer``)
+        self._heartbeated: set[str] = set()
         self.serials = SerialSource()
         self.pop_queues: dict[PopKey, PopQueue] = {}
         self._pop_locks: dict[PopKey, asyncio.Lock] = {}
@@ -142,6 +161,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     # ---- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         await self.instance.start()
+        self.instance.pool.dispatcher.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction)
         self._tasks.append(asyncio.create_task(self._commit_loop(), name="ferrymq-grpc-commit"))
 
     async def close(self) -> None:
@@ -255,19 +275,47 @@ class MessagingService(sgrpc.MessagingServiceServicer):
     # ---- Telemetry ---------------------------------------------------------------------------------------
     async def Telemetry(self, request_iterator: AsyncIterator[spb.TelemetryCommand],
                         context: Any) -> AsyncIterator[spb.TelemetryCommand]:
+        """Answers the client's commands and carries the server's (transaction check-backs) on one stream:
+        a reader task puts the answers into the client's outbox, which this generator drains."""
         client_id = self._client_id(context)
-        async for command in request_iterator:
-            denied = self._denied("Telemetry", command, context)
-            if denied is not None:
-                yield spb.TelemetryCommand(status=denied)
-                continue
-            which = command.WhichOneof("command")
-            if which == "settings":
-                yield spb.TelemetryCommand(status=tr.status(), settings=self.settings_for(client_id, command.settings))
-            elif which in ("thread_stack_trace", "verify_message_result"):
-                log.debug("telemetry %s from %s ignored", which, client_id)
-            else:
-                yield spb.TelemetryCommand(status=tr.status(pb.NOT_IMPLEMENTED, f"telemetry {which} not served"))
+        outbox: asyncio.Queue[spb.TelemetryCommand | None] = asyncio.Queue(maxsize=TELEMETRY_OUTBOX_MAX)
+        info = self._clients.setdefault(client_id, _ClientInfo())
+        info.outbox = outbox
+
+        async def read() -> None:
+            try:
+                async for command in request_iterator:
+                    answer = self._telemetry_answer(client_id, command, context)
+                    if answer is not None:
+                        await outbox.put(answer)
+            except Exception as exc:  # the client went away
+                log.debug("telemetry stream of %s ended: %s", client_id, exc)
+            finally:
+                await outbox.put(None)
+
+        reader = asyncio.create_task(read(), name="ferrymq-grpc-telemetry")
+        try:
+            while (command := await outbox.get()) is not None:
+                yield command
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            current = self._clients.get(client_id)
+            if current is not None and current.outbox is outbox:
+                current.outbox = None
+
+    def _telemetry_answer(self, client_id: str, command: spb.TelemetryCommand,
+                          context: Any) -> spb.TelemetryCommand | None:
+        denied = self._denied("Telemetry", command, context)
+        if denied is not None:
+            return spb.TelemetryCommand(status=denied)
+        which = command.WhichOneof("command")
+        if which == "settings":
+            return spb.TelemetryCommand(status=tr.status(), settings=self.settings_for(client_id, command.settings))
+        if which in ("thread_stack_trace", "verify_message_result"):
+            log.debug("telemetry %s from %s ignored", which, client_id)
+            return None
+        return spb.TelemetryCommand(status=tr.status(pb.NOT_IMPLEMENTED, f"telemetry {which} not served"))
 
     def settings_for(self, client_id: str, settings: pb.Settings) -> pb.Settings:
         """The settings answer: the client's own, completed with what the server decides (retry policy,
@@ -300,6 +348,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 levels = self.config.delay_levels_ms[FIRST_RETRY_DELAY_LEVEL - 1:] or self.config.delay_levels_ms
                 out.backoff_policy.customized_backoff.next.extend(tr.to_duration(ms) for ms in levels)
         else:
+            info.topics = frozenset(t.name for t in settings.publishing.topics)
             out.publishing.max_body_size = self.config.max_body_bytes
             out.publishing.validate_message_type = True
             out.backoff_policy.max_attempts = PRODUCER_MAX_ATTEMPTS
@@ -329,8 +378,6 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             out = tr.to_remoting_message(message, now_ms=self.clock_ms(), delay_levels_ms=self.config.delay_levels_ms,
                                          producer_group=self.config.producer_group,
                                          max_body_bytes=self.config.max_body_bytes)
-            if out.transactional:
-                raise tr.TranslateError(pb.UNSUPPORTED, "transactional messages are not served over gRPC yet")
             queue = None
             if out.message_group is not None:
                 mqs, _ = await self.producer.publish_queues(out.message.topic)
@@ -339,12 +386,85 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         except Exception as exc:
             log.debug("send of %s failed: %s", message.system_properties.message_id, exc)
             return spb.SendResultEntry(status=tr.status_of_error(exc), message_id=message.system_properties.message_id)
-        self._arrival(out.message.topic).set()
         code = {SendStatus.SEND_OK: pb.OK, SendStatus.FLUSH_DISK_TIMEOUT: pb.MASTER_PERSISTENCE_TIMEOUT,
                 SendStatus.FLUSH_SLAVE_TIMEOUT: pb.SLAVE_PERSISTENCE_TIMEOUT,
                 SendStatus.SLAVE_NOT_AVAILABLE: pb.HA_NOT_AVAILABLE}[result.status]
-        return spb.SendResultEntry(status=tr.status(code, result.status.value), message_id=out.message_id,
-                                   offset=result.queue_offset)
+        entry = spb.SendResultEntry(status=tr.status(code, result.status.value), message_id=out.message_id,
+                                    offset=result.queue_offset)
+        if out.transactional:
+            entry.transaction_id = tr.TransactionId(result.offset_msg_id, result.queue_offset).encode(
+                self.tx_key, out.message.topic)
+            await self._known_as_producer(result.offset_msg_id)
+        else:
+            self._arrival(out.message.topic).set()
+        return entry
+
+    # ---- transactions ------------------------------------------------------------------------------------
+    async def _known_as_producer(self, offset_msg_id: str) -> None:
+        """The broker asks a live producer of the half message's group (the proxy's) about undecided ones:
+        be known to the broker that stored it now, not at the next periodic heartbeat."""
+        ip, port, _ = decode_offset_msg_id(offset_msg_id)
+        addr = f"{ip}:{port}"
+        if addr not in self._heartbeated:
+            await self.instance.send_heartbeats()
+            self._heartbeated.add(addr)
+
+    async def EndTransaction(self, request: spb.EndTransactionRequest,
+                             context: Any) -> spb.EndTransactionResponse:
+        denied = self._denied("EndTransaction", request, context)
+        if denied is not None:
+            return spb.EndTransactionResponse(status=denied)
+        try:
+            tid = tr.TransactionId.decode(request.transaction_id, self.tx_key, request.topic.name)
+            kind = TRANSACTION_END_KIND.get(request.resolution)
+            if kind is None:
+                raise tr.TranslateError(pb.BAD_REQUEST,
+                                        "resolution must be COMMIT or ROLLBACK")
+            ip, port, phy_offset = decode_offset_msg_id(tid.offset_msg_id)
+            cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, {
+                "producerGroup": self.config.producer_group, "tranStateTableOffset": tid.queue_offset,
+                "commitLogOffset": phy_offset, "commitOrRollback": kind,
+                "fromTransactionCheck": "true" if request.source == pb.SOURCE_SERVER_CHECK else "false",
+                "msgId": request.message_id, "transactionId": request.message_id})
+            api.check(await self.instance.invoke(f"{ip}:{port}", cmd, REMOTING_TIMEOUT_MS))
+        except Exception as exc:
+            log.debug("EndTransaction %s failed: %s", request.transaction_id, exc)
+            return spb.EndTransactionResponse(status=tr.status_of_error(exc))
+        if kind == SYSFLAG_TRANSACTION_COMMIT:
+            self._arrival(request.topic.name).set()
+        return spb.EndTransactionResponse(status=tr.status())
+
+    def _on_check_transaction(self, conn: Any, cmd: RemotingCommand) -> None:
+        """CHECK_TRANSACTION_STATE from a broker about a half message sent through this proxy: asked of a
+        5.x producer publishing its topic, over that client's Telemetry stream
+        (RecoverOrphanedTransactionCommand); its EndTransaction answer settles it. No such producer: the
+        broker asks again at its next check round."""
+        try:
+            half = decode_record(cmd.body)
+        except RecordFormatError as exc:
+            log.warning("CHECK_TRANSACTION_STATE with an unreadable message: %s", exc)
+            return None
+        message = tr.half_to_grpc_message(half)
+        topic = message.topic.name
+        try:
+            queue_offset = int(cmd.ext_fields.get("tranStateTableOffset", half.queue_offset))
+        except ValueError:
+            return None
+        tid = tr.TransactionId(cmd.ext_fields.get("offsetMsgId") or half.offset_msg_id, queue_offset)
+        command = spb.TelemetryCommand(recover_orphaned_transaction_command=spb.RecoverOrphanedTransactionCommand(
+            message=message, transaction_id=tid.encode(self.tx_key, topic)))
+        candidates = [c for c in self._clients.values() if c.outbox is not None and topic in c.topics]
+        if not candidates:
+            log.info("no 5.x producer of topic %s connected to ask about half message %s", topic,
+                     message.system_properties.message_id)
+            return None
+        client = candidates[queue_offset % len(candidates)]
+        assert client.outbox is not None
+        try:
+            client.outbox.put_nowait(command)
+        except asyncio.QueueFull:
+            log.info("telemetry stream full: check-back of %s not sent", message.system_properties.message_id)
+        return None
 
     # ---- QueryAssignment ---------------------------------------------------------------------------------
     async def QueryAssignment(self, request: spb.QueryAssignmentRequest,

@@ -32,7 +32,10 @@ Receipt handle (opaque to clients; one per delivery), five fields joined by ``.`
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import hashlib
+import hmac
 import socket
 import zlib
 from collections.abc import Iterable, Mapping
@@ -46,12 +49,15 @@ from ferrymq.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
     PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     Message,
     MessageExt,
     bytes_to_host,
+    decode_offset_msg_id,
 )
 from ferrymq.common.route import MessageQueue as RemotingQueue
 from ferrymq.errors import BrokerError, FerryError, RemotingError, RemotingTimeoutError
@@ -74,6 +80,8 @@ SYSTEM_PROPERTY_NAMES = RESERVED_PROPERTY_NAMES
 #: RocketMQ's default messageDelayLevel, in ms (the broker's table when the proxy is not told another)
 DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = tuple(
     s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
+#: hex digits of a transaction id's MAC (64 bits)
+TRANSACTION_MAC_HEX = 16
 #: the message types every route advertises (ferrymq topics carry no message-type attribute)
 ACCEPTED_MESSAGE_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 #: 4.x permission bits -> 5.x Permission
@@ -333,6 +341,57 @@ class ReceiptHandle:
             return cls(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[4])
         except ValueError:
             raise TranslateError(pb.INVALID_RECEIPT_HANDLE, f"malformed receipt handle {text[:64]!r}") from None
+
+
+# ---- transaction ids ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TransactionId:
+    """What END_TRANSACTION needs of a half message, carried by the 5.x ``transaction_id`` (opaque to clients),
+    three fields joined by ``.``:
+
+    | field          | meaning                                                                          |
+    |----------------|----------------------------------------------------------------------------------|
+    | offset_msg_id  | the broker's id of the half message: its store host (END_TRANSACTION goes there) and commit-log offset |
+    | queue_offset   | the half message's offset in the half topic (``tranStateTableOffset``)            |
+    | mac            | HMAC-SHA256 of the two and the message's topic under the proxy process's key, cut to 16 hex digits: an id is good only for its own topic and proxy run (a client may end only a transaction of a topic it may publish to) |
+    """
+
+    offset_msg_id: str
+    queue_offset: int
+
+    def _mac(self, key: bytes, topic: str) -> str:
+        text = f"{self.offset_msg_id}.{self.queue_offset}.{topic}".encode()
+        return hmac.new(key, text, hashlib.sha256).hexdigest()[:TRANSACTION_MAC_HEX]
+
+    def encode(self, key: bytes, topic: str) -> str:
+        return f"{self.offset_msg_id}.{self.queue_offset}.{self._mac(key, topic)}"
+
+    @classmethod
+    def decode(cls, text: str, key: bytes, topic: str) -> TransactionId:
+        parts = text.split(".")
+        try:
+            tid = cls(parts[0], int(parts[1]))
+            decode_offset_msg_id(tid.offset_msg_id)
+        except (ValueError, IndexError):
+            raise TranslateError(pb.INVALID_TRANSACTION_ID, f"malformed transaction id {text[:64]!r}") from None
+        if len(parts) != 3 or not hmac.compare_digest(parts[2], tid._mac(key, topic)):
+            raise TranslateError(pb.INVALID_TRANSACTION_ID,
+                                 f"transaction id {text[:64]!r} is not one of this proxy run for topic {topic} "
+                                 "(the broker's check-back decides the transaction)")
+        return tid
+
+
+def half_to_grpc_message(half: MessageExt) -> pb.Message:
+    """A stored half message as the 5.x message its producer sent (real topic and queue, TRANSACTION type)."""
+    props = dict(half.properties)
+    real_topic = props.pop(PROPERTY_REAL_TOPIC, half.topic)
+    real_queue = props.pop(PROPERTY_REAL_QUEUE_ID, None)
+    props[PROPERTY_TRANSACTION_PREPARED] = "true"
+    out = to_grpc_message(dataclasses.replace(half, properties=props))
+    out.topic.name = real_topic
+    if real_queue is not None and real_queue.isdigit():
+        out.system_properties.queue_id = int(real_queue)
+    return out
 
 
 # ---- filters -------------------------------------------------------------------------------------------
