@@ -29,6 +29,7 @@ pytestmark = pytest.mark.spark
 
 #: rows added to topic A before the query starts and before each fault (so every fault finds batches to hit)
 ROWS_PER_STEP = 200
+QUEUES_PER_BROKER = 2
 #: source rows per micro-batch
 ROWS_PER_TRIGGER = 100
 #: a transform that takes time, so that faults land inside batches
@@ -36,6 +37,8 @@ ROW_DELAY_MS = 2
 #: the bounded nemesis CI runs (each driver kill costs a Spark start); the benchmark runs longer plans
 CI_PLAN = ["driver-commit", "worker", "driver-between"]
 DRIVER_START_TIMEOUT_S = 120.0
+#: each fault test restarts Spark drivers; on a loaded 2-core machine one start can take a minute
+FAULT_TEST_TIMEOUT_S = 900
 PROGRESS_TIMEOUT_S = 90.0
 FINISH_TIMEOUT_S = 150.0
 
@@ -153,11 +156,14 @@ class Harness:
     sink: str = "EosSink"
     driver: Any = None
     brokers: list[Any] = field(default_factory=list)
+    #: the controller-mode broker group (controller_support.NemesisGroup) instead of ``brokers``
+    group: Any = None
     restarts: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     rng: random.Random = field(default_factory=lambda: random.Random(30))
 
     def start_cluster(self) -> None:
+        """A name server and two master brokers (two queues of each topic on each)."""
         from procs import create_topic, start_broker, start_namesrv, wait_route
 
         ns = start_namesrv(self.procs)
@@ -167,10 +173,32 @@ class Harness:
                    for n in ("a", "b")]  # fmt: skip
         for topic in (self.source, self.sink):
             for b in brokers:
-                assert create_topic(b.addr, topic, queues=2).code == 0
+                assert create_topic(b.addr, topic, queues=QUEUES_PER_BROKER).code == 0
             for b in brokers:
                 wait_route(ns.addr, topic, timeout_s=45, broker_name=b.broker_name)
         self.produce(ROWS_PER_STEP)
+
+    def start_controller_group(self) -> None:
+        """A name server, a controller and one broker group of three replicas in controller mode (SYNC)."""
+        from controller_support import NemesisGroup
+        from ha_support import create_routed_topic, slave_knows_topic
+        from procs import wait_for
+
+        self.group = ng = NemesisGroup.start(self.procs, transactionCheckInterval=1000, transactionTimeOut=1000)
+        self.ns = ng.ns.addr
+        master = ng.master()
+        for topic in (self.source, self.sink):
+            create_routed_topic(ng.ns.addr, master, topic, queues=QUEUES_PER_BROKER, timeout_s=45, alive=ng.alive)
+        for replica in ng.replicas.values():
+            if replica is not master:
+                wait_for(lambda r=replica: all(slave_knows_topic(r.addr, t) for t in (self.source, self.sink)),
+                         timeout_s=60, what=f"{replica.name} to know the topics")  # fmt: skip
+        self.produce(ROWS_PER_STEP)
+
+    def sink_masters(self) -> list[str]:
+        if self.group is not None:
+            return [self.group.master().addr]
+        return [b.addr for b in self.brokers]
 
     def produce(self, count: int) -> None:
         """``count`` more rows into A (bodies ``m<i>``, continuing the numbering)."""
@@ -238,7 +266,7 @@ class Harness:
         """Messages in B by the queues' max offsets (cheap; counts every stored message)."""
         from procs import max_offset
 
-        return sum(max_offset(b.addr, self.sink, q) for b in self.brokers for q in range(2))
+        return sum(max_offset(addr, self.sink, q) for addr in self.sink_masters() for q in range(QUEUES_PER_BROKER))
 
     def kill_driver(self) -> None:
         """SIGKILL the driver, its JVM and every Python worker under it (a lost driver machine)."""
@@ -288,6 +316,14 @@ class Harness:
         self.kill_driver()
         self.faults["driver-during-batch"] += 1
         self.restart()
+
+    def kill_master(self) -> None:
+        """SIGKILL the controller-mode master while the query runs; the group elects another; the old master
+        comes back as a replica (controller_support's kill-master round)."""
+        self.wait_new_batch()
+        self.group.round("kill-master", None, self.rng)
+        self.faults["broker-master"] += 1
+        self.wait_new_batch()
 
     def restart(self) -> None:
         if self.driver is not None and not self.driver.exited:
@@ -354,6 +390,8 @@ def run_nemesis(h: Harness, plan: list[str]) -> None:
             h.kill_driver_during_commit(ends=h.rng.randint(1, 40))
         elif step == "driver-during-batch":
             h.kill_driver_when_sink_grows()
+        elif step == "broker-master":
+            h.kill_master()
         else:
             raise ValueError(step)
 
@@ -372,6 +410,7 @@ def harness_procs(tmp_path: Path) -> Any:
         group.stop_all()
 
 
+@pytest.mark.timeout(FAULT_TEST_TIMEOUT_S)
 def test_exactly_once_sink_survives_worker_and_driver_kills(harness_procs: Any, tmp_path: Path) -> None:
     h = Harness(harness_procs, tmp_path, exactly_once=True)
     h.start_cluster()
@@ -387,6 +426,7 @@ def test_exactly_once_sink_survives_worker_and_driver_kills(harness_procs: Any, 
     assert (duplicates, missing, total) == (0, 0, h.rows)
 
 
+@pytest.mark.timeout(FAULT_TEST_TIMEOUT_S)
 def test_at_least_once_sink_duplicates_under_the_same_faults(harness_procs: Any, tmp_path: Path) -> None:
     """The default sink with a driver killed while a batch is written: the re-run sends the batch again. This
     is the check above failing as it should on a sink that is not exactly-once."""
@@ -402,6 +442,24 @@ def test_at_least_once_sink_duplicates_under_the_same_faults(harness_procs: Any,
     print(f"faults {dict(h.faults)}, rows {total}, duplicates {duplicates}, missing {missing}")
     assert missing == 0
     assert duplicates > 0, "the at-least-once sink showed no duplicate under a driver kill mid-batch"
+
+
+@pytest.mark.timeout(FAULT_TEST_TIMEOUT_S)
+def test_exactly_once_sink_survives_a_controller_mode_master_kill(harness_procs: Any, tmp_path: Path) -> None:
+    """The brokers' records and half messages replicate synchronously in controller mode: a master SIGKILLed
+    under the query (and a driver killed during a commit on the new master) leaves every row once."""
+    h = Harness(harness_procs, tmp_path, exactly_once=True)
+    h.start_controller_group()
+    try:
+        run_nemesis(h, ["broker-master", "driver-commit"])
+        h.finish()
+        total, duplicates, missing = h.verdict()
+    except BaseException:
+        print(harness_procs.dump())
+        raise
+    print(f"faults {dict(h.faults)}, rows {total}, duplicates {duplicates}, missing {missing}")
+    assert h.faults["broker-master"] == 1
+    assert (duplicates, missing, total) == (0, 0, h.rows)
 
 
 def test_exactly_once_batch_write(spark: Any, cluster: Any) -> None:
