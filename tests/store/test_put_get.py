@@ -212,7 +212,8 @@ def test_offset_found_null(open_store: Opener, monkeypatch: pytest.MonkeyPatch) 
     _fill(store, 10, queues=1, body_size=10)
     cq = store.queues.find("TopicA", 0)
     assert cq is not None
-    monkeypatch.setattr(cq, "get_units_buffer", lambda offset, max_bytes: None)  # unit file unreadable
+    # unit file unreadable (patched on the class: consume queues have __slots__)
+    monkeypatch.setattr(type(cq), "get_units_buffer", lambda self, offset, max_bytes: None)
     res = store.get_message("g", "TopicA", 0, 3, 32, None)
     assert res.status is GetMessageStatus.OFFSET_FOUND_NULL
     assert res.next_begin_offset == 100  # start of the next consume queue file (100 units per file)
@@ -247,10 +248,15 @@ def test_segment_creation_failure_answers_create_mapedfile_failed(open_store: Op
     store = open_store()
     while store.max_phy_offset < CL_SEGMENT - 3000:
         store.put_message(inner(body=b"x" * 1000))
-    def no_file(*_args: object) -> None:
-        raise OSError("disk full")
+    log_files = store.commit_log.mfq
+    real_create = type(log_files).create_file
 
-    monkeypatch.setattr(store.commit_log.mfq, "create_file", no_file)
+    def no_file(self: object, *args: object) -> object:
+        if self is log_files:  # the commit log's segments only (MappedFileQueue has __slots__: patched on the class)
+            raise OSError("disk full")
+        return real_create(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(log_files), "create_file", no_file)
     failed = PutMessageStatus.CREATE_MAPEDFILE_FAILED
     assert store.put_message(inner(body=b"y" * 4000)).status is failed
     assert store.put_messages([inner(body=b"y" * 1000) for _ in range(4)]).status is failed

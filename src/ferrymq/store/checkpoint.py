@@ -106,31 +106,44 @@ def fsync_dir(path: str) -> None:
 # --- queue offsets snapshot ------------------------------------------------------------------------------
 
 QUEUE_OFFSETS_FILE = "queueoffsets"
-_QUEUE_OFFSETS_HEADER = "ferrymq-queue-offsets-v1"
+_QUEUE_OFFSETS_HEADER = "ferrymq-queue-offsets-v2"
+#: headers read (v1 lines carry no newest unit: such a queue is loaded at start, as without a snapshot)
+_QUEUE_OFFSETS_HEADERS = ("ferrymq-queue-offsets-v1", _QUEUE_OFFSETS_HEADER)
+#: the phy offset of a ``QueueMark`` whose line does not say (a v1 line)
+UNKNOWN_PHY = -1
 
 
-def write_queue_offsets(path: str, next_offsets: dict[tuple[str, int], int]) -> None:
+#: one consume queue's line of the ``queueoffsets`` snapshot: (next queue offset: the queue held units up to, not
+#: including, it, 0 meaning no expectation (a deleted queue); phy offset and size of the record its newest non-blank
+#: unit points at: (0, 0) if none, (UNKNOWN_PHY, 0) when the line does not say)
+QueueMark = tuple[int, int, int]
+
+
+def write_queue_offsets(path: str, marks: dict[tuple[str, int], QueueMark]) -> None:
     """Write the queue offsets snapshot atomically (a temporary file, fsync, rename, directory fsync).
 
     ``queueoffsets`` is UTF-8 text, one line per consume queue after a header line:
 
-    | line     | fields (tab-separated)                 | meaning                                                  |
-    |----------|----------------------------------------|----------------------------------------------------------|
-    | 1        | ``ferrymq-queue-offsets-v1``           | format marker                                            |
-    | 2..n     | topic, queue id, next queue offset     | the queue held units up to (not including) that offset   |
+    | line     | fields (tab-separated)                                  | meaning                                 |
+    |----------|---------------------------------------------------------|-----------------------------------------|
+    | 1        | ``ferrymq-queue-offsets-v2``                            | format marker (v1: the first 3 fields)  |
+    | 2..n     | topic, queue id, next queue offset, last phy, last size | the queue held units up to (not         |
+    |          |                                                         | including) that offset; its newest unit |
+    |          |                                                         | pointed at the record [last phy, + size)|
 
-    Later lines (``append_queue_offsets``) override earlier ones of the same queue; 0 means "no expectation"
-    (a deleted queue). Recovery reads it as a lower bound: a consume queue found shorter (or missing) is rebuilt
-    from the commit log (recovery.rebuild_short_queues). Topic names never hold a tab or a newline
-    (topic_dir_name_ok and the broker's topic name rule)."""
+    Later lines (``append_queue_offsets``) override earlier ones of the same queue; a next queue offset of 0 means
+    "no expectation" (a deleted queue). Recovery reads it as a lower bound: a consume queue found shorter (or
+    missing) is rebuilt from the commit log (recovery.rebuild_short_queues). It also makes the start O(queues
+    touched): a queue the snapshot accounts for is loaded on its first use, not at start (consume_queue.py).
+    Topic names never hold a tab or a newline (topic_dir_name_ok and the broker's topic name rule)."""
     tmp = path + ".tmp"
-    write_queue_offsets_tmp(tmp, next_offsets)
+    write_queue_offsets_tmp(tmp, marks)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path))
 
 
-def _offset_lines(next_offsets: dict[tuple[str, int], int]) -> str:
-    return "".join(f"{topic}\t{queue_id}\t{next_offset}\n" for (topic, queue_id), next_offset in next_offsets.items()
+def _offset_lines(marks: dict[tuple[str, int], QueueMark]) -> str:
+    return "".join(f"{topic}\t{queue_id}\t{m[0]}\t{m[1]}\t{m[2]}\n" for (topic, queue_id), m in marks.items()
                    if "\t" not in topic and "\n" not in topic)
 
 
@@ -140,9 +153,9 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_queue_offsets_tmp(tmp: str, next_offsets: dict[tuple[str, int], int]) -> None:
+def write_queue_offsets_tmp(tmp: str, marks: dict[tuple[str, int], QueueMark]) -> None:
     """The whole snapshot into ``tmp`` (fsync'ed), to be renamed over ``queueoffsets``."""
-    data = (_QUEUE_OFFSETS_HEADER + "\n" + _offset_lines(next_offsets)).encode()
+    data = (_QUEUE_OFFSETS_HEADER + "\n" + _offset_lines(marks)).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(fd, data)
@@ -151,11 +164,11 @@ def write_queue_offsets_tmp(tmp: str, next_offsets: dict[tuple[str, int], int]) 
         os.close(fd)
 
 
-def append_queue_offsets(path: str, next_offsets: dict[tuple[str, int], int]) -> int:
-    """Append lines for ``next_offsets`` to the snapshot at ``path`` (created with its header if absent) and
+def append_queue_offsets(path: str, marks: dict[tuple[str, int], QueueMark]) -> int:
+    """Append lines for ``marks`` to the snapshot at ``path`` (created with its header if absent) and
     fdatasync; returns the lines appended. A line a crash tore is skipped by the reader: an append that finds the
     file not ending with a newline starts with one."""
-    body = _offset_lines(next_offsets)
+    body = _offset_lines(marks)
     if not body:
         return 0
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -175,27 +188,33 @@ def append_queue_offsets(path: str, next_offsets: dict[tuple[str, int], int]) ->
     return body.count("\n")
 
 
-def read_queue_offsets(path: str) -> dict[tuple[str, int], int]:
-    """The snapshot ``write_queue_offsets`` wrote; {} when there is none or it is unreadable (no rebuild is
-    then triggered by it: the snapshot only ever adds repairs)."""
+def read_queue_marks(path: str) -> dict[tuple[str, int], QueueMark] | None:
+    """The snapshot ``write_queue_offsets`` wrote (v1 or v2 lines); None when there is none or it is unreadable
+    (nothing is then trusted or rebuilt because of it: every queue is loaded at start)."""
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except (OSError, UnicodeDecodeError):
-        return {}
+        return None
     lines = text.split("\n")
-    if not lines or lines[0] != _QUEUE_OFFSETS_HEADER:
-        return {}
-    out: dict[tuple[str, int], int] = {}
+    if not lines or lines[0] not in _QUEUE_OFFSETS_HEADERS:
+        return None
+    out: dict[tuple[str, int], QueueMark] = {}
     for line in lines[1:]:
         parts = line.split("\t")
-        if len(parts) != 3:
-            continue
         try:
-            out[(parts[0], int(parts[1]))] = int(parts[2])
+            if len(parts) == 5:
+                out[(parts[0], int(parts[1]))] = (int(parts[2]), int(parts[3]), int(parts[4]))
+            elif len(parts) == 3:
+                out[(parts[0], int(parts[1]))] = (int(parts[2]), UNKNOWN_PHY, 0)
         except ValueError:
             continue
     return out
+
+
+def read_queue_offsets(path: str) -> dict[tuple[str, int], int]:
+    """Next queue offset per queue of the snapshot (``read_queue_marks``); {} when there is none."""
+    return {key: mark[0] for key, mark in (read_queue_marks(path) or {}).items()}
 
 
 # --- index files manifest --------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ import array
 import os
 import struct
 import sys
+import threading
+from collections.abc import Callable
 from itertools import chain
 
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE
@@ -60,29 +62,102 @@ def _chunk_all_valid(chunk: bytes) -> bool:
 
 
 class LogFloor:
-    """The commit log's min phy offset as the consume queues of a store last heard it (shared by all of them).
-    Moving it is O(1): each queue corrects its min offset against it on its next use (``min_logic_offset``)."""
+    """What the consume queues of a store share about its commit log (one object for all of them).
 
-    __slots__ = ("phy_offset",)
+    * ``phy_offset``: the log's min phy offset as the queues last heard it. Moving it is O(1): each queue corrects
+      its min offset against it on its next use (``min_logic_offset``).
+    * ``valid_end``: where the last recovery found the valid log to end (-1: not set). A queue loaded after the
+      start (lazily, on its first use) drops the units it finds pointing at or beyond it: units written before a
+      crash for records the recovery cut.
+    * ``on_short``: called with a queue loaded lazily that holds fewer units than the ``queueoffsets`` snapshot
+      said it reached (a file damaged on disk), that number and the end phy offset of the record the snapshot
+      named as its newest; the store rebuilds the units from the log.
+    * ``flush_lock``: serialises the flushes of the queues' files (one flush thread; shared, not one per queue)."""
+
+    __slots__ = ("phy_offset", "valid_end", "on_short", "flush_lock")
 
     def __init__(self) -> None:
         self.phy_offset = 0
+        self.valid_end = -1
+        self.on_short: Callable[[ConsumeQueue, int, int], None] | None = None
+        self.flush_lock = threading.Lock()
+
+
+#: ``ConsumeQueue._expected_units`` of a queue that is loaded, or whose size is not known before it is
+_UNKNOWN_UNITS = -1
 
 
 class ConsumeQueue:
+    """One consume queue. It may be *unloaded*: created from the ``queueoffsets`` snapshot at start (``recorded``)
+    it knows only its unit count and the record its newest unit points at, and opens nothing; its files are listed,
+    mapped and checked on its first use that needs them (``mfq``), within the store's open-file budget. A queue
+    created without a record (new, or found on disk) is loaded the same way on its first use."""
+
+    __slots__ = ("topic", "queue_id", "file_size", "_root_dir", "_pool", "_floor", "_mfq", "_min_logic_offset",
+                 "_floor_seen", "_last_phy", "_last_size", "_expected_units")
+
     def __init__(self, root_dir: str, topic: str, queue_id: int, file_size: int,
-                 pool: OpenFilePool | None = None, floor: LogFloor | None = None) -> None:
+                 pool: OpenFilePool | None = None, floor: LogFloor | None = None,
+                 recorded: tuple[int, int, int] | None = None) -> None:
+        """``recorded``: (next queue offset, last phy offset, last size) the ``queueoffsets`` snapshot holds for the
+        queue, trusted until it is loaded."""
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size
+        self._root_dir = root_dir  # the path of its directory is derived (root/topic/queue id) when it is loaded
         # sparse files; blocks reserved a chunk ahead of the writes (CQ_RESERVE_CHUNK_BYTES): a full disk fails
         # the reservation (StoreDiskFullError), never a SIGBUS on a later write into a hole of the map
-        self.mfq = MappedFileQueue(os.path.join(root_dir, topic, str(queue_id)), file_size, pool=pool)
-        self._min_logic_offset = 0  # bytes (queue offset × 20)
-        self.max_phy_end = 0  # phy offset + size of the newest unit (how far dispatch got)
+        self._pool = pool
         self._floor = floor if floor is not None else LogFloor()
-        #: the floor phy offset ``_min_logic_offset`` was corrected for (-1: not yet; a new queue needs none)
-        self._floor_seen = self._floor.phy_offset
+        self._mfq: MappedFileQueue | None = None
+        self._min_logic_offset = 0  # bytes (queue offset × 20)
+        #: the record the newest non-blank unit points at (how far dispatch got: max_phy_end); 0, 0 if none
+        self._last_phy = 0
+        self._last_size = 0
+        if recorded is not None:
+            self._expected_units, self._last_phy, self._last_size = recorded
+            self._floor_seen = -1  # its units may point below the log's start: corrected on first use
+        else:
+            self._expected_units = _UNKNOWN_UNITS
+            #: the floor phy offset ``_min_logic_offset`` was corrected for (-1: not yet; a new queue needs none)
+            self._floor_seen = self._floor.phy_offset
+
+    # --- lazy load ---------------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> bool:
+        return self._mfq is not None
+
+    @property
+    def mfq(self) -> MappedFileQueue:
+        """The queue's files, loaded (listed, the last one mapped and its end found) on the first call."""
+        mfq = self._mfq
+        return mfq if mfq is not None else self._load_now()
+
+    @property
+    def store_path(self) -> str:
+        return os.path.join(self._root_dir, self.topic, str(self.queue_id))
+
+    def _load_now(self) -> MappedFileQueue:
+        mfq = MappedFileQueue(self.store_path, self.file_size, pool=self._pool, flush_lock=self._floor.flush_lock)
+        mfq.load()
+        expected = self._expected_units
+        recorded_end = self._last_phy + self._last_size
+        self._mfq = mfq
+        try:
+            self._floor_seen = -1  # loaded units may point below the log's start: corrected on first use
+            self._recover_tail()
+        except BaseException:
+            self._mfq = None
+            mfq.close()
+            raise
+        self._expected_units = _UNKNOWN_UNITS
+        floor = self._floor
+        if 0 <= floor.valid_end < self.max_phy_end:
+            self.truncate_dirty(floor.valid_end)  # units of records a recovery cut (written before a crash)
+        if expected > self.max_offset_in_queue and floor.on_short is not None:
+            floor.on_short(self, expected, recorded_end)
+        return mfq
 
     @property
     def min_logic_offset(self) -> int:
@@ -104,11 +179,39 @@ class ConsumeQueue:
 
     @property
     def max_offset_in_queue(self) -> int:
-        return self.mfq.max_offset // CQ_STORE_UNIT_SIZE
+        mfq = self._mfq
+        if mfq is None:
+            if self._expected_units >= 0:
+                return self._expected_units
+            mfq = self._load_now()
+        return mfq.max_offset // CQ_STORE_UNIT_SIZE
 
     @property
     def min_offset_in_queue(self) -> int:
         return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    @property
+    def max_phy_end(self) -> int:
+        """Phy offset + size of the record the newest unit points at (how far dispatch got); 0 if none."""
+        if self._mfq is None and self._expected_units < 0:
+            self._load_now()
+        return self._last_phy + self._last_size
+
+    @property
+    def last_unit(self) -> tuple[int, int]:
+        """(phy offset, size) of the record the newest non-blank unit points at ((0, 0) if none), without loading
+        the queue; a phy offset of -1 when an unloaded queue's snapshot line did not say."""
+        return self._last_phy, self._last_size
+
+    def mark(self) -> tuple[int, int, int]:
+        """(next queue offset, last phy offset, last size): the queue's ``queueoffsets`` line, never loading it (safe
+        from the flush thread); (0, 0, 0), no expectation, for a queue not loaded whose size is not known."""
+        mfq = self._mfq
+        if mfq is None:
+            if self._expected_units < 0:
+                return 0, 0, 0
+            return self._expected_units, self._last_phy, self._last_size
+        return mfq.max_offset // CQ_STORE_UNIT_SIZE, self._last_phy, self._last_size
 
     def roll_next_file(self, queue_offset: int) -> int:
         per_file = self.file_size // CQ_STORE_UNIT_SIZE
@@ -117,14 +220,16 @@ class ConsumeQueue:
     # --- load / recover ----------------------------------------------------------------------
 
     def load(self) -> None:
-        self.mfq.load()
-        self._floor_seen = -1  # loaded units may point below the log's start: corrected on first use
-        self._recover_tail()
+        """Load the queue now (its files listed, the last one mapped, its end found)."""
+        if self._mfq is None:
+            self._load_now()
 
     def _recover_tail(self) -> None:
         """Find the written end of the last file (earlier files are full): first unit with size 0."""
-        last = self.mfq.last()
+        mfq = self.mfq
+        last = mfq.last()
         if last is None:
+            self._last_phy = self._last_size = 0
             return
         mm = last.mapped()
         pos = 0
@@ -144,10 +249,11 @@ class ConsumeQueue:
                 break
         last.wrote_position = last.flushed_position = pos
         last.reserved_position = pos  # the written blocks exist; the next write reserves on from here
-        self.mfq.flushed_where = last.file_from_offset + pos
-        self.max_phy_end = self._compute_max_phy_end()
+        mfq.flushed_where = last.file_from_offset + pos
+        self._set_last_unit()
 
-    def _compute_max_phy_end(self) -> int:
+    def _set_last_unit(self) -> None:
+        """``_last_phy`` / ``_last_size`` from the newest non-blank unit on file."""
         for mf in reversed(self.mfq.files):
             pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
             if pos < 0:
@@ -156,9 +262,10 @@ class ConsumeQueue:
             while pos >= 0:
                 phy, size, _tags = UNIT.unpack_from(mm, pos)
                 if size != BLANK_SIZE:
-                    return int(phy + size)
+                    self._last_phy, self._last_size = phy, size
+                    return
                 pos -= CQ_STORE_UNIT_SIZE
-        return 0
+        self._last_phy = self._last_size = 0
 
     def correct_min_offset(self, min_phy_offset: int) -> None:
         """Min logical offset := first non-blank unit at or above ``min_phy_offset``: in the first file, or in the
@@ -206,7 +313,7 @@ class ConsumeQueue:
         its blocks reserved. Raises StoreDiskFullError / StoreOpenFilesError / StoreDirError otherwise (the put
         is refused before anything is stored). Writes nothing but blank units a new queue starts with."""
         expected = queue_offset * CQ_STORE_UNIT_SIZE
-        files = self.mfq.files
+        files = (self._mfq or self._load_now()).files
         if not files:
             self._first_file(expected)
             files = self.mfq.files
@@ -224,7 +331,7 @@ class ConsumeQueue:
     def put_unit(self, phy_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
         """Write the unit for ``queue_offset``; a unit already present is left alone (re-dispatch)."""
         expected = queue_offset * CQ_STORE_UNIT_SIZE
-        files = self.mfq.files
+        files = (self._mfq or self._load_now()).files
         if files:  # fast path: the unit goes right at the end of a last file with room
             last = files[-1]
             wrote = last.wrote_position
@@ -235,8 +342,8 @@ class ConsumeQueue:
                     last.reserve_ahead(end, CQ_RESERVE_CHUNK_BYTES)
                 UNIT.pack_into(mm, wrote, phy_offset, size, tags_code)
                 last.wrote_position = end
-                if phy_offset + size > self.max_phy_end:
-                    self.max_phy_end = phy_offset + size
+                if phy_offset >= self._last_phy:
+                    self._last_phy, self._last_size = phy_offset, size
                 return True
         if self.mfq.last() is None:
             self._first_file(expected)
@@ -247,8 +354,8 @@ class ConsumeQueue:
             self._fill_blanks(expected)
         mf = self.mfq.last_for_write(expected)
         self._append(mf, UNIT.pack(phy_offset, size, tags_code))
-        if phy_offset + size > self.max_phy_end:
-            self.max_phy_end = phy_offset + size
+        if phy_offset >= self._last_phy:
+            self._last_phy, self._last_size = phy_offset, size
         return True
 
     @staticmethod
@@ -270,7 +377,7 @@ class ConsumeQueue:
         if n == 1:
             phy, size, tags = units[0]
             return self.put_unit(phy, size, tags, first_queue_offset)
-        files = self.mfq.files
+        files = (self._mfq or self._load_now()).files
         if files and 0 < n <= _UNITS_PACK_MAX:
             last = files[-1]
             wrote = last.wrote_position
@@ -285,8 +392,8 @@ class ConsumeQueue:
                 packer.pack_into(mm, wrote, *chain.from_iterable(units))
                 last.wrote_position = end
                 phy, size, _tags = units[-1]
-                if phy + size > self.max_phy_end:
-                    self.max_phy_end = phy + size
+                if phy >= self._last_phy:
+                    self._last_phy, self._last_size = phy, size
                 return True
         wrote_any = False
         for i, (phy, size, tags) in enumerate(units):
@@ -299,7 +406,7 @@ class ConsumeQueue:
         ``first_queue_offset``, phy offsets ascending (the native reput's runs). The part that continues the
         end of the last file is copied in one slice; a unit that opens a file, leaves a gap or is already
         present goes through ``put_unit``. True if any unit was written."""
-        files = self.mfq.files
+        files = (self._mfq or self._load_now()).files
         if files:  # fast path: the whole run continues the last file, which has room for it
             last = files[-1]
             wrote = last.wrote_position
@@ -313,8 +420,8 @@ class ConsumeQueue:
                 mm[wrote:end] = units
                 last.wrote_position = end
                 phy, size = _PHY_SIZE.unpack_from(units, n_bytes - CQ_STORE_UNIT_SIZE)
-                if phy + size > self.max_phy_end:
-                    self.max_phy_end = phy + size
+                if phy >= self._last_phy:
+                    self._last_phy, self._last_size = phy, size
                 return True
         count = len(units) // CQ_STORE_UNIT_SIZE
         wrote_any = False
@@ -331,8 +438,8 @@ class ConsumeQueue:
                     stop = start + n * CQ_STORE_UNIT_SIZE
                     self._append(last, units[start:stop])
                     phy, size, _tags = UNIT.unpack_from(units, stop - CQ_STORE_UNIT_SIZE)
-                    if phy + size > self.max_phy_end:
-                        self.max_phy_end = phy + size
+                    if phy >= self._last_phy:
+                        self._last_phy, self._last_size = phy, size
                     wrote_any = True
                     i += n
                     continue
@@ -387,6 +494,8 @@ class ConsumeQueue:
 
     def truncate_dirty(self, phy_offset: int) -> None:
         """Drop units pointing at or beyond ``phy_offset`` (a truncated commit log tail)."""
+        if self._mfq is None:
+            self._expected_units = _UNKNOWN_UNITS  # what the snapshot said no longer holds
         guard = len(self.mfq.files) + 1
         while guard > 0:
             guard -= 1
@@ -413,7 +522,14 @@ class ConsumeQueue:
             break
         if self.mfq.max_offset < self._min_logic_offset:
             self._min_logic_offset = self.mfq.max_offset
-        self.max_phy_end = self._compute_max_phy_end()
+        self._set_last_unit()
+
+    def may_have_expired_files(self) -> bool:
+        """Whether the queue may hold more than one file (only leading files expire, never the last), without
+        loading it when its unit count says its units all fit in its first file."""
+        if self._mfq is None and self._expected_units >= 0:
+            return self._expected_units * CQ_STORE_UNIT_SIZE >= self.file_size  # a full first file: maybe a next
+        return len(self.mfq.files) > 1
 
     def delete_expired(self, min_phy_offset: int) -> int:
         """Delete leading files whose every unit points below ``min_phy_offset`` (never the last)."""
@@ -432,9 +548,10 @@ class ConsumeQueue:
         return self.mfq.flush()
 
     def close(self) -> None:
-        self.mfq.close()
+        if self._mfq is not None:
+            self._mfq.close()
 
     def destroy(self) -> None:
         self.mfq.destroy()
         self._min_logic_offset = 0
-        self.max_phy_end = 0
+        self._last_phy = self._last_size = 0

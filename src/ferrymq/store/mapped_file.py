@@ -149,15 +149,19 @@ class OpenFilePool:
 
 class MappedFile:
     __slots__ = (
-        "path", "file_from_offset", "file_size", "mm", "wrote_position", "flushed_position", "reserved_position",
-        "pool", "_fd", "_lock", "_closed",
+        "_where", "_named_by_offset", "file_from_offset", "file_size", "mm", "wrote_position", "flushed_position",
+        "reserved_position", "pool", "_fd", "_lock", "_closed",
     )  # fmt: skip
 
     def __init__(self, path: str, file_from_offset: int, file_size: int, *, preallocate: bool = False,
-                 pool: OpenFilePool | None = None, open_now: bool = True) -> None:
+                 pool: OpenFilePool | None = None, open_now: bool = True, named_by_offset: bool = False) -> None:
         """Open (creating it if absent) and map the segment at ``path``. With ``open_now=False`` (a pooled file
-        that exists at its full size, e.g. at load) it starts released: ``mapped()`` opens it."""
-        self.path = path
+        that exists at its full size, e.g. at load) it starts released: ``mapped()`` opens it. With
+        ``named_by_offset``, ``path`` is the directory and the file is named by its start offset
+        (``offset_to_file_name``): the file keeps no path string of its own (its queue's directory string is
+        shared; ``path`` is derived when needed)."""
+        self._where = path
+        self._named_by_offset = named_by_offset
         self.file_from_offset = file_from_offset
         self.file_size = file_size
         self.wrote_position = 0
@@ -285,6 +289,12 @@ class MappedFile:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreDiskFullError(f"no room to reserve {end - pos} bytes of {self.path}: {exc}") from exc
             raise StoreDirError(f"cannot reserve blocks of {self.path}: {exc}") from exc
+
+    @property
+    def path(self) -> str:
+        if self._named_by_offset:
+            return os.path.join(self._where, offset_to_file_name(self.file_from_offset))
+        return self._where
 
     @property
     def file_name(self) -> str:

@@ -23,8 +23,14 @@ class MappedFileQueue:
     """Segments [files[0] .. files[-1]], contiguous. Only the writer mutates ``files``; it replaces
     the list rather than editing it in place, so a flush thread can iterate a snapshot."""
 
+    __slots__ = ("store_path", "mapped_file_size", "preallocate", "pool", "warm", "_warmer", "files", "flushed_where",
+                 "_flush_lock")
+
     def __init__(self, store_path: str, mapped_file_size: int, *, preallocate: bool = False,
-                 warm: bool = False, pool: OpenFilePool | None = None) -> None:
+                 warm: bool = False, pool: OpenFilePool | None = None,
+                 flush_lock: threading.Lock | None = None) -> None:
+        """``flush_lock``: serialises ``flush`` (one per queue by default; the consume queues of a store share one,
+        as one thread flushes them in turn)."""
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
         self.preallocate = preallocate  # new segments get their blocks reserved (MappedFile)
@@ -35,7 +41,7 @@ class MappedFileQueue:
         self._warmer: SegmentWarmer | None = None
         self.files: list[MappedFile] = []
         self.flushed_where = 0  # global offset persisted so far
-        self._flush_lock = threading.Lock()
+        self._flush_lock = flush_lock if flush_lock is not None else threading.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -68,8 +74,8 @@ class MappedFileQueue:
                     f.close()
                 raise StoreCorruptError(f"{path}: size {size} != configured {self.mapped_file_size}")
             try:
-                mf = MappedFile(path, int(name), self.mapped_file_size, pool=self.pool,
-                                open_now=self.pool is None)
+                mf = MappedFile(self.store_path, int(name), self.mapped_file_size, pool=self.pool,
+                                open_now=self.pool is None, named_by_offset=True)
             except BaseException:
                 for f in files:
                     f.close()
@@ -148,14 +154,14 @@ class MappedFileQueue:
             os.makedirs(self.store_path, exist_ok=True)
         except OSError as exc:
             raise StoreDirError(f"cannot create {self.store_path}: {exc}") from exc
-        path = os.path.join(self.store_path, offset_to_file_name(file_from_offset))
         warmer, self._warmer = self._warmer, None
         if warmer is not None:
             if warmer.file_from_offset == file_from_offset:
                 warmer.take()  # the zero-filled file is now at ``path`` (False: MappedFile makes it)
             else:
                 warmer.cancel()
-        mf = MappedFile(path, file_from_offset, self.mapped_file_size, preallocate=self.preallocate, pool=self.pool)
+        mf = MappedFile(self.store_path, file_from_offset, self.mapped_file_size, preallocate=self.preallocate,
+                        pool=self.pool, named_by_offset=True)
         if not self.files:
             self.flushed_where = file_from_offset
         self.files = [*self.files, mf]

@@ -22,19 +22,21 @@ from ferrymq.common.message import (
 )
 from ferrymq.common.message_codec import RecordCheck, RecordFormatError, check_record, decode_record
 from ferrymq.store.checkpoint import (
+    QueueMark,
     StoreCheckpoint,
     abort_file_exists,
     append_queue_offsets,
     create_abort_file,
     fsync_dir,
     read_index_manifest,
-    read_queue_offsets,
+    read_queue_marks,
     remove_abort_file,
     write_index_manifest,
     write_queue_offsets_tmp,
 )
 from ferrymq.store.commit_log import CommitLog
 from ferrymq.store.config import StoreConfig
+from ferrymq.store.consume_queue import ConsumeQueue
 from ferrymq.store.dispatch import Dispatcher
 from ferrymq.store.errors import (
     StoreConfigMismatchError,
@@ -66,6 +68,8 @@ QUEUE_OFFSETS_COMPACT_MIN_LINES = 10_000
 #: a put refused because a consume queue file cannot be had is logged at most once per this interval
 PUT_REFUSED_LOG_INTERVAL_S = 5.0
 _NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
+#: the ``queueoffsets`` line of a deleted queue (no expectation)
+_DELETED_MARK: QueueMark = (0, 0, 0)
 
 #: answers the lowest commit log phy offset some subscribed group has not consumed yet, or None when every
 #: subscribed group has consumed everything (or none is known); supplied by the broker (``MessageStore.
@@ -160,6 +164,7 @@ class MessageStore:
         self._queue_offsets_deleted: set[tuple[str, int]] = set()
         #: the index files (name, begin phy offset) the manifest on disk lists (None: not written yet)
         self._index_manifest: list[tuple[str, int]] | None = None
+        self.queues.floor.on_short = self._rebuild_short_queue
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -196,13 +201,16 @@ class MessageStore:
         self.checkpoint = StoreCheckpoint(c.checkpoint_path)
         check_segment_size(c.store_path_commit_log, c.mapped_file_size_commit_log)
         self.commit_log.mfq.load()
-        self.queues.load()
+        # the queues the snapshot accounts for are not opened here but on their first use (consume_queue.py)
+        marks = read_queue_marks(c.queue_offsets_path)
+        self.queues.load(marks)
         if self.index is not None:
             self.index.load()
         reput_from = recover(c, self.commit_log, self.queues, self.checkpoint, abnormal)
         # a consume queue or an index file deleted or cut on disk is rebuilt whatever the checkpoint says
-        rebuild_short_queues(self.commit_log, self.queues, read_queue_offsets(c.queue_offsets_path), reput_from,
-                             self.dispatcher.tags_code)
+        expected = {key: mark[0] for key, mark in marks.items()} if marks else {}
+        rebuild_short_queues(self.commit_log, self.queues, expected, reput_from, self.dispatcher.tags_code)
+        del marks, expected
         if self.index is not None:
             rebuild_missing_index(
                 self.commit_log, self.index,
@@ -214,10 +222,19 @@ class MessageStore:
         self._write_queue_offsets(self._queue_offsets())
         self._write_index_manifest()
         log.info(
-            "store loaded (%s start): commit log [%d, %d), %d consume queues",
+            "store loaded (%s start): commit log [%d, %d), %d consume queues (%d opened, the rest on first use)",
             "abnormal" if abnormal else "normal", self.min_phy_offset, self.max_phy_offset,
-            len(self.queues.queues),
+            len(self.queues.queues), self.queues.loaded_count,
         )  # fmt: skip
+
+    def _rebuild_short_queue(self, cq: ConsumeQueue, expected_units: int, recorded_end_phy: int) -> None:
+        """A queue loaded on its first use holds fewer units than the ``queueoffsets`` snapshot said (a file cut or
+        zeroed on disk while the store was down): rebuild the missing units from the commit log now, walking only
+        the stretch between its newest unit and the record the snapshot named as its newest."""
+        until = min(recorded_end_phy, self.dispatcher.reput_phy_offset) if recorded_end_phy > 0 \
+            else self.dispatcher.reput_phy_offset
+        rebuild_short_queues(self.commit_log, self.queues, {(cq.topic, cq.queue_id): expected_units}, until,
+                             self.dispatcher.tags_code)
 
     def shutdown(self) -> None:
         """Flush everything, write the checkpoint, remove the abort file, close the files."""
@@ -463,17 +480,18 @@ class MessageStore:
         if keys:
             with self._queue_offsets_lock:
                 self._queue_offsets_deleted.update(keys)
-                self._append_queue_offsets_locked(dict.fromkeys(keys, 0))
+                self._append_queue_offsets_locked(dict.fromkeys(keys, _DELETED_MARK))
 
-    def _queue_offsets(self) -> dict[tuple[str, int], int]:
-        """How far each consume queue reaches (the ``queueoffsets`` snapshot, checkpoint.py); O(queues): at start,
-        clean stop, truncation, and when the flush thread compacts the snapshot. Queues deleted from here on are
-        left out when it is written (``_write_queue_offsets``)."""
+    def _queue_offsets(self) -> dict[tuple[str, int], QueueMark]:
+        """How far each consume queue reaches (the ``queueoffsets`` snapshot, checkpoint.py); O(queues) but opens
+        nothing (a queue not loaded yet gives the line it was loaded from): at start, clean stop, truncation, and
+        when the flush thread compacts the snapshot. Queues deleted from here on are left out when it is written
+        (``_write_queue_offsets``)."""
         with self._queue_offsets_lock:
             self._queue_offsets_deleted.clear()
-        return {key: n for key, cq in list(self.queues.queues.items()) if (n := cq.max_offset_in_queue) > 0}
+        return {key: mark for key, cq in list(self.queues.queues.items()) if (mark := cq.mark())[0] > 0}
 
-    def _write_queue_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
+    def _write_queue_offsets(self, offsets: dict[tuple[str, int], QueueMark]) -> None:
         """Rewrite the snapshot whole: written into a temporary file without the lock, renamed under it; queues
         deleted since ``offsets`` was taken get their lines appended to it first."""
         path = self.config.queue_offsets_path
@@ -483,7 +501,7 @@ class MessageStore:
             with self._queue_offsets_lock:
                 deleted = self._queue_offsets_deleted
                 if deleted:
-                    append_queue_offsets(tmp, dict.fromkeys(deleted, 0))
+                    append_queue_offsets(tmp, dict.fromkeys(deleted, _DELETED_MARK))
                     deleted.clear()
                 os.replace(tmp, path)
                 self._queue_offsets_lines = 0
@@ -491,11 +509,11 @@ class MessageStore:
         except OSError as exc:
             log.warning("cannot write the queue offsets snapshot %s: %s", path, exc)
 
-    def _append_queue_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
+    def _append_queue_offsets(self, offsets: dict[tuple[str, int], QueueMark]) -> None:
         with self._queue_offsets_lock:
             self._append_queue_offsets_locked(offsets)
 
-    def _append_queue_offsets_locked(self, offsets: dict[tuple[str, int], int]) -> None:
+    def _append_queue_offsets_locked(self, offsets: dict[tuple[str, int], QueueMark]) -> None:
         try:
             self._queue_offsets_lines += append_queue_offsets(self.config.queue_offsets_path, offsets)
         except OSError as exc:
@@ -744,6 +762,8 @@ class MessageStore:
         if cq is None:
             return None
         max_queue_offset = cq.max_offset_in_queue
+        if queue_offset >= max_queue_offset:
+            return None  # consumed all (known without loading a queue not used since the start)
         queue_offset = max(queue_offset, cq.min_offset_in_queue)
         if queue_offset >= max_queue_offset:
             return None

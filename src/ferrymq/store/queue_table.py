@@ -16,6 +16,7 @@ import shutil
 import threading
 import time
 
+from ferrymq.store.checkpoint import QueueMark
 from ferrymq.store.consume_queue import ConsumeQueue, LogFloor
 from ferrymq.store.errors import StoreError
 from ferrymq.store.mapped_file import OpenFilePool
@@ -95,18 +96,34 @@ class ConsumeQueueTable:
         #: consume queue files deleted by expiry rounds
         self.expired_files_total = 0
 
-    def load(self) -> None:
+    def load(self, marks: dict[QueueKey, QueueMark] | None = None) -> None:
+        """Find the queues on disk: one listing of the root and one per topic directory. A queue the
+        ``queueoffsets`` snapshot (``marks``) accounts for is created unloaded (it opens nothing until its first
+        use, see ``ConsumeQueue``); any other queue on disk (none in the snapshot, or a line without its newest
+        unit) is loaded now. Queues the snapshot lists but not found on disk are not created (recovery rebuilds
+        them)."""
         if not os.path.isdir(self.root_dir):
             return
+        marks = marks or {}
         with os.scandir(self.root_dir) as topics:
             topic_entries = sorted((e.name, e.path) for e in topics if e.is_dir())
         for topic, topic_dir in topic_entries:
             with os.scandir(topic_dir) as entries:
                 ids = sorted(int(e.name) for e in entries if e.name.isdigit() and e.is_dir())
             for queue_id in ids:
-                cq = ConsumeQueue(self.root_dir, topic, queue_id, self.file_size, self.pool, self.floor)
-                cq.load()
+                mark = marks.get((topic, queue_id))
+                if mark is not None and mark[0] > 0 and mark[1] >= 0:
+                    cq = ConsumeQueue(self.root_dir, topic, queue_id, self.file_size, self.pool, self.floor,
+                                      recorded=mark)
+                else:
+                    cq = ConsumeQueue(self.root_dir, topic, queue_id, self.file_size, self.pool, self.floor)
+                    cq.load()
                 self._add(topic, queue_id, cq)
+
+    @property
+    def loaded_count(self) -> int:
+        """Queues whose files have been loaded (the rest open nothing until their first use); O(queues)."""
+        return sum(1 for cq in list(self.queues.values()) if cq.loaded)
 
     def _add(self, topic: str, queue_id: int, cq: ConsumeQueue) -> None:
         self.queues[(topic, queue_id)] = cq
@@ -137,23 +154,23 @@ class ConsumeQueueTable:
             with self._dirty_lock:
                 self._dirty.add(cq)
 
-    def flush(self) -> dict[QueueKey, int]:
+    def flush(self) -> dict[QueueKey, QueueMark]:
         """Flush queues written since the last flush (safe from a second thread); returns, for each queue
-        flushed, the number of units it held before its flush (all of them are on disk now)."""
+        flushed, its ``queueoffsets`` line taken before its flush (all the units it counts are on disk now)."""
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         failed: list[ConsumeQueue] = []
         error: BaseException | None = None
-        flushed: dict[QueueKey, int] = {}
+        flushed: dict[QueueKey, QueueMark] = {}
         for cq in dirty:
-            units = cq.max_offset_in_queue
+            mark = cq.mark()
             try:
                 cq.flush()
             except (OSError, StoreError) as exc:  # e.g. no descriptor for a released file: next time
                 failed.append(cq)
                 error = exc
                 continue
-            flushed[(cq.topic, cq.queue_id)] = units
+            flushed[(cq.topic, cq.queue_id)] = mark
         if failed:
             with self._dirty_lock:
                 self._dirty.update(failed)
@@ -164,7 +181,12 @@ class ConsumeQueueTable:
         return max((cq.max_phy_end for cq in self.queues.values()), default=0)
 
     def truncate_dirty(self, phy_offset: int) -> list[ConsumeQueue]:
-        """Drop units pointing at or beyond ``phy_offset``; returns the queues that lost units."""
+        """Drop units pointing at or beyond ``phy_offset``; returns the queues that lost units. A queue not loaded
+        yet is loaded only if its newest unit (as the snapshot says) reaches that far; the units any other queue
+        holds beyond its snapshot line (written before a crash, after its last flush) are dropped when it is
+        loaded (``LogFloor.valid_end``)."""
+        floor = self.floor
+        floor.valid_end = phy_offset if floor.valid_end < 0 else min(floor.valid_end, phy_offset)
         cut: list[ConsumeQueue] = []
         for cq in self.queues.values():
             if cq.max_phy_end > phy_offset:
@@ -208,7 +230,7 @@ class ConsumeQueueTable:
         while keys:
             cq = queues.get(keys.pop())
             visited += 1
-            if cq is not None and len(cq.mfq.files) > 1:  # never a queue's last file: one file, nothing to do
+            if cq is not None and cq.may_have_expired_files():  # never a queue's last file: one, nothing to do
                 try:
                     count += cq.delete_expired(floor)
                 except (OSError, StoreError) as exc:  # no descriptor now: the next round sees it again
@@ -245,4 +267,4 @@ class ConsumeQueueTable:
 
     def close(self) -> None:
         for cq in self.queues.values():
-            cq.close()
+            cq.close()  # an unloaded queue holds nothing open

@@ -130,21 +130,19 @@ def _checkpoint_resume(mfq: MappedFileQueue, dispatched: int, min_phy: int) -> t
     return mfq.files.index(holder), pos
 
 
-def _queue_tails_intact(mfq: MappedFileQueue, queues: ConsumeQueueTable, below_phy: int) -> bool:
-    """Whether the record each consume queue ends with (below ``below_phy``) is still intact in the log.
+def _queue_tails_intact(mfq: MappedFileQueue, queues: ConsumeQueueTable, from_phy: int, below_phy: int) -> bool:
+    """Whether the record each consume queue ends with is still intact in the log, for the queues whose newest unit
+    lies in [``from_phy``, ``below_phy``): the stretch a walk that does not trust the checkpoint would cover.
 
     The checkpoint says the log was flushed up to its dispatched offset, but the disk may have lost the
     tail anyway (a torn write, a damaged file): then the newest units of some queue point into zeros or
-    garbage, and recovery must not resume at the checkpoint."""
-    for cq in queues.queues.values():
-        last = cq.max_offset_in_queue - 1
-        if last < cq.min_offset_in_queue:
-            continue
-        unit = cq.get_unit(last)
-        if unit is None:
-            continue
-        phy, size, _tags = unit
-        if phy + size > below_phy:
+    garbage, and recovery must not resume at the checkpoint. The newest unit of a queue not loaded yet is the one
+    its ``queueoffsets`` line names: the check reads the commit log only, never a consume queue file, and a queue
+    whose newest unit is older than ``from_phy`` costs one comparison (damage there is left to the read path,
+    which never serves a damaged record, as a walk from ``from_phy`` would leave it too)."""
+    for cq in list(queues.queues.values()):
+        phy, size = cq.last_unit
+        if phy < from_phy or size <= 0 or phy + size > below_phy:
             continue
         holder = mfq.find(phy)
         if holder is None:
@@ -156,6 +154,14 @@ def _queue_tails_intact(mfq: MappedFileQueue, queues: ConsumeQueueTable, below_p
                         "recovery walks the log instead of trusting the checkpoint", cq.topic, cq.queue_id, phy)
             return False
     return True
+
+
+def _fallback_start(config: StoreConfig, mfq: MappedFileQueue, dispatched: int) -> int:
+    """Index of the segment an abnormal start walks from when it does not trust the checkpoint."""
+    files = mfq.files
+    holder = mfq.find(dispatched) if dispatched > 0 else None
+    start_index = files.index(holder) if holder is not None else 0
+    return min(start_index, max(0, len(files) - config.recover_segments_normal))
 
 
 def recover(
@@ -174,23 +180,22 @@ def recover(
         data_start = 0
     commit_log.data_start_phy_offset = data_start
     if first is None:
-        for cq in list(queues.queues.values()):
-            cq.truncate_dirty(0)
+        queues.truncate_dirty(0)
         commit_log.topic_queue_table = {}
         return 0
 
     dispatched = checkpoint.dispatched_phy_offset
     resume = _checkpoint_resume(mfq, dispatched, max(first.file_from_offset, data_start)) if abnormal else None
-    if resume is not None and not _queue_tails_intact(mfq, queues, dispatched):
+    fallback_index = _fallback_start(config, mfq, dispatched)
+    if resume is not None and not _queue_tails_intact(mfq, queues, files[fallback_index].file_from_offset,
+                                                      dispatched):
         resume = None
     if resume is not None:
         # crash: everything below the checkpoint was flushed and dispatched; walk only what came after
         # it (a clean start still CRC-walks its last segments, as before)
         start_index, start_pos = resume
     elif abnormal:
-        holder = mfq.find(dispatched) if dispatched > 0 else None
-        start_index = files.index(holder) if holder is not None else 0
-        start_index = min(start_index, max(0, len(files) - config.recover_segments_normal))
+        start_index = fallback_index
         start_pos = data_start - first.file_from_offset if start_index == 0 and data_start else 0
     else:
         start_index = max(0, len(files) - config.recover_segments_normal)
