@@ -269,8 +269,9 @@ async def _dlq_resend(page: Page, base: str, admin: Admin, dead: Any) -> None:
     await page.goto(f"{base}/groups/{GROUP}/dlq")
     text = await page.text()
     assert "1 dead-lettered message(s)" in text and "dlq-0" in text
-    text = await page.submit("form.resend", {"target": "retry"})
-    assert f"sent again to %RETRY%{GROUP}: SEND_OK" in text
+    await page.submit("form.resend", {"target": "retry"})
+    flash = await page.eval("[...document.querySelectorAll('.flash')].map(e => e.textContent).join(' | ')")
+    assert f"sent again to %RETRY%{GROUP}: SEND_OK" in flash, flash
 
     async def in_retry_topic() -> list[Any]:
         try:

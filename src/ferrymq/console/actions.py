@@ -21,9 +21,16 @@ from __future__ import annotations
 
 from ferrymq.client import Admin, Producer, new_message, ops, ops_more
 from ferrymq.client.admin import check_message_id
+from ferrymq.common.route import MessageQueue
 from ferrymq.common.topic import PERM_INHERIT, PERM_READ, PERM_WRITE, dlq_topic, validate_topic
-from ferrymq.console.data import CONSOLE_PRODUCER_GROUP, ConsoleData, resend_properties, resend_target
-from ferrymq.errors import ClientError
+from ferrymq.console.data import (
+    CONSOLE_PRODUCER_GROUP,
+    ConsoleData,
+    broker_of,
+    resend_properties,
+    resend_target,
+)
+from ferrymq.errors import ClientError, TopicNotExistError
 
 #: most queues a topic may be given from the console (RocketMQ Dashboard's limit too)
 MAX_QUEUE_NUMS = 1024
@@ -139,8 +146,18 @@ class ConsoleActions:
             raise ClientError(f"message {offset_msg_id} is not in {dlq_topic(group)} (it is in {msg.topic})")
         target = resend_target(msg, group, to_original)
         producer = await self.producer()
+        queue: MessageQueue | None = None
+        if not to_original:
+            try:
+                await self.admin.topic_route(target)
+            except TopicNotExistError:
+                # the name server learns a retry topic at the broker's next registration, and the broker creates
+                # it (one queue) on the first send to it: send to queue 0 of the broker holding the dead letter
+                dlq_route = await producer.instance.get_route(msg.topic)  # (its brokers' addresses, for the send)
+                holder = broker_of(msg, await self.admin.brokers()) or dlq_route.broker_datas[0].broker_name
+                queue = MessageQueue(target, holder, 0)
         props = resend_properties(msg)
-        result = await producer.send(new_message(target, msg.body, properties=props))
+        result = await producer.send(new_message(target, msg.body, properties=props), queue=queue)
         return (f"dead-lettered message {offset_msg_id} sent again to {target}: {result.status.name}, "
                 f"msgId {result.msg_id}")
 

@@ -397,7 +397,7 @@ class ConsoleData:
             for m in messages:
                 if m.topic != topic:
                     continue
-                broker_name = _broker_of(m, brokers)
+                broker_name = broker_of(m, brokers)
                 for group, offsets in committed.items():
                     offset = offsets.get((broker_name, m.queue_id))
                     if offset is None or offset < 0:
@@ -504,7 +504,7 @@ def api_kv(resp: RemotingCommand) -> dict[str, str]:
     return api.parse_kv_table(resp)
 
 
-def _broker_of(msg: MessageExt, brokers: list[Any]) -> str:
+def broker_of(msg: MessageExt, brokers: list[Any]) -> str:
     """The broker group that stored ``msg`` (by its store host; "" when no registered broker has it)."""
     ip, port = bytes_to_host(msg.store_host)
     host = f"{ip}:{port}"
