@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 
 import pytest
 
@@ -135,6 +136,34 @@ def test_stored_message_translates_with_pop_fields() -> None:
     assert tr.duration_ms(sp.invisible_duration) == 15_000
     assert sp.store_host == "127.0.0.1:10911" and sp.born_host == "10.0.0.1"
     assert tr.timestamp_ms(sp.born_timestamp) == NOW_MS - 5
+
+
+def test_stored_message_carries_the_body_digest_every_sdk_checks() -> None:
+    """The Node 5.x client reads system_properties.body_digest unconditionally (no digest: every receive
+    fails); MD5 in upper-case hex is what the Python, Node and Java SDKs compute alike."""
+    digest = tr.to_grpc_message(stored(3)).system_properties.body_digest
+    assert (digest.type, digest.checksum) == (pb.MD5, hashlib.md5(b"b").hexdigest().upper())
+
+
+def test_half_message_reads_as_the_message_its_producer_sent() -> None:
+    ext = stored(4, {"UNIQ_KEY": "01AB", "REAL_TOPIC": "Orders", "REAL_QID": "3", "TRAN_MSG": "true",
+                     "PGROUP": "FERRYMQ_GRPC_PROXY", "TAGS": "TagT"})
+    msg = tr.half_to_grpc_message(ext)
+    sp = msg.system_properties
+    assert (msg.topic.name, sp.queue_id, sp.message_id, sp.tag) == ("Orders", 3, "01AB", "TagT")
+    assert sp.message_type == pb.TRANSACTION
+    assert dict(msg.user_properties) == {}
+
+
+def test_transaction_id_is_bound_to_topic_and_key() -> None:
+    tid = tr.TransactionId(stored(5).offset_msg_id, 12)
+    text = tid.encode(b"k1", "T")
+    assert tr.TransactionId.decode(text, b"k1", "T") == tid
+    for key, topic, bad in ((b"k2", "T", text), (b"k1", "U", text), (b"k1", "T", "x.y"),
+                            (b"k1", "T", text.rsplit(".", 1)[0])):
+        with pytest.raises(tr.TranslateError) as info:
+            tr.TransactionId.decode(bad, key, topic)
+        assert info.value.code == pb.INVALID_TRANSACTION_ID
 
 
 def test_message_without_uniq_key_uses_the_offset_id() -> None:

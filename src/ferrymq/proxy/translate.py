@@ -15,7 +15,8 @@ Message fields, 5.x ``Message`` -> 4.x message properties (``to_remoting_message
 | message_type TRANSACTION                 | TRAN_MSG=true, PGROUP                      |
 
 4.x ``MessageExt`` -> 5.x ``Message`` (``to_grpc_message``): the same table backwards, plus store_timestamp,
-store_host ("ip:port"), born_host, queue_id, queue_offset, and the pop fields receipt_handle,
+store_host ("ip:port"), born_host, queue_id, queue_offset, body_digest (MD5, upper-case hex: the one digest
+the Python, Node and Java SDKs all check alike; their CRC32 texts differ), and the pop fields receipt_handle,
 invisible_duration and delivery_attempt. message_type is FIFO when __SHARDINGKEY is set, DELAY when DELAY
 is, TRANSACTION when TRAN_MSG is, else NORMAL.
 
@@ -299,7 +300,8 @@ def to_grpc_message(msg: MessageExt, *, receipt_handle: str | None = None, invis
         message_type=message_type_of(props),  # type: ignore[arg-type]
         born_timestamp=to_timestamp(msg.born_timestamp), born_host=_host_text(msg.born_host).split(":")[0],
         store_timestamp=to_timestamp(msg.store_timestamp), store_host=_host_text(msg.store_host),
-        queue_id=msg.queue_id, queue_offset=msg.queue_offset)
+        queue_id=msg.queue_id, queue_offset=msg.queue_offset,
+        body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(msg.body).hexdigest().upper()))  # type: ignore[arg-type]
     tag = props.get(PROPERTY_TAGS)
     if tag:
         sp.tag = tag
