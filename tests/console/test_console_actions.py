@@ -108,3 +108,14 @@ async def test_elect_without_controllers_says_so(actions: tuple[ConsoleActions, 
     acts, _admin, _broker = actions
     with pytest.raises(ClientError, match="no controller is known"):
         await acts.elect("broker-a", None)
+
+
+async def test_a_test_send_needs_a_routed_topic(actions: tuple[ConsoleActions, Admin, Any]) -> None:
+    acts, admin, broker = actions
+    with pytest.raises(ClientError, match="does not route topic NoSuchT: create it first"):
+        await acts.send_test("NoSuchT", "x")
+    assert "NoSuchT" not in await admin.topic_list()  # not auto-created through TBW102
+    await acts.create_topic("FreshT", 1, 1, 6)
+    outcome = await acts.send_test("FreshT", "first", keys="fk")  # at once: it waits for the route
+    assert "sent to FreshT: SEND_OK" in outcome and "FreshT/" not in outcome
+    assert [m.body for m in await admin.query_messages_by_key("FreshT", "fk")] == [b"first"]

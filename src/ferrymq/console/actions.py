@@ -36,6 +36,8 @@ from ferrymq.errors import ClientError, TopicNotExistError
 MAX_QUEUE_NUMS = 1024
 #: most bytes of a test message's body typed into the console
 MAX_TEST_BODY_BYTES = 64 * 1024
+#: how long a test send waits for the name server to route a topic just created
+SEND_ROUTE_WAIT_MS = 5_000
 #: the permission bits a topic may carry (4 read, 2 write, 1 inherit)
 TOPIC_PERM_BITS = PERM_READ | PERM_WRITE | PERM_INHERIT
 
@@ -108,6 +110,12 @@ class ConsoleActions:
         data = body.encode("utf-8")
         if len(data) > MAX_TEST_BODY_BYTES:
             raise ClientError(f"a test message body is at most {MAX_TEST_BODY_BYTES} bytes")
+        try:
+            # a topic created a moment ago is routed at its broker's next registration; never let a test send
+            # fall back to TBW102 (it would auto-create a mistyped topic, or pick a queue the topic lacks)
+            await self.admin.wait_for_route(topic, timeout_ms=SEND_ROUTE_WAIT_MS)
+        except TopicNotExistError:
+            raise ClientError(f"the name server does not route topic {topic}: create it first") from None
         producer = await self.producer()
         result = await producer.send(new_message(topic, data, tags=tags or None, keys=keys.split() or None))
         return (f"sent to {topic}: {result.status.name}, msgId {result.msg_id}, offsetMsgId {result.offset_msg_id}, "
