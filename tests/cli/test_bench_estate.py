@@ -42,7 +42,7 @@ def test_bench_estate_small_reports_every_figure(tmp_path):
     for step in steps:
         for key in STEP_FIGURES:
             assert step[key] is not None, (step["name"], key)
-        assert "loop_lag_max_s" in step
+        assert "loop_lag_max_s" in step and step["restart_error"] is None
         for op in OPS:
             figures = step["ops"][op]
             assert figures["samples"] == 20 and figures["p50_ms"] is not None and figures["p99_ms"] is not None, op

@@ -62,6 +62,7 @@ JSON (``--json``) layout: ``machine`` (cores, python, platform, load average at 
 | broker_fds                   | open file descriptors of the broker                                       |
 | cq_index_disk_bytes, commitlog_disk_bytes | disk blocks of consumequeue/ + index/, of commitlog/         |
 | restart_s, stop_s            | restart with the estate, from SIGTERM; of it until the old process exited |
+| restart_error                | null, or why the broker did not answer again within RESTART_TIMEOUT_S      |
 """
 
 from __future__ import annotations
@@ -428,7 +429,7 @@ class EstateBench:
             for i, step in enumerate(self.steps):
                 self.progress(f"step {i + 1}/{len(self.steps)}: {step.name}")
                 try:
-                    self.results.append(await self._step(step, last=i == len(self.steps) - 1))
+                    await self._step(step, last=i == len(self.steps) - 1)
                 except Exception as exc:
                     self.error = f"step {step.name!r}: {type(exc).__name__}: {exc}"
                     raise
@@ -473,7 +474,7 @@ class EstateBench:
                 c.close()
 
     # -- one step --
-    async def _step(self, step: Step, *, last: bool) -> dict[str, Any]:
+    async def _step(self, step: Step, *, last: bool) -> None:
         o = self.o
         res: dict[str, Any] = {"name": step.name}
         probe_topic = WARM_TOPIC
@@ -518,11 +519,16 @@ class EstateBench:
         res["commitlog_disk_bytes"] = await asyncio.to_thread(disk_bytes, os.path.join(store, "commitlog"))
         # 5. restart with the whole estate
         res["restart_s"] = res["stop_s"] = None
+        res["restart_error"] = None
+        self.results.append(res)  # the step's figures stand even if the restart below fails
         await self._reconnect_idle()
         if o.restart_every_step or last:
-            res["restart_s"], res["stop_s"] = await self._restart()
+            try:
+                res["restart_s"], res["stop_s"] = await self._restart()
+            except (EstateError, ChildFailed) as exc:
+                res["restart_error"] = str(exc).splitlines()[0]
+                raise
         self.log(f"step done: {res}")
-        return res
 
     def _create_cmd(self, topic: str) -> Any:
         from ferrymq.client import api
@@ -898,7 +904,8 @@ def render_estate_table(bench: EstateBench) -> Any:
         ("consume queues + index on disk, MB", lambda r: _mb(r["cq_index_disk_bytes"])),
         ("commit log on disk, MB", lambda r: _mb(r["commitlog_disk_bytes"])),
         ("name server RSS, MB", lambda r: _mb(r["namesrv_rss_bytes"])),
-        ("restart with the estate (stop part), s", lambda r: f"{_s(r['restart_s'])} ({_s(r['stop_s'])})"),
+        ("restart with the estate (stop part), s",
+         lambda r: f"{_s(r['restart_s'])} ({_s(r['stop_s'])})" if not r["restart_error"] else "failed"),
     ]
     for label, fn in rows:
         t.add_row(label, *(fn(r) for r in res))
