@@ -11,7 +11,10 @@ setup(
     ext_modules=[
         Extension(
             "ferrymq.store._speedups",
-            sources=["src/ferrymq/store/_speedups.c"],
+            # one module from one file per concern (the list and their layouts: _speedups.h)
+            sources=[f"src/ferrymq/store/_speedups{part}.c"
+                     for part in ("", "_crc", "_scan", "_batch", "_verify", "_pull")],
+            depends=["src/ferrymq/store/_speedups.h"],
             extra_compile_args=["-O2"],
             libraries=["z"],  # crc32 of batch bodies (put_batch), the same zlib as Python's zlib module
             optional=True,

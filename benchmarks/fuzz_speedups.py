@@ -15,7 +15,7 @@ AddressSanitizer + UBSan, which turn a memory error into an abort (``PYTHONMALLO
 arenas hold blocks up to 512 bytes, which ASan cannot see freed, e.g. a small resized ctypes array)::
 
     mkdir /tmp/asan && git -C . archive HEAD | tar -x -C /tmp/asan
-    cp src/ferrymq/store/_speedups.c /tmp/asan/src/ferrymq/store/   # the working copy under test
+    cp src/ferrymq/store/_speedups*.[ch] /tmp/asan/src/ferrymq/store/   # the working copy under test
     cd /tmp/asan && CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined \\
         -fno-omit-frame-pointer -O1 -g" LDFLAGS="-fsanitize=address,undefined" \\
         python setup.py build_ext --inplace
