@@ -36,6 +36,9 @@ ROWS_PER_TRIGGER = 100
 ROW_DELAY_MS = 2
 #: the bounded nemesis CI runs (each driver kill costs a Spark start); the benchmark runs longer plans
 CI_PLAN = ["driver-commit", "worker", "driver-between"]
+#: a commit is killed after 1..this many END_TRANSACTIONs (a batch of ROWS_PER_TRIGGER rows has up to 16 half
+#: messages: 4 tasks x 4 queues)
+COMMIT_KILL_MAX_ENDS = 6
 DRIVER_START_TIMEOUT_S = 120.0
 #: each fault test restarts Spark drivers; on a loaded 2-core machine one start can take a minute
 FAULT_TEST_TIMEOUT_S = 900
@@ -387,7 +390,7 @@ def run_nemesis(h: Harness, plan: list[str]) -> None:
         elif step == "driver-between":
             h.kill_driver_between_batches()
         elif step == "driver-commit":
-            h.kill_driver_during_commit(ends=h.rng.randint(1, 40))
+            h.kill_driver_during_commit(ends=h.rng.randint(1, COMMIT_KILL_MAX_ENDS))
         elif step == "driver-during-batch":
             h.kill_driver_when_sink_grows()
         elif step == "broker-master":

@@ -113,3 +113,31 @@ async def test_check_back_commits_a_recorded_winner_left_by_a_dead_driver(tmp_pa
     finally:
         client.close()
         await broker.stop()
+
+
+async def test_a_batch_half_message_commits_every_row_of_it(tmp_path: Path) -> None:
+    from ferrymq.common.message_codec import encode_batch_columns
+
+    broker = BrokerController(_config(tmp_path / "s"))
+    await broker.start()
+    client = await Client().open(broker.broker_addr)
+    try:
+        body = encode_batch_columns([0, 0, 0], [b"r1", b"r2", b"r3"],
+                                    [b"KEYS\x01k1\x02UNIQ_KEY\x01u1", b"UNIQ_KEY\x01u2", b"TAGS\x01t\x02UNIQ_KEY\x01u3"])
+        won = await _half(client, body, _props(3, "w1") + "EOS_BATCH\x011\x02")
+        lost = await _half(client, body, _props(3, "w0") + "EOS_BATCH\x011\x02")
+        record = await _half(client, b"w1\n", _props(3, record=True))
+        assert (await _end(client, record, COMMIT))[0] == R.SUCCESS
+        assert (await _end(client, won, COMMIT))[0] == R.SUCCESS
+        assert (await _end(client, lost, COMMIT))[0] == R.TRANSACTION_FAILED
+        assert await _visible(broker, client) == [b"r1", b"r2", b"r3"]
+        broker.writer.reput_now()
+        resp = await client.call(RequestCode.PULL_MESSAGE, pull("EosT", queue_id=1, suspend_ms=0, sys_flag=4))
+        rows = records(resp.body)
+        assert [m.properties.get("UNIQ_KEY") for m in rows] == ["u1", "u2", "u3"]
+        assert rows[0].properties.get("KEYS") == "k1" and rows[2].properties.get("TAGS") == "t"
+        assert not any(k.startswith("EOS_") or k == "TRAN_MSG" for m in rows for k in m.properties)
+        assert all(m.prepared_transaction_offset == won[0] for m in rows)
+    finally:
+        client.close()
+        await broker.stop()

@@ -25,7 +25,9 @@
   of an epoch read from the half topic wins; records are rolled back when read (never visible). Check-back and
   END_TRANSACTION COMMIT both follow the record: token named → COMMIT; record without the token, or a record of
   a later epoch of the group → ROLLBACK; no record → a COMMIT is refused and the check-back asks as usual.
-  END_TRANSACTION on a record answers the epoch's winners (``EndStatus.EPOCH_RECORDED``).
+  END_TRANSACTION on a record answers the epoch's winners (``EndStatus.EPOCH_RECORDED``). A half message with
+  ``EOS_BATCH=1`` carries a SEND_BATCH body: its commit stores every message of it in its real queue in one
+  batch put (sysFlag without a transaction type, ``preparedTransactionOffset`` = the half message's).
 
 Op record (topic ``RMQ_SYS_TRANS_OP_HALF_TOPIC``, queue 0, tags ``d``):
 
@@ -51,6 +53,7 @@ from typing import Any
 
 from ferrymq.common.message import (
     NAME_VALUE_SEPARATOR,
+    PROPERTY_CLUSTER,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -61,9 +64,10 @@ from ferrymq.common.message import (
     SYSFLAG_TRANSACTION_MASK,
     MessageExt,
     MessageExtBrokerInner,
+    string_to_properties,
     tags_hash_code,
 )
-from ferrymq.common.message_codec import RecordFormatError, decode_record
+from ferrymq.common.message_codec import RecordFormatError, decode_batch_body, decode_record
 from ferrymq.common.topic import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
@@ -79,10 +83,12 @@ PROPERTY_EOS_GROUP = "EOS_GROUP"
 PROPERTY_EOS_EPOCH = "EOS_EPOCH"
 PROPERTY_EOS_WRITER = "EOS_WRITER"
 PROPERTY_EOS_RECORD = "EOS_RECORD"
+#: the half message's body is a SEND_BATCH body of several messages for its real queue, committed together
+PROPERTY_EOS_BATCH = "EOS_BATCH"
 #: properties of the half message that the committed message does not carry
 _TRANSACTION_PROPERTIES = (PROPERTY_TRANSACTION_PREPARED, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID,
                            PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, PROPERTY_EOS_GROUP, PROPERTY_EOS_EPOCH,
-                           PROPERTY_EOS_WRITER, PROPERTY_EOS_RECORD)
+                           PROPERTY_EOS_WRITER, PROPERTY_EOS_RECORD, PROPERTY_EOS_BATCH)
 #: half messages read per check round at most (the rest wait for the next round)
 MAX_CHECKS_PER_ROUND = 10_000
 #: records read from a queue per get_message call while scanning
@@ -325,7 +331,15 @@ class TransactionService:
         return self._apply(half, half_queue_offset, wanted)
 
     def _apply(self, half: MessageExt, half_queue_offset: int, wanted: Decision) -> EndStatus:
-        if wanted is Decision.COMMIT:
+        if wanted is Decision.COMMIT and half.properties.get(PROPERTY_EOS_BATCH) == "1":
+            inners = self._real_batch(half)
+            if inners is None:
+                return EndStatus.STORE_FAILED
+            result = self.ctx.writer.put_batch(inners)
+            if result.append_result is None:
+                log.error("committed batch of half %d not stored: %s", half_queue_offset, result.status.name)
+                return EndStatus.STORE_FAILED
+        elif wanted is Decision.COMMIT:
             result = self.ctx.writer.put(self._real_message(half))
             if result.append_result is None:
                 log.error("committed message of half %d not stored: %s", half_queue_offset, result.status.name)
@@ -349,6 +363,33 @@ class TransactionService:
             born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=self.ctx.store_host,
             reconsume_times=half.reconsume_times, prepared_transaction_offset=half.phy_offset,
             index_keys=index_keys(props))
+
+    def _real_batch(self, half: MessageExt) -> list[MessageExtBrokerInner] | None:
+        """The messages of an ``EOS_BATCH`` half message (its body: a SEND_BATCH body), for its real queue, each
+        with its own properties plus the half message's cluster and producer group; None when unreadable."""
+        from ferrymq.broker.processors.send import index_keys  # (the send path's key rule)
+
+        topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
+        queue_id = int(half.properties.get(PROPERTY_REAL_QUEUE_ID, "0") or 0)
+        shared = {k: half.properties[k] for k in (PROPERTY_CLUSTER, PROPERTY_PRODUCER_GROUP) if k in half.properties}
+        try:
+            entries = decode_batch_body(bytes(half.body))
+        except (RecordFormatError, ValueError) as exc:
+            log.error("half message %d: unreadable batch body (%s); not committed", half.queue_offset, exc)
+            return None
+        # one batch put (one append: all or none); the store's batch path takes no transaction type, so these
+        # messages carry sysFlag TRANSACTION_NOT_TYPE (consumers do not look at it) and name the half message by
+        # preparedTransactionOffset
+        sys_flag = half.sys_flag & ~SYSFLAG_TRANSACTION_MASK
+        inners = []
+        for flag, body, props_text in entries:
+            props = {**string_to_properties(props_text), **shared}
+            inners.append(MessageExtBrokerInner(
+                topic=topic, queue_id=queue_id, body=body, flag=flag, properties_string=_props_text(props),
+                tags_code=tags_hash_code(props.get(PROPERTY_TAGS)), sys_flag=sys_flag,
+                born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=self.ctx.store_host,
+                reconsume_times=0, prepared_transaction_offset=half.phy_offset, index_keys=index_keys(props)))
+        return inners or None
 
     # ---- check-back ------------------------------------------------------------------------------
     async def _run(self) -> None:

@@ -4,9 +4,11 @@ made visible by the driver's commit through epoch records that the brokers hold.
 * **Epoch group and epoch.** Streaming: Spark's query id (``sql.streaming.queryId``, kept in the checkpoint,
   the same after a restart) and the micro-batch id (``streaming.sql.batchId``), both read from the task's
   local properties. Batch writes (``df.write``): a job id drawn when the writer is made, epoch 0.
-* **Task** (``write_partition``): draws a writer token, sends every row as a half message to the queue the
-  default sink would pick (never retried elsewhere: one send, at most one half message per row), and returns
-  an ``EpochCommit`` with the handles of its half messages. Properties of each half message:
+* **Task** (``write_partition``): draws a writer token, groups its rows by the queue the default sink would pick
+  and sends each run of at most 512 rows / 1 MiB of bodies as one half message whose body is the run's
+  SEND_BATCH body (never retried elsewhere: one send, at most one half message per run; the broker stores every
+  row of it at commit), and returns an ``EpochCommit`` with the handles of its half messages. Properties of
+  each half message:
 
   | property                         | value                                                      |
   |----------------------------------|------------------------------------------------------------|
@@ -15,6 +17,7 @@ made visible by the driver's commit through epoch records that the brokers hold.
   | ``EOS_GROUP``                    | the epoch group                                            |
   | ``EOS_EPOCH``                    | the epoch (decimal)                                        |
   | ``EOS_WRITER``                   | the writer token (32 hex digits)                           |
+  | ``EOS_BATCH``                    | ``1``: the body is a SEND_BATCH body of the run's rows       |
   | ``CHECK_IMMUNITY_TIME_IN_SECONDS`` | ``exactlyOnce.timeoutMs`` / 1000                         |
 
 * **Driver** (``commit_epoch``): the winners are the tokens of the commit messages Spark hands over. An epoch
@@ -50,6 +53,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 from ferrymq.client.producer import Producer
 from ferrymq.client.values import SendStatus, new_message
 from ferrymq.common.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_COMMIT,
@@ -70,6 +74,7 @@ PROPERTY_EOS_GROUP = "EOS_GROUP"
 PROPERTY_EOS_EPOCH = "EOS_EPOCH"
 PROPERTY_EOS_WRITER = "EOS_WRITER"
 PROPERTY_EOS_RECORD = "EOS_RECORD"
+PROPERTY_EOS_BATCH = "EOS_BATCH"
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 #: Spark's local properties of a streaming task
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -93,6 +98,8 @@ class HalfHandle:
     queue_id: int
     half_phy_offset: int
     half_queue_offset: int
+    #: rows in the half message (a batch body)
+    rows: int = 1
 
 
 @dataclass
@@ -107,7 +114,7 @@ class EpochCommit(WriterCommitMessage):
 
     @property
     def rows(self) -> int:
-        return len(self.halves)
+        return sum(h.rows for h in self.halves)
 
 
 def producer_group(epoch_group: str) -> str:
@@ -136,38 +143,48 @@ def task_epoch(batch_group: str | None) -> tuple[str, int, int]:
 
 async def _send_halves(opts: SinkOptions, rows: list[tuple[Message, int | None, str | None]], epoch_group: str,
                        epoch: int, writer: str) -> list[HalfHandle]:
-    from ferrymq.spark.writer import QueuePlanner, SendFailedError, _run_all
+    """Rows grouped by target queue, each run of at most SINK_BATCH_MAX_MESSAGES / SINK_BATCH_MAX_BYTES sent as
+    one half message whose body is the run's SEND_BATCH body (``EOS_BATCH=1``: the broker stores every message
+    of it in the queue at commit); the handles of the half messages."""
+    from ferrymq.spark.writer import QueuePlanner, SendFailedError, _chunks, _run_all
 
     eos_opts = _eos_options(opts, epoch_group)
     producer = await runtime.started_producer(eos_opts)
+    # a batch body is stored as it is (the broker splits it at commit): never compressed as a whole
+    producer.compress_msg_body_over_bytes = producer.max_message_size_bytes + 1
     planner = QueuePlanner(producer)
-    immunity_s = str(max(1, opts.exactly_once_timeout_ms // 1000))
-    targets: list[tuple[Message, MessageQueue]] = []
+    per_queue: dict[MessageQueue, list[Message]] = {}
     for msg, queue_id, broker in rows:
-        mq = await planner.target(msg, queue_id, broker)
-        if msg.delay_level:
+        if msg.delay_level or PROPERTY_DELAY_TIME_LEVEL in msg.properties:
             raise SendFailedError("the exactly-once sink cannot send delayed messages (transactional messages "
                                   "are never delayed)")
-        msg.properties.update({
-            PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: eos_opts.group,
-            PROPERTY_EOS_GROUP: epoch_group, PROPERTY_EOS_EPOCH: str(epoch), PROPERTY_EOS_WRITER: writer,
-            PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: immunity_s})
-        targets.append((msg, mq))
-    handles: list[HalfHandle | None] = [None] * len(targets)
+        per_queue.setdefault(await planner.target(msg, queue_id, broker), []).append(msg)
+    header = {
+        PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: eos_opts.group,
+        PROPERTY_EOS_GROUP: epoch_group, PROPERTY_EOS_EPOCH: str(epoch), PROPERTY_EOS_WRITER: writer,
+        PROPERTY_EOS_BATCH: "1",
+        PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS: str(max(1, opts.exactly_once_timeout_ms // 1000))}
+    runs = [(mq, msgs[a:b]) for mq, msgs in per_queue.items() for a, b in _chunks([len(m.body) for m in msgs])]
+    handles: list[HalfHandle | None] = [None] * len(runs)
     sem = asyncio.Semaphore(opts.send_pipeline_depth)
 
-    async def one(i: int, msg: Message, mq: MessageQueue) -> None:
+    async def one(i: int, mq: MessageQueue, msgs: list[Message]) -> None:
+        try:
+            body, _ = producer._encode_batch(msgs, mq.topic)
+        except (FerryError, ClientError, ValueError) as exc:
+            raise SendFailedError(f"rows for {mq} cannot be sent: {exc}") from exc
+        half = new_message(mq.topic, body, properties=dict(header))
         async with sem:
             try:
-                result = await producer.send(msg, queue=mq)
+                result = await producer.send(half, queue=mq)
             except (FerryError, ClientError) as exc:
                 raise SendFailedError(f"half message to {mq} failed: {exc}") from exc
         if result.status is not SendStatus.SEND_OK:
             raise SendFailedError(f"half message to {mq} answered {result.status.name}")
         _, _, phy = decode_offset_msg_id(result.offset_msg_id)
-        handles[i] = HalfHandle(mq.broker_name, mq.topic, mq.queue_id, phy, result.queue_offset)
+        handles[i] = HalfHandle(mq.broker_name, mq.topic, mq.queue_id, phy, result.queue_offset, len(msgs))
 
-    await _run_all([one(i, msg, mq) for i, (msg, mq) in enumerate(targets)])
+    await _run_all([one(i, mq, msgs) for i, (mq, msgs) in enumerate(runs)])
     return [h for h in handles if h is not None]
 
 
@@ -253,7 +270,7 @@ def _fault_point(ends_done: int) -> None:
 
 
 async def commit_epoch(opts: SinkOptions, messages: list[EpochCommit], epoch: int) -> tuple[int, int]:
-    """Record and commit one epoch; (half messages committed, rolled back) by this call."""
+    """Record and commit one epoch; (rows committed, rows rolled back) by this call."""
     assert opts.topic is not None
     epoch_group = messages[0].group
     if any(m.group != epoch_group for m in messages):
@@ -307,8 +324,8 @@ async def commit_epoch(opts: SinkOptions, messages: list[EpochCommit], epoch: in
                             resp.remark or "")
 
     await asyncio.gather(*(one(h, k) for h, k in decisions))
-    committed = sum(1 for _, k in decisions if k == SYSFLAG_TRANSACTION_COMMIT)
-    return committed, len(decisions) - committed
+    committed = sum(h.rows for h, k in decisions if k == SYSFLAG_TRANSACTION_COMMIT)
+    return committed, sum(h.rows for h, _ in decisions) - committed
 
 
 async def abort_epoch(opts: SinkOptions, messages: list[EpochCommit]) -> int:
