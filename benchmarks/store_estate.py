@@ -15,7 +15,9 @@ broker process) and times, one call at a time, each path that runs per timer, pe
 | delete_topic           | ``delete_topic`` of one 8-queue topic (DELETE_TOPIC_IN_BROKER)                 | loop, request |
 | expire step            | ``delete_expired_files`` once a commit log segment expired (the cleanup timer)  | loop, timer  |
 | expire round           | the calls (and the sum of them) until the consume queues are trimmed            | loop, timer  |
-| clean restart          | ``MessageStore.load`` after ``shutdown``                                        | start        |
+| clean restart          | ``MessageStore.load`` after ``shutdown`` (and how many queues it opened)        | start        |
+| heap per queue         | Python heap the loaded store holds per queue (``tracemalloc``, a second load)   | start        |
+| first use of a queue   | a pull of a queue not opened since the start (it is loaded then)               | loop, request |
 | crash restart          | ``MessageStore.load`` after a crash (abort file left)                           | start        |
 | unconsumed floor step  | the broker's ``UnconsumedFloor`` over one committed offset per queue: a step     | loop, cleanup |
 | unconsumed floor pass  | ... and the sum of the steps of one whole pass                                  | loop, steps  |
@@ -30,10 +32,12 @@ same. Run it on an otherwise idle machine; figures are wall-clock milliseconds.
 from __future__ import annotations
 
 import argparse
+import gc
 import shutil
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +84,12 @@ def _expire_round(store: MessageStore) -> tuple[float, float, int]:
         longest, total, calls = max(longest, ms), total + ms, calls + 1
         if pending is None or not pending() or calls > 10_000:
             return longest, total, calls
+
+
+def _opened(store: MessageStore) -> str:
+    """Consume queues loaded (files opened) so far; every queue for a store that loads them all at start."""
+    count = getattr(store.queues, "loaded_count", None)
+    return str(count) if count is not None else "all"
 
 
 def _floor(store: MessageStore, topics: list[str]) -> tuple[float, float, int]:
@@ -146,13 +156,25 @@ def main() -> int:
         store.shutdown()
         store = MessageStore(_config(root, args.cq_file_bytes))
         ms, _ = _timed(store.load)
-        _row("clean restart", ms, f"{ms * 1000 / args.queues:.1f} us per queue")
+        _row("clean restart", ms, f"{ms * 1000 / args.queues:.1f} us per queue, {_opened(store)} queues opened")
+        store.shutdown()
+        store = MessageStore(_config(root, args.cq_file_bytes))
+        gc.collect()
+        tracemalloc.start()
+        heap_before = tracemalloc.get_traced_memory()[0]
+        store.load()
+        gc.collect()
+        heap = tracemalloc.get_traced_memory()[0] - heap_before
+        tracemalloc.stop()
+        print(f"{'heap per queue':<24} {heap / args.queues:>10.0f} B   {heap / 1e6:.1f} MB for the store", flush=True)
+        ms, result = _timed(lambda: store.get_message("G", topics[len(topics) // 3], 1, 0, 32, None))
+        _row("first use of a queue", ms, f"a pull of {result.message_count} message(s)")
         store.flush()
         store.flush_consume_queues()
         store.close_abruptly()
         store = MessageStore(_config(root, args.cq_file_bytes))
         ms, _ = _timed(store.load)
-        _row("crash restart", ms, f"abnormal={store.last_start_was_abnormal}")
+        _row("crash restart", ms, f"abnormal={store.last_start_was_abnormal}, {_opened(store)} queues opened")
 
         longest, total, steps = _floor(store, topics)
         _row("unconsumed floor step", longest, "longest step")

@@ -1,7 +1,8 @@
 """All consume queues of a store, keyed by (topic, queue id); their files share one ``OpenFilePool``.
 
 Estate size (100,000 queues and more): nothing the broker calls per request or per timer walks every queue at
-once. A move of the commit log's start (``correct_min_offsets``) is O(1): each queue corrects its min offset on
+once, and the start opens no queue the ``queueoffsets`` snapshot accounts for (``load``; each is loaded on its
+first use, ``ConsumeQueue``). A move of the commit log's start (``correct_min_offsets``) is O(1): each queue corrects its min offset on
 its next use (``consume_queue.LogFloor``). The deletion of expired files after a commit log segment went
 (``start_expire`` / ``expire_step``) walks the queues with a cursor, a bounded slice per call. The flush visits
 only the queues written since the last one, and the queues of one topic are found through a per-topic index.

@@ -7,7 +7,14 @@ consume queues agree with it, and choose where re-dispatch starts.
   queues and the index) when a record boundary is found there; otherwise from the segment holding
   it (at most ``recover_segments_normal`` back), or from the first segment if that is unknown. The
   checkpoint is trusted only while the record each consume queue ends with is intact: a tail lost on disk
-  below the checkpoint makes recovery walk the segment instead.
+  below the checkpoint makes recovery walk the segment instead. Checked only for the queues whose newest unit lies
+  in that segment (older damage is beyond what the walk would repair) and read from the commit log at the record
+  the queue's ``queueoffsets`` line names: no consume queue file is opened for it.
+
+Consume queues the ``queueoffsets`` snapshot accounts for are not opened at start (``ConsumeQueue``: loaded on
+first use). Only those whose newest unit reaches past the recovered end are loaded here, to be cut; units any other
+queue holds past it (written after its last flush, before a crash) are dropped when it is loaded
+(``LogFloor.valid_end``).
 
 The walk stops at the first record with a bad magic, size or physical offset, or at zeros, and at a bad
 CRC on the last record (a torn write). A record whose only fault is its BODYCRC and that an intact record
