@@ -13,7 +13,8 @@ until the group is whole again. ``--groups 2``: a second group shares the name s
 serves the topic too; each fault hits one group drawn at random. At the end it checks every SEND_OK
 (tests/acceptance/controller_support.py: in the log at its offset, one acknowledging broker per epoch, the
 replicas' logs byte-identical) and prints one line per round and a summary table: rounds, failovers, SEND_OK,
-lost, duplicates, write unavailability per failover (median, max). Exit code 1 on any violation.
+lost, duplicates, write unavailability per failover (median, max; with two groups: to the first SEND_OK
+anywhere) and the longest gap between two SEND_OKs around each failover. Exit code 1 on any violation.
 
 ``--client cpp|alions|ferrymq --rounds N``: instead, N SIGKILLs of the master with that client as the only
 producer (``cpp``: the Apache C++ client 1.x through PyPI rocketmq 0.4.4; ``alions``: npm ali-ons; both
@@ -100,6 +101,7 @@ def main() -> int:
             groups.append(NemesisGroup.start(group, broker_name="broker-m", share=nemesis, **broker_props))
             for g in groups:  # the topic on both groups (a producer's retry moves to the other one)
                 create_topic(g.master().addr, TOPIC)
+                g.topic_elsewhere = True
         producer = ProducerLoop(nemesis.ns.addr, f"n{args.seed}").start()
         try:
             for i in range(args.rounds):
@@ -110,7 +112,7 @@ def main() -> int:
                     g.wait_whole()
                 print(f"round {i + 1:3d} {target.broker_name} {r.action:23s} victim={r.victim:10s} master "
                       f"{r.master_before}->{r.master_after} write-unavailable={r.unavailable_s:6.2f}s "
-                      f"acks={len(producer.acks)}", flush=True)
+                      f"longest-gap={r.longest_gap_s:5.2f}s acks={len(producer.acks)}", flush=True)
         finally:
             producer.stop()
         summary: dict[str, Any] = {"send_ok": 0, "lost": 0, "duplicates": 0}
@@ -125,15 +127,21 @@ def main() -> int:
                 summary = {"send_ok": len(producer.acks), "lost": "?", "duplicates": "?"}
                 break
         failovers = [r.unavailable_s for g in groups for r in g.rounds if r.action in FAILOVER_ACTIONS]
+        gaps = [r.longest_gap_s for g in groups for r in g.rounds if r.action in FAILOVER_ACTIONS]
         print()
         print(f"controllers: {args.controllers}, groups {args.groups}, seed {args.seed}, partitions {args.partitions}, "
               f"broker props {broker_props or 'defaults'}")
-        print("| rounds | failovers | SEND_OK | lost | duplicates | unavailability median (s) | max (s) | run (s) |")
-        print("|-------:|----------:|--------:|-----:|-----------:|--------------------------:|--------:|--------:|")
+        print("| rounds | failovers | SEND_OK | lost | duplicates | unavailability median (s) | max (s) | "
+              "longest gap median (s) | max (s) | run (s) |")
+        print("|-------:|----------:|--------:|-----:|-----------:|--------------------------:|--------:|"
+              "-----------------------:|--------:|--------:|")
         med = statistics.median(failovers) if failovers else float("nan")
         worst = max(failovers) if failovers else float("nan")
+        gap_med = statistics.median(gaps) if gaps else float("nan")
+        gap_max = max(gaps) if gaps else float("nan")
         print(f"| {sum(len(g.rounds) for g in groups)} | {len(failovers)} | {summary['send_ok']} | {summary['lost']} | "
-              f"{summary['duplicates']} | {med:.2f} | {worst:.2f} | {time.monotonic() - t_start:.0f} |")
+              f"{summary['duplicates']} | {med:.2f} | {worst:.2f} | {gap_med:.2f} | {gap_max:.2f} | "
+              f"{time.monotonic() - t_start:.0f} |")
     finally:
         if nemesis is not None:
             nemesis.close()  # the iptables rules
