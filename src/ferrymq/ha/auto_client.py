@@ -189,6 +189,8 @@ class AutoSwitchHAClient:
         proto = _TransferProtocol(self, transport)
         leftover = bytes(getattr(reader, "_buffer", b""))  # sent right after the handshake, already read
         transport.set_protocol(proto)
+        if not transport.is_reading():  # the stream reader paused it on a full buffer: nobody else resumes it
+            transport.resume_reading()
         if leftover:
             proto.data_received(leftover)
         if reader.at_eof():

@@ -450,7 +450,10 @@ class AutoSwitchHAMaster:
         self._acks[slave.replica_id] = slave.ack_phy_offset
         proto = _AckProtocol(self, slave)
         leftover = bytes(getattr(reader, "_buffer", b""))  # reports that came with the handshake's last read
-        writer.transport.set_protocol(proto)
+        transport: Any = writer.transport
+        transport.set_protocol(proto)
+        if not transport.is_reading():  # the stream reader paused it on a full buffer: nobody else resumes it
+            transport.resume_reading()
         slave.tasks = [asyncio.create_task(self._pump(slave))]
         if leftover:
             proto.data_received(leftover)
