@@ -186,7 +186,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="grpcbench-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        ns_port, broker_port, grpc_port = free_port(), free_port(), free_port()
+        ns_port, broker_port, grpc_port, local_port = free_port(), free_port(), free_port(), free_port()
         logs = work / "logs"
         logs.mkdir()
 
@@ -200,19 +200,22 @@ def main() -> None:
         wait_port(ns_port, spawn("namesrv", ferry("namesrv", "--listen", ns_addr)), "namesrv")
         conf = work / "broker.conf"
         conf.write_text(f"listenPort={broker_port}\nlistenHost=127.0.0.1\nbrokerIP1=127.0.0.1\n"
-                        f"storePathRootDir={work / 'store'}\nnamesrvAddr={ns_addr}\nfastListenEnable=false\n")
+                        f"storePathRootDir={work / 'store'}\nnamesrvAddr={ns_addr}\nfastListenEnable=false\n"
+                        f"haListenPort={free_port()}\nenableGrpcServer=true\ngrpcServerPort={local_port}\n")
         wait_port(broker_port, spawn("broker", ferry("broker", "-c", str(conf))), "broker")
         wait_port(grpc_port, spawn("proxy", ferry("proxy", "-n", ns_addr, "--listen", f"127.0.0.1:{grpc_port}",
                                                   "--log-level", "WARNING")), "proxy")
-        rows: dict[str, list[dict[str, float]]] = {"grpc": [], "remoting": []}
+        wait_port(local_port, procs[1], "broker's gRPC endpoint")
+        rows: dict[str, list[dict[str, float]]] = {"grpc": [], "local": [], "remoting": []}
         for run in range(args.repeats):
-            for path in ("grpc", "remoting"):
+            for path in ("grpc", "local", "remoting"):
                 topic, group = f"Bench_{path}_{run}", f"bench_{path}_{run}"
                 asyncio.run(create_topic(ns_addr, f"127.0.0.1:{broker_port}", topic))
-                if path == "grpc":
+                if path in ("grpc", "local"):
                     env = {**os.environ, "PYTHONPATH": str(sdk), "HOME": str(work)}
+                    port = grpc_port if path == "grpc" else local_port
                     out = subprocess.run([sys.executable, "-c", SDK_SCRIPT, json.dumps({
-                        "endpoints": f"127.0.0.1:{grpc_port}", "topic": topic, "group": group, "count": args.count,
+                        "endpoints": f"127.0.0.1:{port}", "topic": topic, "group": group, "count": args.count,
                         "size": args.size, "batch": RECEIVE_BATCH, "invisible_s": INVISIBLE_S})],
                         env=env, capture_output=True, text=True, timeout=900, check=True)
                     rows[path].append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -226,9 +229,12 @@ def main() -> None:
         print(f"\n{args.count} x {args.size} B, median of {args.repeats}")
         print("| path | produce msg/s | consume msg/s |\n|---|---|---|")
         print(f"| 5.x SDK -> gRPC proxy -> broker | {med['grpc'][0]:.0f} | {med['grpc'][1]:.0f} |")
+        print(f"| 5.x SDK -> broker's gRPC endpoint (local mode) | {med['local'][0]:.0f} | {med['local'][1]:.0f} |")
         print(f"| ferrymq client -> broker (remoting) | {med['remoting'][0]:.0f} | {med['remoting'][1]:.0f} |")
-        print(f"| gRPC / remoting | {med['grpc'][0] / med['remoting'][0]:.2f}x | "
+        print(f"| gRPC proxy / remoting | {med['grpc'][0] / med['remoting'][0]:.2f}x | "
               f"{med['grpc'][1] / med['remoting'][1]:.2f}x |")
+        print(f"| local mode / remoting | {med['local'][0] / med['remoting'][0]:.2f}x | "
+              f"{med['local'][1] / med['remoting'][1]:.2f}x |")
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:

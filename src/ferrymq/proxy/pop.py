@@ -53,7 +53,7 @@ class Delivery:
 class PopQueue:
     """Pop state of one queue for one consumer group."""
 
-    __slots__ = ("pull_offset", "entries", "committed_offset", "fifo")
+    __slots__ = ("pull_offset", "entries", "committed_offset", "fifo", "fresh")
 
     def __init__(self, start_offset: int, *, fifo: bool = False) -> None:
         #: next queue offset to pull from the broker
@@ -63,6 +63,8 @@ class PopQueue:
         #: the offset last written to the broker (see ``commit_offset``)
         self.committed_offset = start_offset
         self.fifo = fifo
+        #: entries pulled and never delivered (always ready): the prefetch watermark reads it
+        self.fresh = 0
 
     # ---- pulling -----------------------------------------------------------------------------------
     def room(self) -> int:
@@ -73,13 +75,14 @@ class PopQueue:
         for msg in messages:
             if msg.queue_offset >= self.pull_offset and msg.queue_offset not in self.entries:
                 self.entries[msg.queue_offset] = PopEntry(msg)
+                self.fresh += 1
         self.pull_offset = max(self.pull_offset, next_pull_offset)
 
     def reset_pull_offset(self, next_pull_offset: int) -> None:
         """The broker moved the offset (out of range): nothing held below it can be delivered any more."""
         self.pull_offset = next_pull_offset
         for offset in [o for o in self.entries if o < next_pull_offset]:
-            del self.entries[offset]
+            self._drop(offset)
 
     # ---- delivering ---------------------------------------------------------------------------------
     def blocked(self, now_ms: int) -> bool:
@@ -113,6 +116,8 @@ class PopQueue:
                 dead.append(entry)
                 entry.visible_at_ms = now_ms + invisible_ms  # not offered again while it is being moved
                 continue
+            if entry.attempt == 0:
+                self.fresh -= 1
             entry.attempt += 1
             entry.visible_at_ms = now_ms + invisible_ms
             entry.serial = next_serial()
@@ -128,7 +133,7 @@ class PopQueue:
         entry = self.entries.get(queue_offset)
         if entry is None or entry.serial != serial:
             return False
-        del self.entries[queue_offset]
+        self._drop(queue_offset)
         return True
 
     def change_invisible(self, queue_offset: int, serial: int, visible_at_ms: int,
@@ -142,7 +147,12 @@ class PopQueue:
         return entry.serial
 
     def remove(self, queue_offset: int) -> None:
-        self.entries.pop(queue_offset, None)
+        self._drop(queue_offset)
+
+    def _drop(self, queue_offset: int) -> None:
+        entry = self.entries.pop(queue_offset, None)
+        if entry is not None and entry.attempt == 0:
+            self.fresh -= 1
 
     # ---- offsets -------------------------------------------------------------------------------------
     def commit_offset(self) -> int:

@@ -40,6 +40,7 @@ from ferrymq.proxy import translate as tr
 from ferrymq.proxy.auth import GrpcAuth
 from ferrymq.proxy.config import ProxyConfig
 from ferrymq.proxy.pop import PopQueue, SerialSource
+from ferrymq.proxy.presence import Presence, PresenceRegistry
 from ferrymq.proxy.v2 import definition_pb2 as pb
 from ferrymq.proxy.v2 import service_pb2 as spb
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 
 #: messages one PULL asks for while filling a queue's pop state
 PULL_BATCH = 32
+#: a receive that took messages of a queue pulls its next batch in the background while fewer than this many
+#: never-delivered messages of it are held
+PREFETCH_LOW_WATERMARK = PULL_BATCH
 #: the largest ReceiveMessage batch (RocketMQ's proxy: 32)
 MAX_RECEIVE_BATCH = 32
 #: invisible duration when a ReceiveMessage names none (auto-renewing push consumers)
@@ -67,6 +71,8 @@ REMOTING_TIMEOUT_MS = 5_000
 DEAD_LETTER_RETRY_MS = 10_000
 #: gRPC metadata key carrying the 5.x client id
 CLIENT_ID_KEY = "x-mq-client-id"
+#: gRPC metadata key carrying the 5.x client's language
+LANGUAGE_KEY = "x-mq-language"
 #: Telemetry answers: producer retry policy (RocketMQ's proxy defaults)
 PRODUCER_MAX_ATTEMPTS = 3
 PRODUCER_BACKOFF_INITIAL_MS = 10
@@ -150,6 +156,13 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         #: move to the dead-letter queue even when no receive comes (``_sweep_dead``)
         self._last_attempts: list[tuple[int, int, PopKey, int]] = []
         self._clients: dict[str, _ClientInfo] = {}
+        #: each 5.x client as a client of the brokers (ferry verbs and metrics list it)
+        self.presence = PresenceRegistry(self.instance, config.producer_group, clock_ms=self.clock_ms,
+                                         on_check_transaction=self._on_check_transaction)
+        #: (topic, broker name) -> (the route they were worked out from, readable queue ids)
+        self._queue_ids: dict[tuple[str, str], tuple[TopicRouteData, list[int]]] = {}
+        #: queues with a background pull under way (``_prefetch``)
+        self._prefetching: set[PopKey] = set()
         #: set when this proxy stored a message of the topic (wakes waiting receives)
         self._arrivals: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -166,6 +179,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     async def close(self) -> None:
         self._closing = True
+        await self.presence.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -181,6 +195,15 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             if key == CLIENT_ID_KEY:
                 return str(value)
         return ""
+
+    def _presence(self, client_id: str, context: Any) -> Presence | None:
+        if not client_id:
+            return None
+        language = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == LANGUAGE_KEY:
+                language = str(value)
+        return self.presence.seen(client_id, language)
 
     def _denied(self, rpc: str, request: Any, context: Any) -> pb.Status | None:
         """The status refusing ``request`` under the ACL (auth.py), None when it may run."""
@@ -258,10 +281,14 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         denied = self._denied("Heartbeat", request, context)
         if denied is not None:
             return spb.HeartbeatResponse(status=denied)
-        info = self._clients.setdefault(self._client_id(context), _ClientInfo())
+        client_id = self._client_id(context)
+        info = self._clients.setdefault(client_id, _ClientInfo())
         info.client_type = request.client_type
         if request.HasField("group") and request.group.name:
             info.group = request.group.name
+        presence = self._presence(client_id, context)
+        if presence is not None:
+            self.presence.heartbeat_soon(presence)
         return spb.HeartbeatResponse(status=tr.status())
 
     async def NotifyClientTermination(self, request: spb.NotifyClientTerminationRequest,
@@ -269,7 +296,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         denied = self._denied("NotifyClientTermination", request, context)
         if denied is not None:
             return spb.NotifyClientTerminationResponse(status=denied)
-        self._clients.pop(self._client_id(context), None)
+        client_id = self._client_id(context)
+        self._clients.pop(client_id, None)
+        await self.presence.forget(client_id)
         return spb.NotifyClientTerminationResponse(status=tr.status())
 
     # ---- Telemetry ---------------------------------------------------------------------------------------
@@ -311,7 +340,15 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             return spb.TelemetryCommand(status=denied)
         which = command.WhichOneof("command")
         if which == "settings":
-            return spb.TelemetryCommand(status=tr.status(), settings=self.settings_for(client_id, command.settings))
+            answer = spb.TelemetryCommand(status=tr.status(), settings=self.settings_for(client_id, command.settings))
+            presence = self._presence(client_id, context)
+            info = self._clients.get(client_id)
+            if presence is not None and info is not None:
+                presence.group = info.group if command.settings.WhichOneof("pub_sub") == "subscription" else ""
+                presence.subscriptions = dict(info.subscriptions)
+                presence.topics = info.topics
+                self.presence.heartbeat_soon(presence, force=True)
+            return answer
         if which in ("thread_stack_trace", "verify_message_result"):
             log.debug("telemetry %s from %s ignored", which, client_id)
             return None
@@ -534,8 +571,14 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 delivery_attempt=delivery.attempt))
 
     async def _readable_queue_ids(self, topic: str, broker_name: str) -> list[int]:
+        """The readable queue ids of ``topic`` on ``broker_name``, worked out once per route the client
+        instance holds (a refreshed route is a new object)."""
         route = await self._route(topic)
+        cached = self._queue_ids.get((topic, broker_name))
+        if cached is not None and cached[0] is route:
+            return cached[1]
         ids = [mq.queue_id for mq in routes.subscribe_queues(topic, route) if mq.broker_name == broker_name]
+        self._queue_ids[(topic, broker_name)] = (route, ids)
         if not ids:
             raise tr.TranslateError(pb.TOPIC_NOT_FOUND, f"topic {topic} has no readable queue on {broker_name}")
         return ids
@@ -562,14 +605,17 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             lock = self._pop_locks[key] = asyncio.Lock()
         return lock
 
-    async def _fill(self, key: PopKey, pq: PopQueue, expression: tuple[str, str], *, block_ms: int = 0) -> None:
-        """Pull more of the queue when nothing held is ready (``block_ms``: a broker long poll)."""
+    async def _fill(self, key: PopKey, pq: PopQueue, expression: tuple[str, str], *, block_ms: int = 0,
+                    prefetch: bool = False) -> None:
+        """Pull more of the queue when nothing held is ready (``block_ms``: a broker long poll); ``prefetch``:
+        when fewer than PREFETCH_LOW_WATERMARK never-delivered messages are held."""
         lock = self._lock(key)
         if lock.locked() and block_ms == 0:
             return  # another receive is pulling this queue
         async with lock:
             now = self.clock_ms()
-            if pq.room() <= 0 or pq.has_ready(now) or pq.blocked(now):
+            if pq.room() <= 0 or pq.blocked(now) or (pq.fresh >= PREFETCH_LOW_WATERMARK if prefetch
+                                                     else pq.has_ready(now)):
                 return
             mq = RemotingQueue(key[1], key[2], key[3])
             result = await self._core(key[0]).pull(
@@ -578,12 +624,30 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 timeout_ms=block_ms + REMOTING_TIMEOUT_MS)
             if result.status is PullStatus.FOUND:
                 pq.add_pulled(result.messages, result.next_begin_offset)
+                self._arrival(key[1]).set()  # a receive waiting while this pull ran looks again
             elif result.status is PullStatus.OFFSET_ILLEGAL:
                 pq.reset_pull_offset(result.next_begin_offset)
                 self._dirty.add(key)
             elif result.next_begin_offset > pq.pull_offset:  # filtered out: progress all the same
                 pq.add_pulled([], result.next_begin_offset)
                 self._dirty.add(key)
+
+    def _prefetch(self, key: PopKey, pq: PopQueue, expression: tuple[str, str]) -> None:
+        """Pull the next batch of a queue in the background while the client works on this one, so the next
+        receive finds messages held instead of waiting for a broker round trip."""
+        if key in self._prefetching or pq.fresh >= PREFETCH_LOW_WATERMARK or pq.room() <= 0 or self._closing:
+            return
+        self._prefetching.add(key)
+
+        async def run() -> None:
+            try:
+                await self._fill(key, pq, expression, prefetch=True)
+            except Exception as exc:  # the next receive pulls again
+                log.debug("prefetch of %s failed: %s", key, exc)
+            finally:
+                self._prefetching.discard(key)
+
+        self._tasks.append(asyncio.create_task(run(), name="ferrymq-grpc-prefetch"))
 
     async def _receive(self, group: str, topic: str, broker_name: str, start_queue_id: int, batch: int,
                        invisible_ms: int, poll_ms: int,
@@ -604,6 +668,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 taken, dead = pq.take(self.clock_ms(), batch - len(out), invisible_ms,
                                       self.config.max_delivery_attempts, self.serials)
                 out.extend((key, d) for d in taken)
+                if taken:
+                    self._prefetch(key, pq, expression)
                 for d in taken:
                     if d.attempt >= self.config.max_delivery_attempts:
                         heapq.heappush(self._last_attempts, (d.entry.visible_at_ms, d.serial, key,
@@ -777,6 +843,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         while not self._closing:
             await asyncio.sleep(self.config.offset_commit_interval_ms / 1000)
             self._sweep_dead()
+            for client_id in await self.presence.sweep():
+                info = self._clients.get(client_id)
+                if info is not None and info.outbox is None:
+                    del self._clients[client_id]
             try:
                 await self.commit_offsets()
             except Exception as exc:
