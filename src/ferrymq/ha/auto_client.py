@@ -185,7 +185,7 @@ class AutoSwitchHAClient:
 
     async def _copy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Hand the transport to a ``_TransferProtocol`` and wait for the session's end."""
-        transport = writer.transport
+        transport: Any = writer.transport
         proto = _TransferProtocol(self, transport)
         leftover = bytes(getattr(reader, "_buffer", b""))  # sent right after the handshake, already read
         transport.set_protocol(proto)
