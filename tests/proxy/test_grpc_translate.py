@@ -293,3 +293,23 @@ def test_room_is_bounded() -> None:
     pq = PopQueue(0)
     pq.add_pulled([stored(i) for i in range(MAX_HELD_PER_QUEUE)], MAX_HELD_PER_QUEUE)
     assert pq.room() == 0
+
+
+def test_fresh_counts_the_never_delivered_entries() -> None:
+    """``fresh`` drives the receive prefetch: pulled and never delivered entries, kept right through takes,
+    acks, removals and an offset reset."""
+    pq = PopQueue(0)
+    pq.add_pulled([stored(i) for i in range(5)], 5)
+    assert pq.fresh == 5
+    serials = SerialSource()
+    taken, _ = pq.take(NOW_MS, 2, 1_000, 3, serials)
+    assert pq.fresh == 3
+    assert pq.ack(taken[0].entry.message.queue_offset, taken[0].serial)
+    assert pq.fresh == 3  # an acked delivered entry was not fresh
+    pq.remove(4)  # a fresh one
+    assert pq.fresh == 2
+    pq.take(NOW_MS + 5_000, 10, 1_000, 3, serials)  # redelivers 1, delivers 2 and 3
+    assert pq.fresh == 0
+    pq.add_pulled([stored(5), stored(6)], 7)
+    pq.reset_pull_offset(6)
+    assert pq.fresh == 1 and list(pq.entries) == [6]
