@@ -38,7 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"common", "remoting"},
     "spark": {"common", "remoting", "client"},
     "console": {"common", "remoting", "client"},
-    "proxy": {"common", "remoting", "client"},
+    "proxy": {"common", "remoting", "acl", "client"},
     "cli": {"common", "remoting", "store", "ha", "acl", "namesrv", "broker", "controller", "client", "spark",
             "console", "proxy"},
 }
