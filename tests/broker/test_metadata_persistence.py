@@ -96,9 +96,10 @@ def test_offset_indexes_follow_the_table(tmp_path) -> None:
     assert om.query("g2", "T", 1) == -1 and om.query("g1", "U", 0) == 7
 
 
-@pytest.mark.parametrize("damage", ["garbage", "unreadable"])
+@pytest.mark.parametrize("damage", ["garbage", "unreadable", "empty", "empty-no-bak"])
 def test_unreadable_offsets_and_bak_refuse_to_start(tmp_path, damage) -> None:
-    """Issue 25 #11: both files unreadable -> a config error naming the file, never offsets 0."""
+    """Issue 25 #11: both files unreadable (an empty file included: ferrymq never writes one) -> a config error
+    naming the file, never offsets 0."""
     om = ConsumerOffsetManager(str(tmp_path))
     om.commit("g", "T", 0, 2)
     om.persist()
@@ -107,6 +108,10 @@ def test_unreadable_offsets_and_bak_refuse_to_start(tmp_path, damage) -> None:
         path = tmp_path / name
         if damage == "garbage":
             path.write_bytes(b"\x00\x01 not json")
+        elif damage == "empty":
+            path.write_bytes(b"")
+        elif damage == "empty-no-bak":
+            path.write_bytes(b"") if name == "consumerOffset.json" else path.unlink()
         else:
             os.chmod(path, 0)
     if damage == "unreadable" and os.access(tmp_path / "consumerOffset.json", os.R_OK):
@@ -198,3 +203,53 @@ async def test_event_loop_lag_metric_is_exposed(tmp_path) -> None:
         assert "ferrymq_event_loop_lag_seconds_bucket" in text
     finally:
         await ctl.stop()
+
+
+def test_a_failed_journal_append_leaves_no_torn_line(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write cut short by a full disk is cut back off the journal: loading never meets a damaged middle line;
+    the change is kept for the next snapshot."""
+    groups = SubscriptionGroupManager(str(tmp_path), auto_create=True, clock_ms=lambda: 1)
+    groups.update(SubscriptionGroupConfig("before"))
+    journal = tmp_path / ("subscriptionGroup.json" + JOURNAL_SUFFIX)
+    size = journal.stat().st_size
+    real_write = os.write
+    calls = {"n": 0}
+
+    def short_then_full(fd: int, data: bytes) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data)[:7])  # a short write
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("ferrymq.broker.config_file.os.write", short_then_full)
+    with pytest.raises(OSError):
+        groups.update(SubscriptionGroupConfig("during"))
+    monkeypatch.setattr("ferrymq.broker.config_file.os.write", real_write)
+    assert journal.stat().st_size == size
+    groups.update(SubscriptionGroupConfig("after"))
+    again = SubscriptionGroupManager(str(tmp_path), auto_create=False, clock_ms=lambda: 2)
+    again.load()
+    assert {"before", "after"} <= set(again.table) and "during" not in again.table
+    groups.persist()  # the snapshot holds what the journal could not
+    third = SubscriptionGroupManager(str(tmp_path), auto_create=False, clock_ms=lambda: 3)
+    third.load()
+    assert {"before", "during", "after"} <= set(third.table)
+
+
+def test_an_auto_created_group_is_served_when_the_journal_cannot_be_written(tmp_path, monkeypatch) -> None:
+    """A new consumer group's first pull on a full disk: the default config is served (the next snapshot
+    persists it) instead of SYSTEM_ERROR."""
+    groups = SubscriptionGroupManager(str(tmp_path), auto_create=True, clock_ms=lambda: 1)
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("ferrymq.broker.config_file.os.write", full)
+    cfg = groups.find("new-group")
+    assert cfg is not None and cfg.group_name == "new-group"
+    monkeypatch.undo()
+    groups.persist()
+    again = SubscriptionGroupManager(str(tmp_path), auto_create=False, clock_ms=lambda: 2)
+    again.load()
+    assert "new-group" in again.table
+

@@ -495,6 +495,9 @@ class BrokerController:
                 result = fn()
                 if inspect.isawaitable(result):
                     await result
+            except OSError as exc:  # a full disk, a missing descriptor: the cause in one line, retried next period
+                log.error("periodic task %s failed: %s (retried every %d ms)", getattr(fn, "__qualname__", fn), exc,
+                          period_ms)
             except Exception:
                 log.exception("periodic task %s failed", getattr(fn, "__name__", fn))
 

@@ -28,6 +28,7 @@ file: the broker refuses to start rather than start from an empty table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -93,8 +94,8 @@ class JsonConfigFile:
         self._generation = -1
 
     def load(self) -> Any | None:
-        """The parsed file, falling back to ``.bak``; None when neither exists (or both are empty).
-        ConfigError when one of them exists with content and neither can be read and parsed."""
+        """The parsed file, falling back to ``.bak``; None when neither exists. ConfigError when one of them
+        exists and neither can be read and parsed (an empty file counts as unreadable)."""
         problems: list[str] = []
         for candidate in (self.path, self.path + ".bak"):
             try:
@@ -107,6 +108,10 @@ class JsonConfigFile:
                 log.warning("cannot read %s: %s", candidate, exc)
                 continue
             if not data.strip():
+                # ferrymq writes a snapshot to a temporary file and renames it: an empty file is damage, not an
+                # empty table (that is written as "{}"); starting from nothing would be a guess
+                problems.append(f"{candidate}: empty")
+                log.warning("%s is empty", candidate)
                 continue
             try:
                 return jsonx.loads(data)
@@ -321,12 +326,22 @@ class JournaledJsonTable(JsonPersisted):
 
     def _append(self, obj: dict[str, Any]) -> None:
         line = jsonx.dumps(obj) + b"\n"
+        self._dirty = True  # whatever happens below, the next snapshot holds the change
         if self._journal_fd is None:
             os.makedirs(os.path.dirname(self._journal_path) or ".", exist_ok=True)
             self._journal_fd = os.open(self._journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self._journal_fd, line)
+        fd = self._journal_fd
+        size_before = os.fstat(fd).st_size
+        view = memoryview(line)
+        try:
+            while view:  # a short write (nearly full disk) goes on with the rest
+                view = view[os.write(fd, view):]
+        except OSError:
+            # never leave a torn line in the middle of the journal (loading refuses one): cut it back off
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size_before)
+            raise
         self._journal_lines.append((self.data_version.counter, line))
-        self._dirty = True
 
     def _compact_journal(self, keep_above: int) -> None:
         """Keep the lines above counter ``keep_above`` (the .bak's): written to a temporary file and renamed."""

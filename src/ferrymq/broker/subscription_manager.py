@@ -8,6 +8,7 @@ by the broker's snapshot timer (config_file.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from ferrymq.broker.config_file import SNAPSHOT_STEP_ENTRIES, JournaledJsonTable
 from ferrymq.broker.headers import JAVA_INT_MAX, JAVA_INT_MIN
 from ferrymq.common.topic import DataVersion
 from ferrymq.remoting import jsonx
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RETRY_MAX_TIMES = 16
 
@@ -76,7 +79,12 @@ class SubscriptionGroupManager(JournaledJsonTable):
         if cfg is None and self.auto_create:
             cfg = SubscriptionGroupConfig(group)
             self.table[group] = cfg
-            self._changed(group)
+            try:
+                self._changed(group)
+            except OSError as exc:
+                # an auto-created group is a default config the next request would create again: serve it, and
+                # let the next snapshot persist it, rather than fail the consumer's pull or heartbeat on a full disk
+                log.warning("group %s auto-created but not journaled (%s); the next snapshot writes it", group, exc)
         return cfg
 
     def update(self, cfg: SubscriptionGroupConfig) -> None:
