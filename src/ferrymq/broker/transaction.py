@@ -27,7 +27,8 @@
   a later epoch of the group → ROLLBACK; no record → a COMMIT is refused and the check-back asks as usual.
   END_TRANSACTION on a record answers the epoch's winners (``EndStatus.EPOCH_RECORDED``). A half message with
   ``EOS_BATCH=1`` carries a SEND_BATCH body: its commit stores every message of it in its real queue in one
-  batch put (sysFlag without a transaction type, ``preparedTransactionOffset`` = the half message's).
+  batch put (sysFlag without a transaction type; ``preparedTransactionOffset`` = the half message's on the
+  Python path, 0 on the C extension's).
 
 Op record (topic ``RMQ_SYS_TRANS_OP_HALF_TOPIC``, queue 0, tags ``d``):
 
@@ -332,10 +333,12 @@ class TransactionService:
 
     def _apply(self, half: MessageExt, half_queue_offset: int, wanted: Decision) -> EndStatus:
         if wanted is Decision.COMMIT and half.properties.get(PROPERTY_EOS_BATCH) == "1":
-            inners = self._real_batch(half)
-            if inners is None:
-                return EndStatus.STORE_FAILED
-            result = self.ctx.writer.put_batch(inners)
+            result = self._put_batch_native(half)
+            if result is None:
+                inners = self._real_batch(half)
+                if inners is None:
+                    return EndStatus.STORE_FAILED
+                result = self.ctx.writer.put_batch(inners)
             if result.append_result is None:
                 log.error("committed batch of half %d not stored: %s", half_queue_offset, result.status.name)
                 return EndStatus.STORE_FAILED
@@ -363,6 +366,22 @@ class TransactionService:
             born_timestamp=half.born_timestamp, born_host=half.born_host, store_host=self.ctx.store_host,
             reconsume_times=half.reconsume_times, prepared_transaction_offset=half.phy_offset,
             index_keys=index_keys(props))
+
+    def _put_batch_native(self, half: MessageExt) -> Any:
+        """The commit of an ``EOS_BATCH`` half message through the store's native SEND_BATCH put (the records
+        ``_real_batch`` + ``put_batch`` would store, without ``preparedTransactionOffset``); None when it
+        declines (no C extension, unusual entries): the Python path stores it."""
+        props = half.properties
+        group = props.get(PROPERTY_PRODUCER_GROUP)
+        try:
+            merge = (f"{PROPERTY_PRODUCER_GROUP}{NAME_VALUE_SEPARATOR}{group}" if group else "").encode("ascii")
+            cluster = props.get(PROPERTY_CLUSTER, "").encode("ascii")
+            queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, "0") or 0)
+        except (UnicodeEncodeError, ValueError):
+            return None
+        return self.ctx.writer.put_batch_raw(
+            props.get(PROPERTY_REAL_TOPIC, ""), queue_id, bytes(half.body), merge, cluster,
+            half.sys_flag & ~SYSFLAG_TRANSACTION_MASK, half.born_timestamp, half.born_host, self.ctx.store_host, 0)
 
     def _real_batch(self, half: MessageExt) -> list[MessageExtBrokerInner] | None:
         """The messages of an ``EOS_BATCH`` half message (its body: a SEND_BATCH body), for its real queue, each
