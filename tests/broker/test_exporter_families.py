@@ -20,6 +20,7 @@ from ferrymq.broker.stats import KEYED_SAMPLE_INTERVAL_MS, MINUTE_GET_MSGS, Brok
 from ferrymq.client.consumer.status import ConsumeStatusStats
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import ResponseCode as R
+from ferrymq.store.errors import StoreDirError
 
 T0_MS = local_midnight_ms(1_700_000_000_000) + 3_600_000
 TOPICS = 10_000
@@ -172,6 +173,19 @@ async def test_store_time_lookups_are_capped(monkeypatch: pytest.MonkeyPatch) ->
     ctx = estate(topics=100, groups=100)
     await ExporterExposition(ctx).render()
     assert ctx.store.timestamp_reads == 10
+
+
+async def test_a_queue_file_gone_during_a_scrape_leaves_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic deleted or the store stopping while a scrape reads store times: that queue's time is unknown,
+    the scrape still answers (it failed with StoreDirError 'segment ... is closed')."""
+    ctx = estate(topics=5, groups=5)
+
+    def gone(topic: str, queue_id: int, queue_offset: int) -> int:
+        raise StoreDirError("segment /x is closed")
+
+    monkeypatch.setattr(ctx.store, "get_message_store_timestamp", gone)
+    m = parse(await ExporterExposition(ctx).render())
+    assert m["rocketmq_group_diff"] and m["rocketmq_group_get_latency_by_storetime"]
 
 
 async def test_a_slave_publishes_its_runtime_but_no_replicated_state() -> None:

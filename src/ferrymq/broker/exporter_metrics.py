@@ -53,6 +53,7 @@ from ferrymq.errors import FerryError
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.codes import ResponseCode as R
+from ferrymq.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -577,8 +578,11 @@ class ExporterExposition:
                         queue_lag.add([*ids, group, topic, str(queue_id)], max(q_lag, 0))
                     if q_lag > 0 and lookups < MAX_STORE_TIME_LOOKUPS:
                         lookups += 1
-                        at = max(committed, store.get_min_offset_in_queue(topic, queue_id))
-                        stored_ms = store.get_message_store_timestamp(topic, queue_id, at)
+                        try:
+                            at = max(committed, store.get_min_offset_in_queue(topic, queue_id))
+                            stored_ms = store.get_message_store_timestamp(topic, queue_id, at)
+                        except StoreError:  # a queue file gone meanwhile (topic deleted, store stopping)
+                            stored_ms = -1
                         if stored_ms and stored_ms > 0:
                             oldest_ms = max(oldest_ms, now_ms - stored_ms)
                     await pacer.tick()
