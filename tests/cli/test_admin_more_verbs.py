@@ -3,12 +3,10 @@ run as subprocesses against the in-process name server and broker; each effect c
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 import time
-from pathlib import Path
+
+from cli_run import ferry, ferry_json
 
 from ferrymq.client import Admin, Producer, new_message
 from ferrymq.client.consumer.core import ConsumerCore
@@ -18,27 +16,11 @@ from support.inproc import needs_cluster
 
 pytestmark = needs_cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 60
 
 
-async def ferry(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ferrymq.cli", *args, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "NAMESRV_ADDR": ""})
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT_S)
-    except BaseException:
-        proc.kill()
-        await proc.wait()
-        raise
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
-async def ferry_json(*args: str) -> object:
-    code, out, err = await ferry(*args, "--json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 async def test_update_perm_changes_the_permission_only(ns_addr: str) -> None:

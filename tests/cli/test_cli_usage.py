@@ -4,15 +4,12 @@ as done. The verbs run as subprocesses against the in-process name server and br
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import orjson
 import pytest
+from cli_run import ferry
 
 from ferrymq.client import Admin
 from ferrymq.common.route import MASTER_ID
@@ -25,26 +22,11 @@ from support.inproc import needs_cluster
 
 pytestmark = needs_cluster
 
-ROOT = Path(__file__).resolve().parents[2]
-#: deadline of one ferry run
-RUN_TIMEOUT_S = 60
 #: a broker group registered with its slave only (its master "down")
 HEADLESS_GROUP = "broker-headless"
 HEADLESS_TOPIC = "HeadlessT"
 
 
-async def ferry(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ferrymq.cli", *args, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={
-            **os.environ, "NAMESRV_ADDR": ""})
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT_S)
-    except BaseException:
-        proc.kill()
-        await proc.wait()
-        raise
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 def register_cmd(broker_id: int, port: int) -> RemotingCommand:
