@@ -69,17 +69,18 @@ class LogFloor:
     * ``valid_end``: where the last recovery found the valid log to end (-1: not set). A queue loaded after the
       start (lazily, on its first use) drops the units it finds pointing at or beyond it: units written before a
       crash for records the recovery cut.
-    * ``on_short``: called with a queue loaded lazily that holds fewer units than the ``queueoffsets`` snapshot
-      said it reached (a file damaged on disk), that number and the end phy offset of the record the snapshot
-      named as its newest; the store rebuilds the units from the log.
+    * ``on_mismatch``: called with a queue loaded lazily that holds another number of units than the
+      ``queueoffsets`` snapshot said it reached, that number and the end phy offset of the record the snapshot
+      named as its newest: fewer (a file damaged on disk) and the store rebuilds the units from the log; more and
+      the store's next queue offset follows the queue (it never assigns an offset the queue already holds).
     * ``flush_lock``: serialises the flushes of the queues' files (one flush thread; shared, not one per queue)."""
 
-    __slots__ = ("phy_offset", "valid_end", "on_short", "flush_lock")
+    __slots__ = ("phy_offset", "valid_end", "on_mismatch", "flush_lock")
 
     def __init__(self) -> None:
         self.phy_offset = 0
         self.valid_end = -1
-        self.on_short: Callable[[ConsumeQueue, int, int], None] | None = None
+        self.on_mismatch: Callable[[ConsumeQueue, int, int], None] | None = None
         self.flush_lock = threading.Lock()
 
 
@@ -155,8 +156,8 @@ class ConsumeQueue:
         floor = self._floor
         if 0 <= floor.valid_end < self.max_phy_end:
             self.truncate_dirty(floor.valid_end)  # units of records a recovery cut (written before a crash)
-        if expected > self.max_offset_in_queue and floor.on_short is not None:
-            floor.on_short(self, expected, recorded_end)
+        if expected >= 0 and expected != self.max_offset_in_queue and floor.on_mismatch is not None:
+            floor.on_mismatch(self, expected, recorded_end)
         return mfq
 
     @property
@@ -202,6 +203,15 @@ class ConsumeQueue:
         """(phy offset, size) of the record the newest non-blank unit points at ((0, 0) if none), without loading
         the queue; a phy offset of -1 when an unloaded queue's snapshot line did not say."""
         return self._last_phy, self._last_size
+
+    def unloaded_newest_phy(self, queue_offset: int) -> int | None:
+        """The phy offset of the unit at ``queue_offset`` when the queue is not loaded, that unit is its newest one
+        and the snapshot line names its record at or above the log's start (so the unit has not expired); None
+        otherwise (load the queue to know)."""
+        if (self._mfq is None and queue_offset == self._expected_units - 1 and self._last_size > 0
+                and self._last_phy >= self._floor.phy_offset):
+            return self._last_phy
+        return None
 
     def mark(self) -> tuple[int, int, int]:
         """(next queue offset, last phy offset, last size): the queue's ``queueoffsets`` line, never loading it (safe

@@ -164,7 +164,7 @@ class MessageStore:
         self._queue_offsets_deleted: set[tuple[str, int]] = set()
         #: the index files (name, begin phy offset) the manifest on disk lists (None: not written yet)
         self._index_manifest: list[tuple[str, int]] | None = None
-        self.queues.floor.on_short = self._rebuild_short_queue
+        self.queues.floor.on_mismatch = self._queue_loaded_unlike_snapshot
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -227,14 +227,24 @@ class MessageStore:
             len(self.queues.queues), self.queues.loaded_count,
         )  # fmt: skip
 
-    def _rebuild_short_queue(self, cq: ConsumeQueue, expected_units: int, recorded_end_phy: int) -> None:
-        """A queue loaded on its first use holds fewer units than the ``queueoffsets`` snapshot said (a file cut or
-        zeroed on disk while the store was down): rebuild the missing units from the commit log now, walking only
-        the stretch between its newest unit and the record the snapshot named as its newest."""
+    def _queue_loaded_unlike_snapshot(self, cq: ConsumeQueue, expected_units: int, recorded_end_phy: int) -> None:
+        """A queue loaded on its first use holds another number of units than the ``queueoffsets`` snapshot said.
+        Fewer (a file cut or zeroed on disk while the store was down): rebuild the missing units from the commit log
+        now, walking only the stretch between its newest unit and the record the snapshot named as its newest. More
+        (units the snapshot did not see): the next queue offset of the queue follows them."""
+        key = (cq.topic, cq.queue_id)
+        units = cq.max_offset_in_queue
+        if units > expected_units:
+            table = self.commit_log.topic_queue_table
+            if table.get(key, 0) < units:
+                if self._running:  # at start: units written after the queue's last flush, re-dispatched anyway
+                    log.warning("consume queue %s/%d holds %d units, its snapshot line %d: its next queue offset "
+                                "follows the queue", cq.topic, cq.queue_id, units, expected_units)
+                table[key] = units
+            return
         until = min(recorded_end_phy, self.dispatcher.reput_phy_offset) if recorded_end_phy > 0 \
             else self.dispatcher.reput_phy_offset
-        rebuild_short_queues(self.commit_log, self.queues, {(cq.topic, cq.queue_id): expected_units}, until,
-                             self.dispatcher.tags_code)
+        rebuild_short_queues(self.commit_log, self.queues, {key: expected_units}, until, self.dispatcher.tags_code)
 
     def shutdown(self) -> None:
         """Flush everything, write the checkpoint, remove the abort file, close the files."""
@@ -764,6 +774,9 @@ class MessageStore:
         max_queue_offset = cq.max_offset_in_queue
         if queue_offset >= max_queue_offset:
             return None  # consumed all (known without loading a queue not used since the start)
+        newest = cq.unloaded_newest_phy(queue_offset)
+        if newest is not None:
+            return newest  # all but the newest message consumed: its record is named by the snapshot
         queue_offset = max(queue_offset, cq.min_offset_in_queue)
         if queue_offset >= max_queue_offset:
             return None
