@@ -4,6 +4,7 @@ broker scraped over HTTP on 127.0.0.1 after known sends and pulls (counts exact,
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -116,6 +117,11 @@ async def test_scrape_after_sends_and_pulls(broker: BrokerController) -> None:
         assert 1 <= m[("ferrymq_store_open_files", ())] <= m[("ferrymq_store_open_files_limit", ())]
         assert m[("ferrymq_store_file_open_failures_total", ())] == 0
         assert m[("process_open_fds", ())] <= m[("process_max_fds", ())]
+        assert m[("ferrymq_gc_frozen_objects", ())] > 0  # the start froze the loaded objects (gcFreezeEnable)
+        passes = m[("ferrymq_gc_pause_seconds_count", ())]
+        gc.collect()
+        m = await scrape(broker.metrics_server.port)
+        assert m[("ferrymq_gc_pause_seconds_count", ())] >= passes + 1
 
         info = jsonx.loads((await client.call(28)).body)["table"]
         tps10s, tps1m, tps10m = (float(x) for x in info["putTps"].split(" "))

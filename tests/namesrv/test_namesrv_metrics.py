@@ -4,6 +4,7 @@ while an in-process broker is registered."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -67,3 +68,27 @@ def test_metrics_port_out_of_range_is_a_usage_error() -> None:
 
 def test_metrics_off_by_default() -> None:
     assert NameServer("127.0.0.1", 0).metrics_server is None
+
+
+async def test_gc_pause_histogram_and_frozen_objects(namesrv: NameServer) -> None:
+    """A full collection while the name server runs is one more ``ferrymq_gc_pause_seconds`` sample; the start
+    froze the loaded objects (gcFreezeEnable's default)."""
+    assert namesrv.metrics_server is not None
+    before = (await scrape(namesrv.metrics_server.port))["ferrymq_gc_pause_seconds_count"]
+    gc.collect()
+    m = await scrape(namesrv.metrics_server.port)
+    assert m["ferrymq_gc_pause_seconds_count"] >= before + 1
+    assert m["ferrymq_gc_pause_seconds_sum"] > 0
+    assert m["ferrymq_gc_frozen_objects"] > 0
+
+
+async def test_gc_freeze_can_be_turned_off() -> None:
+    gc.unfreeze()
+    ns = NameServer("127.0.0.1", 0, metrics_port=0, gc_freeze_enable=False)
+    await ns.start()
+    try:
+        assert ns.metrics_server is not None
+        m = await scrape(ns.metrics_server.port)
+        assert m["ferrymq_gc_frozen_objects"] == 0
+    finally:
+        await ns.stop()

@@ -19,7 +19,6 @@ Timers (all on the event loop):
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib
 import importlib.util
 import inspect
@@ -69,6 +68,7 @@ from ferrymq.broker.topic_manager import TopicManager
 from ferrymq.broker.transaction import TransactionConfig, TransactionService
 from ferrymq.broker.unconsumed_floor import UnconsumedFloor
 from ferrymq.broker.writer import MessageWriter
+from ferrymq.common import gc_policy
 from ferrymq.common.aio import LoopLagProbe
 from ferrymq.common.message import host_to_bytes
 from ferrymq.common.tls import TlsServerSettings
@@ -96,9 +96,6 @@ DISK_CHECK_INTERVAL_MS = 1_000
 SLAVE_REPUT_DELAY_S = 0.001
 #: period of the topics.json / subscriptionGroup.json snapshots (changes are journaled meanwhile)
 METADATA_SNAPSHOT_INTERVAL_MS = 5_000
-#: loaded table entries (topics + groups + committed-offset keys) from which the loaded estate is frozen out of the
-#: garbage collector's full passes at start (``gc.freeze``)
-GC_FREEZE_MIN_ENTRIES = 1_000
 
 
 def wall_clock_ms() -> int:
@@ -175,6 +172,8 @@ class BrokerController:
         self.store.unconsumed_phy_floor = self.unconsumed_floor
         #: the event loop's lateness (ferrymq_event_loop_lag_seconds)
         self.loop_lag = LoopLagProbe()
+        #: the process's full-collection pauses and freezes (ferrymq_gc_pause_seconds; common/gc_policy.py)
+        self.gc_monitor = gc_policy.monitor()
 
         self.dispatcher = Dispatcher()
         self.pull_processor = PullProcessor(self)
@@ -261,11 +260,10 @@ class BrokerController:
         self.writer.bind(loop)
         self.writer.reput_now()
         self.start_ms = self.clock_ms()
-        if len(self.topics.table) + len(self.groups.table) + len(self.offsets.table) >= GC_FREEZE_MIN_ENTRIES:
+        if cfg.gc_freeze_enable:
             # the loaded estate is long-lived: collected once now, before serving, then kept out of the cyclic
             # collector's full passes, which otherwise walk it all in one block (~90 ms at 10,000 topics)
-            gc.collect()
-            gc.freeze()
+            gc_policy.monitor().freeze_now()
 
         limits = cfg.server_limits()
         self.server = RemotingServer(self.dispatcher, cfg.listen_host, cfg.listen_port, limits=limits,
@@ -322,6 +320,7 @@ class BrokerController:
             asyncio.ensure_future(self._every(DISK_CHECK_INTERVAL_MS, self.store.check_disk_space)),
             asyncio.ensure_future(self._every(SAMPLE_INTERVAL_MS, self.stats.sample)),
         ]
+        gc_policy.acquire(cfg.gc_freeze_enable)  # the pause metric; with gcFreezeEnable, freezes as the estate grows
         self._started = True
         log.info("broker %s (id %d, %s) serving on %s (registered as %s)", cfg.broker_name, cfg.broker_id,
                  cfg.broker_role.value, self.bind_addr, self.broker_addr)
@@ -368,6 +367,7 @@ class BrokerController:
                 pass
         self._timers = []
         await self.loop_lag.stop()
+        gc_policy.release(self.config.gc_freeze_enable)
         if self.registrar is not None:
             await self.registrar.stop()
             await self.registrar.unregister_all()

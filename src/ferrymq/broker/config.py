@@ -136,6 +136,9 @@ class BrokerConfig:
     metrics_basic_auth: str = field(default="", metadata={**_meta(
         "metricsBasicAuth", "user:password a scrape may present as HTTP basic auth instead (else 401); "
         "empty = none"), "secret": True})
+    gc_freeze_enable: bool = field(default=True, metadata=_meta(
+        "gcFreezeEnable", "Freeze live objects out of the garbage collector's full passes: at start, and after a "
+        "full pass once the heap doubled (common/gc_policy.py); false: every pass walks the whole heap"))
     enable_grpc_server: bool = field(default=False, metadata=_meta(
         "enableGrpcServer", "Serve RocketMQ 5 clients over gRPC (apache.rocketmq.v2) from the broker process "
         "(local mode, docs/grpc.md); needs namesrvAddr"))

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from ferrymq.broker.exporter_metrics import ExporterExposition
 from ferrymq.broker.stats import BrokerStats, LatencyHistogram
+from ferrymq.common.gc_policy import GC_FROZEN_DOC, GC_PAUSE_DOC
 from ferrymq.common.http_auth import HttpAuth, is_loopback
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
@@ -75,6 +76,12 @@ class BrokerCollector(Collector):
         yield self._gauge("ferrymq_long_poll_waiters", "Pull requests parked by long polling", base, ids,
                           ctx.long_polling.parked_count)
         yield loop_lag_family(ctx.loop_lag, base, ids)
+        gc_monitor = getattr(ctx, "gc_monitor", None)
+        if gc_monitor is not None:
+            pause = HistogramMetricFamily("ferrymq_gc_pause_seconds", GC_PAUSE_DOC, labels=base)
+            pause.add_metric(ids, gc_monitor.cumulative(), gc_monitor.sum_s)
+            yield pause
+            yield self._gauge("ferrymq_gc_frozen_objects", GC_FROZEN_DOC, base, ids, gc_monitor.frozen_objects())
         pool = getattr(getattr(ctx.store, "queues", None), "pool", None)
         if pool is not None:  # the process's descriptors vs its limit: process_open_fds / process_max_fds
             yield self._gauge("ferrymq_store_open_files", "Consume queue files mapped now (two file descriptors "

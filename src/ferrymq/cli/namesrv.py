@@ -29,7 +29,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9876
 #: namesrv.conf keys of the name server itself (the controller's keys are ferrymq.controller.config.KEYS)
 NAMESRV_KEYS = ("listenHost", "listenPort", "kvConfigPath", "enableControllerInNamesrv", "aclEnable", "aclFile",
-                *TLS_KEYS)
+                "gcFreezeEnable", *TLS_KEYS)
 EXIT_START_FAILED = 1
 EXIT_USAGE = 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -64,6 +64,8 @@ class NamesrvFileConfig:
         self.port = parse_int("listenPort", props["listenPort"], minimum=0, maximum=65535) \
             if "listenPort" in props else None
         self.kv_config_path = props.get("kvConfigPath", "").strip() or None
+        #: gcFreezeEnable (default true): freeze live objects out of the collector's full passes (common/gc_policy.py)
+        self.gc_freeze_enable = parse_bool("gcFreezeEnable", props.get("gcFreezeEnable", "true"))
         #: tlsServerMode and tls.server.* (common/tls.py), relative paths from namesrv.conf's directory
         self.tls = tls_server_settings(props, base_dir)
         self.tls.context()
@@ -87,7 +89,8 @@ async def _serve(host: str, port: int, kv_config_path: str | None, metrics_port:
                         tls=file_cfg.tls if file_cfg is not None else None,
                         acl_path=file_cfg.acl_path if file_cfg is not None else None,
                         config_path=file_cfg.path if file_cfg is not None else None,
-                        file_props=file_cfg.props if file_cfg is not None else None)
+                        file_props=file_cfg.props if file_cfg is not None else None,
+                        gc_freeze_enable=file_cfg.gc_freeze_enable if file_cfg is not None else True)
     controller = None
     if controller_cfg is not None:
         from ferrymq.controller.server import ControllerServer

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ferrymq.acl.checker import NAMESRV_GUARDED_CODES
 from ferrymq.acl.guard import AclGuard
+from ferrymq.common import gc_policy
 from ferrymq.common.aio import LoopLagProbe
 from ferrymq.common.tls import TlsServerSettings
 from ferrymq.namesrv.config_processor import NamesrvConfigProcessor
@@ -52,6 +53,7 @@ class NameServer:
         acl_path: str | None = None,
         config_path: str | None = None,
         file_props: dict[str, str] | None = None,
+        gc_freeze_enable: bool = True,
     ) -> None:
         self.host = host
         #: the namesrv.conf it was started with (UPDATE_NAMESRV_CONFIG writes accepted keys back) and its keys
@@ -81,8 +83,12 @@ class NameServer:
         self._scan_task: asyncio.Task[None] | None = None
         #: the event loop's lateness (ferrymq_event_loop_lag_seconds)
         self.loop_lag = LoopLagProbe()
+        #: gcFreezeEnable: freeze at start and as the route table grows (common/gc_policy.py)
+        self.gc_freeze_enable = gc_freeze_enable
+        self._gc_held = False
         #: Prometheus endpoint on host:metrics_port (-1 = off)
-        self.metrics_server = namesrv_metrics_server(self.routes, host, metrics_port, self.loop_lag)
+        self.metrics_server = namesrv_metrics_server(self.routes, host, metrics_port, self.loop_lag,
+                                                     gc_policy.monitor())
 
     @property
     def port(self) -> int:
@@ -95,6 +101,8 @@ class NameServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("name server already started")
+        if self.gc_freeze_enable:  # what is loaded now lives as long as the process: out of the full passes
+            gc_policy.monitor().freeze_now()
         server = RemotingServer(self.dispatcher, self.host, self._port, on_connection_closed=self._on_closed,
                                 tls=self.tls)
         await server.start()
@@ -104,6 +112,8 @@ class NameServer:
         self.loop_lag.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
+        gc_policy.acquire(self.gc_freeze_enable)
+        self._gc_held = True
         log.info("name server listening on %s", self.addr)
 
     async def stop(self) -> None:
@@ -117,6 +127,9 @@ class NameServer:
                 await self._scan_task
             self._scan_task = None
         await self.loop_lag.stop()
+        if self._gc_held:
+            self._gc_held = False
+            gc_policy.release(self.gc_freeze_enable)
         if self.metrics_server is not None:
             await self.metrics_server.stop()
         if self._server is not None:
