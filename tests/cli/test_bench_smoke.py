@@ -67,3 +67,22 @@ def test_bench_echo_ceiling_is_paired_with_workload_1(tmp_path):
     assert send["ratio"].endswith("of (11a)") and "repeat/paired echo" in send["note"]
     assert rows["11b"]["paired_with"] == "" and len(rows["11b"]["values"]) == 2
     assert list((tmp_path / "work").iterdir()) == []
+
+
+@pytest.mark.acceptance
+@pytest.mark.skipif(not _stack_available(), reason="broker/name server CLI not available yet")
+def test_bench_quick_peers_run_in_order_and_stop_everything(tmp_path):
+    """Workload 13: every row is measured or skipped with the reason, the ferrymq rows carry the broker's CPU
+    per message and every measured row its load average; every server it started (brokers, Redis, NATS,
+    RabbitMQ and its port mapper) is gone afterwards, the work dir removed."""
+    proc, data = _bench(tmp_path, "--only", "13")
+    rows = {r["wid"]: r for r in data["rows"]}
+    assert set(rows) == {f"13{c}" for c in "abcdefghi"}
+    for wid, row in rows.items():
+        assert row["median"] is not None or (row["error"] or "").startswith("SKIPPED: "), (wid, row["error"])
+        if row["median"] is not None:
+            assert row["extra"]["load1"], wid
+    for wid in ("13a", "13e", "13g"):
+        assert rows[wid]["error"] is None and rows[wid]["extra_median"]["cpu_us_msg"] > 0
+    assert rows["13d"]["median"] > 0
+    assert list((tmp_path / "work").iterdir()) == []

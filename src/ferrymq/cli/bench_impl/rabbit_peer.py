@@ -45,6 +45,16 @@ class RabbitServer:
         self.sup = sup
         self.port = free_port()
         dist_port = free_port()
+        # the node's own Erlang port mapper, in the foreground, so it is stopped with the bench (the node would
+        # otherwise start a daemonized epmd that outlives it)
+        self.epmd = None
+        epmd_port = free_port()
+        epmd_env: dict[str, str] = {}
+        if shutil.which("epmd") is not None:
+            self.epmd = sup.spawn("rabbitmq-epmd", ["epmd", "-port", str(epmd_port), "-address", HOST],
+                                  port=epmd_port)
+            sup.wait_port(self.epmd)
+            epmd_env["ERL_EPMD_PORT"] = str(epmd_port)
         base = sup.path("rabbitmq")
         for sub in ("mnesia", "log", "conf"):
             os.makedirs(os.path.join(base, sub), exist_ok=True)
@@ -60,6 +70,7 @@ class RabbitServer:
             "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(base, "conf", "enabled_plugins"),
             "RABBITMQ_PID_FILE": os.path.join(base, "rabbitmq.pid"),
             "HOME": base,  # the Erlang cookie
+            **epmd_env,
         }
         with open(os.path.join(base, "conf", "enabled_plugins"), "w") as fh:
             fh.write("[].\n")
@@ -80,3 +91,5 @@ class RabbitServer:
 
     def close(self) -> None:
         self.sup.stop(self.child)
+        if self.epmd is not None:
+            self.sup.stop(self.epmd)
