@@ -191,3 +191,20 @@ def test_a_freeze_in_the_stop_callback_keeps_the_survivors_out_of_the_next_pass(
         gc.unfreeze()  # the test process's heap goes back to the collector
     assert m.freezes == 1
     assert frozen_after >= frozen_before + len(survivors)
+
+
+def test_committed_offsets_add_no_tracked_object_per_topic_or_group(tmp_path: object) -> None:
+    """The offset table (queue id -> offset) and its topic/group indexes hold only strings and ints: none of
+    their inner containers is walked by a full pass, however many topics and groups commit."""
+    from ferrymq.broker.offset_manager import ConsumerOffsetManager
+
+    om = ConsumerOffsetManager(str(tmp_path))
+    for n in range(200):
+        om.commit(f"g{n % 7}", f"T{n % 13}", n % 8, n)
+    inner = [*om.table.values(), *om._groups_by_topic.values(), *om._topics_by_group.values()]
+    assert len(inner) == 91 + 13 + 7
+    assert [c for c in inner if gc.is_tracked(c)] == []
+    om.remove_topic("T0")
+    assert "T0" not in om._groups_by_topic and om.groups_of_topic("T0") == set()
+    assert all("T0" not in topics for topics in om._topics_by_group.values())
+    assert om.topics_of_group("g1") == {f"T{t}" for t in range(1, 13)}

@@ -27,9 +27,10 @@ class ConsumerOffsetManager(JsonPersisted):
         #: on a slave: commits made here (while the master was unreachable) that the master has not taken yet:
         #: ("topic@group", queue id) -> offset
         self.local_commits: dict[tuple[str, int], int] | None = None
-        #: topic -> groups and group -> topics with a key in ``table``
-        self._groups_by_topic: dict[str, set[str]] = {}
-        self._topics_by_group: dict[str, set[str]] = {}
+        #: topic -> groups and group -> topics with a key in ``table`` (dicts of names to None, not sets: a dict
+        #: of strings is not tracked by the garbage collector, so the indexes add nothing to its full passes)
+        self._groups_by_topic: dict[str, dict[str, None]] = {}
+        self._topics_by_group: dict[str, dict[str, None]] = {}
 
     @staticmethod
     def key(topic: str, group: str) -> str:
@@ -62,18 +63,18 @@ class ConsumerOffsetManager(JsonPersisted):
         return list(self._topics_by_group)
 
     def remove_topic(self, topic: str) -> None:
-        for group in self._groups_by_topic.pop(topic, set()):
+        for group in self._groups_by_topic.pop(topic, {}):
             self.table.pop(self.key(topic, group), None)
             topics = self._topics_by_group.get(group)
             if topics is not None:
-                topics.discard(topic)
+                topics.pop(topic, None)
                 if not topics:
                     del self._topics_by_group[group]
         self._dirty = True
 
     def _index(self, topic: str, group: str) -> None:
-        self._groups_by_topic.setdefault(topic, set()).add(group)
-        self._topics_by_group.setdefault(group, set()).add(topic)
+        self._groups_by_topic.setdefault(topic, {})[group] = None
+        self._topics_by_group.setdefault(group, {})[topic] = None
 
     def _index_key(self, key: str) -> None:
         topic, sep, group = key.partition(TOPIC_GROUP_SEPARATOR)

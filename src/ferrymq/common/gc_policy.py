@@ -27,7 +27,8 @@ live heap the process had, and freezes happen at most log2(peak heap / heap at t
 The pause bound is partial in the same way: between freezes the unfrozen part of the heap can grow to about
 half of it, so a pass can still take up to half of an unfrozen pass while the estate keeps growing; once it
 stops growing, passes walk only what changed since the last freeze. ``gcFreezeEnable=false`` (broker.conf,
-namesrv.conf) turns both freezes off; the histogram stays.
+namesrv.conf) turns both freezes off; the histogram stays. ``FERRYMQ_GC_STATS=1`` in a server's environment
+also logs every full pass (benchmarks/gc_pauses.py reads the longest from there).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import bisect
 import gc
 import logging
+import os
 import sys
 import threading
 import time
@@ -53,6 +55,8 @@ GC_FREEZE_GROWTH_FACTOR = 2.0
 GC_PAUSE_DOC = ("Full (generation 2) garbage-collection passes of the process: how long each held its thread "
                 "(the event loop), freeze included")
 GC_FROZEN_DOC = "Objects frozen out of the garbage collector's full passes (gc.get_freeze_count; gcFreezeEnable)"
+#: environment variable: "1" logs every full pass of the process (duration, objects collected) at INFO
+GC_STATS_ENV = "FERRYMQ_GC_STATS"
 #: the generation ``gc.collect()`` and the interpreter's full passes report in ``gc.callbacks``
 FULL_GENERATION = 2
 
@@ -67,7 +71,7 @@ class GcMonitor:
                  clock: Callable[[], float] = time.perf_counter,
                  heap_blocks: Callable[[], int] = sys.getallocatedblocks,
                  freeze: Callable[[], None] = gc.freeze,
-                 frozen_count: Callable[[], int] = gc.get_freeze_count) -> None:
+                 frozen_count: Callable[[], int] = gc.get_freeze_count, log_passes: bool = False) -> None:
         if growth_factor <= 1.0:
             raise ValueError(f"growth_factor must be above 1, got {growth_factor}")
         self.freeze_enable = freeze_enable
@@ -77,6 +81,7 @@ class GcMonitor:
         self._heap_blocks = heap_blocks
         self._freeze = freeze
         self._frozen_count = frozen_count
+        self.log_passes = log_passes
         #: histogram parts of the full passes: per-bucket counts (not cumulative), sum and count
         self.counts = [0] * (len(GC_PAUSE_BUCKETS_S) + 1)
         self.sum_s = 0.0
@@ -105,6 +110,9 @@ class GcMonitor:
                 self._freeze_survivors(blocks, f"a full collection took {pause_s * 1000:.1f} ms")
                 pause_s = self._clock() - started_s  # the check and the freeze held the same thread
         self._observe(pause_s)
+        if self.log_passes:
+            log.info("full collection: %.1f ms, %d collected, %d frozen", pause_s * 1000, info.get("collected", 0),
+                     self._frozen_count())
 
     def _observe(self, pause_s: float) -> None:
         self.counts[bisect.bisect_left(GC_PAUSE_BUCKETS_S, pause_s)] += 1
@@ -150,7 +158,7 @@ class GcMonitor:
 
 _lock = threading.Lock()
 #: the process's monitor (one process, one collector); in ``gc.callbacks`` while it has holders
-_monitor = GcMonitor(freeze_enable=False)
+_monitor = GcMonitor(freeze_enable=False, log_passes=os.environ.get(GC_STATS_ENV) == "1")
 #: holders of the monitor, and how many of them asked for freezing
 _holders = 0
 _freeze_holders = 0
