@@ -132,6 +132,7 @@ def test_stored_message_translates_with_pop_fields() -> None:
     assert dict(msg.user_properties) == {"color": "blue"}
     assert (sp.message_id, sp.tag, list(sp.keys), sp.message_group) == ("01CD", "TagB", ["a", "b"], "g1")
     assert sp.message_type == pb.FIFO
+    assert sp.body_encoding == pb.IDENTITY  # the Python SDK drops a message whose encoding is unspecified
     assert (sp.queue_id, sp.queue_offset, sp.receipt_handle, sp.delivery_attempt) == (1, 7, "h", 2)
     assert tr.duration_ms(sp.invisible_duration) == 15_000
     assert sp.store_host == "127.0.0.1:10911" and sp.born_host == "10.0.0.1"

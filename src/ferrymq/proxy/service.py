@@ -566,9 +566,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         for key, delivery in deliveries:
             handle = tr.ReceiptHandle(self.epoch, delivery.serial, key[3], delivery.entry.message.queue_offset,
                                       key[2]).encode()
-            yield spb.ReceiveMessageResponse(message=tr.to_grpc_message(
-                delivery.entry.message, receipt_handle=handle, invisible_ms=invisible_ms,
-                delivery_attempt=delivery.attempt))
+            response = spb.ReceiveMessageResponse()
+            tr.to_grpc_message(delivery.entry.message, receipt_handle=handle, invisible_ms=invisible_ms,
+                               delivery_attempt=delivery.attempt, into=response.message)
+            yield response
 
     async def _readable_queue_ids(self, topic: str, broker_name: str) -> list[int]:
         """The readable queue ids of ``topic`` on ``broker_name``, worked out once per route the client

@@ -34,6 +34,7 @@ Receipt handle (opaque to clients; one per delivery), five fields joined by ``.`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import hashlib
 import hmac
@@ -81,6 +82,8 @@ SYSTEM_PROPERTY_NAMES = RESERVED_PROPERTY_NAMES
 #: RocketMQ's default messageDelayLevel, in ms (the broker's table when the proxy is not told another)
 DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = tuple(
     s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
+#: distinct store/born host fields whose ``ip:port`` text is kept
+HOST_TEXT_CACHE_SIZE = 4096
 #: hex digits of a transaction id's MAC (64 bits)
 TRANSACTION_MAC_HEX = 16
 #: the message types every route advertises (ferrymq topics carry no message-type attribute)
@@ -284,7 +287,9 @@ def message_id_of(msg: MessageExt) -> str:
     return msg.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or msg.offset_msg_id
 
 
+@functools.lru_cache(maxsize=HOST_TEXT_CACHE_SIZE)
 def _host_text(raw: bytes) -> str:
+    """``ip:port`` of an 8-byte host field (cached: the same few hosts come again and again)."""
     try:
         ip, port = bytes_to_host(raw)
     except (ValueError, OSError):
@@ -293,33 +298,45 @@ def _host_text(raw: bytes) -> str:
 
 
 def to_grpc_message(msg: MessageExt, *, receipt_handle: str | None = None, invisible_ms: int | None = None,
-                    delivery_attempt: int | None = None) -> pb.Message:
+                    delivery_attempt: int | None = None, into: pb.Message | None = None) -> pb.Message:
+    """The 5.x message of a stored one; ``into``: an empty message to fill (e.g. a response's field, so it is
+    not copied there)."""
     props = msg.properties
-    sp = pb.SystemProperties(
-        message_id=message_id_of(msg), body_encoding=pb.IDENTITY,  # type: ignore[arg-type]
-        message_type=message_type_of(props),  # type: ignore[arg-type]
-        born_timestamp=to_timestamp(msg.born_timestamp), born_host=_host_text(msg.born_host).split(":")[0],
-        store_timestamp=to_timestamp(msg.store_timestamp), store_host=_host_text(msg.store_host),
-        queue_id=msg.queue_id, queue_offset=msg.queue_offset,
-        body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(msg.body).hexdigest().upper()))  # type: ignore[arg-type]
+    out = pb.Message() if into is None else into
+    out.body = msg.body
+    out.topic.name = msg.topic
+    sp = out.system_properties  # filled in place: no intermediate messages to copy
+    sp.message_id = message_id_of(msg)
+    sp.body_encoding = pb.IDENTITY
+    sp.message_type = message_type_of(props)  # type: ignore[assignment]
+    sp.born_timestamp.FromMilliseconds(msg.born_timestamp)
+    sp.born_host = _host_text(msg.born_host).partition(":")[0]
+    sp.store_timestamp.FromMilliseconds(msg.store_timestamp)
+    sp.store_host = _host_text(msg.store_host)
+    sp.queue_id = msg.queue_id
+    sp.queue_offset = msg.queue_offset
+    sp.body_digest.type = pb.MD5
+    sp.body_digest.checksum = hashlib.md5(msg.body).hexdigest().upper()
+    user = out.user_properties
+    for key, value in props.items():
+        if key not in SYSTEM_PROPERTY_NAMES:
+            user[key] = value
     tag = props.get(PROPERTY_TAGS)
     if tag:
         sp.tag = tag
-    keys = msg.keys
-    if keys:
-        sp.keys.extend(keys)
+    raw_keys = props.get(PROPERTY_KEYS)
+    if raw_keys:
+        sp.keys.extend(k for k in raw_keys.split(KEY_SEPARATOR) if k)
     group = props.get(PROPERTY_SHARDING_KEY)
     if group:
         sp.message_group = group
     if receipt_handle is not None:
         sp.receipt_handle = receipt_handle
     if invisible_ms is not None:
-        sp.invisible_duration.CopyFrom(to_duration(invisible_ms))
+        sp.invisible_duration.FromMilliseconds(invisible_ms)
     if delivery_attempt is not None:
         sp.delivery_attempt = delivery_attempt
-    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTY_NAMES}
-    return pb.Message(topic=pb.Resource(name=msg.topic), user_properties=user, system_properties=sp,
-                      body=msg.body)
+    return out
 
 
 # ---- receipt handles --------------------------------------------------------------------------------------
