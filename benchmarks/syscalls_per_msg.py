@@ -86,15 +86,16 @@ def main() -> None:
                 spec = {"name_server": stack.name_server, "topic": topic, "worker": rep, "producers": a.producers,
                         "body_bytes": a.size, "batch": 0, "warmup_s": 0.5, "duration_s": a.secs}
                 if a.client_strace:
-                    # attach to the worker process once it exists (the only new child of ours besides strace)
+                    # attach to the worker process once it exists (the spawned worker, not the resource tracker)
                     known = set(_children())
 
-                    def attach() -> None:
+                    def attach(known: set[int] = known, out: str = out,
+                               tracers: list[subprocess.Popen[bytes]] = client_tracer) -> None:
                         deadline = time.monotonic() + 30
                         while time.monotonic() < deadline:
-                            new = [p for p in _children() if p not in known and _is_python(p)]
+                            new = [p for p in _children() if p not in known and _is_worker(p)]
                             if new:
-                                client_tracer.append(subprocess.Popen(
+                                tracers.append(subprocess.Popen(
                                     ["strace", "-c", "-f", "-p", str(new[0]), "-o", out],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                                 return
@@ -142,10 +143,11 @@ def _children() -> list[int]:
     return out
 
 
-def _is_python(pid: int) -> bool:
+def _is_worker(pid: int) -> bool:
+    """A multiprocessing worker (not its resource tracker)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"python" in fh.read().split(b"\0")[0]
+            return b"spawn_main" in fh.read()
     except OSError:
         return False
 
