@@ -49,6 +49,8 @@ class WritingStore:
         self.delay_s = delay_s
         self.failing = False
         self.flushes = 0
+        #: flush no further than this (a flush that started before the latest puts); None = all written
+        self.cap: int | None = None
         self._lock = threading.Lock()
 
     def put(self, size: int) -> int:
@@ -57,7 +59,7 @@ class WritingStore:
 
     def flush(self) -> int:
         with self._lock:
-            target = self.wrote_phy_offset
+            target = self.wrote_phy_offset if self.cap is None else min(self.cap, self.wrote_phy_offset)
             if self.failing:
                 raise OSError(28, "No space left on device")
             if self.delay_s:
@@ -198,5 +200,29 @@ async def test_a_failing_waiter_callback_does_not_keep_the_others_waiting() -> N
         fut = service.request_flush(store.put(10), 5000)
         assert await asyncio.wait_for(fut, 10) is True
         assert got == [True]
+    finally:
+        await loop.run_in_executor(None, service.stop)
+
+
+async def test_a_wait_registered_after_a_later_puts_wait_is_answered_by_the_flush_that_covers_it() -> None:
+    """A wait that starts a loop turn after its put (SYNC_FLUSH + SYNC_MASTER runs it in a task) can register
+    behind the wait of a later put: a flush covering the earlier put answers it, without waiting for the later."""
+    loop = asyncio.get_running_loop()
+    store = WritingStore()
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    try:
+        early_end = store.put(100)
+        late_end = store.put(100)
+        store.cap = early_end  # this flush reaches the earlier put only
+        late: list[bool] = []
+        early: list[bool] = []
+        service.on_flushed(late_end, 5000, late.append)
+        service.on_flushed(early_end, 5000, early.append)
+        await wait_for(lambda: early == [True], timeout_s=10, what="the earlier put's waiter answered")
+        assert late == []
+        store.cap = None
+        service.on_flushed(store.put(10), 5000, lambda ok: None)  # a later send's flush covers the rest
+        await wait_for(lambda: late == [True], timeout_s=10, what="the later put's waiter answered")
     finally:
         await loop.run_in_executor(None, service.stop)

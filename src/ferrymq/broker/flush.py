@@ -93,7 +93,7 @@ class FlushService:
         self._signal = threading.Lock()
         self._signal.acquire()
         self._signalled = False
-        #: loop thread only: waiters in put order (their offsets only grow), and their deadlines
+        #: loop thread only: waiters in offset order, and their deadlines
         self._waiters: deque[_Waiter] = deque()
         self._deadlines: list[tuple[float, int, _Waiter]] = []
         self._seq = itertools.count()
@@ -158,7 +158,16 @@ class FlushService:
             fn(False)
             return
         waiter = _Waiter(end_phy_offset, fn)
-        self._waiters.append(waiter)
+        waiters = self._waiters
+        if waiters and end_phy_offset < waiters[-1].end_phy_offset:
+            # a wait that began a loop turn after its put (a task), behind a later put's: keep offset order,
+            # so a flush answers every waiter it covers (the walk back passes only the few later waiters)
+            i = len(waiters)
+            while i > 0 and waiters[i - 1].end_phy_offset > end_phy_offset:
+                i -= 1
+            waiters.insert(i, waiter)
+        else:
+            waiters.append(waiter)
         deadline = loop.time() + timeout_ms / 1000
         heapq.heappush(self._deadlines, (deadline, next(self._seq), waiter))
         if deadline < self._sweep_at:
