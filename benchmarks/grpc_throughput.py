@@ -14,26 +14,14 @@ measures, each on its own topic:
   pulled, offsets committed by the client).
 
 Both producers wait for each answer before the next send (one message in flight), so the rows compare the
-per-message cost of each path. Figures on the 2-core development machine (shared with other work, so
-noisy; ``--count 2000 --size 1024 --repeats 3``), medians of 3 runs:
+per-message cost of each path. The broker also serves its own gRPC endpoint (local mode), measured as a third
+row. ``--handlers`` measures only the proxy's handlers, called on the servicer without gRPC, in one process
+with a name server and a broker (CPU per message from ``time.process_time``).
 
-| path | produce msg/s | consume msg/s |
-|---|---|---|
-| 5.x SDK -> gRPC proxy -> broker | 294 | 1,184 |
-| ferrymq client -> broker (remoting) | 2,961 | 35,818 |
-| gRPC / remoting | 0.10x | 0.03x |
-
-The issue's target (>= 0.5x) is not met. Where the time goes:
-
-* produce: each 5.x send crosses three processes (SDK -> proxy over HTTP/2 + protobuf, proxy -> broker
-  over remoting, and back), and inside the SDK the caller's thread hands the call to the SDK's asyncio
-  thread and waits for its future; on 2 cores the SDK, the proxy and the broker take turns on the CPUs. In
-  one process (proxy and broker on one event loop, a grpc.aio client) a SendMessage round trip runs at
-  ~1,250/s, the proxy's own producer.send at ~4,700/s and a bare Heartbeat RPC at ~1,600-3,000/s: the gRPC
-  call itself, not the translation, is the larger share.
-* consume: the SimpleConsumer acknowledges each message with its own AckMessage RPC (32 RPCs per batch
-  of 32), where the 4.x PushConsumer commits one offset per queue now and then; the proxy's per-ack work
-  is a dict lookup, the RPC is the cost.
+Figures and where the time goes: benchmarks/RESULTS.md, "gRPC endpoint (issue 27)". In short: the 0.5x
+target is not met (0.16-0.29x produce, 0.02-0.04x consume on a busy 2-core machine); the proxy's Python
+handlers are under 10% of its CPU, a grpc.aio unary call costs ~200 us of server CPU and as much in the SDK,
+and the 5.x SimpleConsumer acknowledges each message with its own call.
 """
 
 from __future__ import annotations
@@ -174,14 +162,108 @@ async def create_topic(ns_addr: str, broker_addr: str, topic: str) -> None:
             await asyncio.sleep(0.1)
 
 
+class _Context:
+    """What the handlers read of a grpc.aio ServicerContext."""
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return [("x-mq-client-id", "bench-client"), ("x-mq-language", "PYTHON")]
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def time_remaining(self) -> float:
+        return 30.0
+
+
+async def handlers_run(count: int, size: int) -> dict[str, float]:
+    """The proxy's own cost without gRPC: SendMessage, then ReceiveMessage (32) + one AckMessage per message,
+    called directly on the servicer, with a name server, broker and proxy in this one event loop (so the CPU
+    per message includes the broker's side of each send and pull)."""
+    import uuid
+
+    from ferrymq.broker.app import BrokerController
+    from ferrymq.broker.config import BrokerConfig
+    from ferrymq.namesrv.app import NameServer
+    from ferrymq.proxy.config import ProxyConfig
+    from ferrymq.proxy.server import ProxyServer
+    from ferrymq.proxy.v2 import definition_pb2 as pb
+    from ferrymq.proxy.v2 import service_pb2 as spb
+
+    work = tempfile.mkdtemp(prefix="grpcbench-inproc-")
+    ns = NameServer("127.0.0.1", 0)
+    await ns.start()
+    broker = BrokerController(BrokerConfig(listen_port=0, listen_host="127.0.0.1", broker_ip1="127.0.0.1",
+                                           store_path_root_dir=work, namesrv_addr=[ns.addr], fast_listen_enable=False))
+    await broker.start()
+    proxy = ProxyServer(ProxyConfig(ns.addr, listen_port=0))
+    await proxy.start()
+    try:
+        await create_topic(ns.addr, broker.broker_addr, "BenchInProc")
+        svc, ctx, body = proxy.service, _Context(), b"x" * size
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                await svc.instance.update_route("BenchInProc")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+        def send_request() -> Any:
+            return spb.SendMessageRequest(messages=[pb.Message(
+                topic=pb.Resource(name="BenchInProc"), body=body, system_properties=pb.SystemProperties(
+                    message_id=uuid.uuid4().hex.upper(), body_encoding=pb.IDENTITY, message_type=pb.NORMAL))])
+
+        requests = [send_request() for _ in range(count)]
+        t0, c0 = time.perf_counter(), time.process_time()
+        for req in requests:
+            answer = await svc.SendMessage(req, ctx)
+            assert answer.status.code == pb.OK, answer.status
+        produce_s, produce_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        receive = spb.ReceiveMessageRequest(group=pb.Resource(name="bench_inproc"), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name="BenchInProc"), broker=pb.Broker(name=broker.config.broker_name), id=-1),
+            batch_size=RECEIVE_BATCH)
+        receive.invisible_duration.FromSeconds(INVISIBLE_S)
+        receive.long_polling_timeout.FromSeconds(1)
+        got = 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        while got < count:
+            messages = [r.message async for r in svc.ReceiveMessage(receive, ctx) if r.HasField("message")]
+            for m in messages:
+                ack = await svc.AckMessage(spb.AckMessageRequest(
+                    group=receive.group, topic=receive.message_queue.topic, entries=[spb.AckMessageEntry(
+                        message_id=m.system_properties.message_id,
+                        receipt_handle=m.system_properties.receipt_handle)]), ctx)
+                assert ack.status.code == pb.OK, ack.status
+            got += len(messages)
+        consume_s, consume_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        await proxy.stop()
+        await broker.stop()
+        await ns.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"produce_msgs": count, "produce_s": produce_s, "produce_cpu_s": produce_cpu_s, "consume_msgs": got,
+            "consume_s": consume_s, "consume_cpu_s": consume_cpu_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=3000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--handlers", action="store_true",
+                        help="only the proxy's handlers in one process, without gRPC (CPU per message)")
     parser.add_argument("--sdk-dir", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                         / "ferrymq-tests" / SDK_REQUIREMENT.replace("==", "-"))
     args = parser.parse_args()
+    if args.handlers:
+        runs = [asyncio.run(handlers_run(args.count, args.size)) for _ in range(args.repeats)]
+        for phase in ("produce", "consume"):
+            rate = statistics.median(r[f"{phase}_msgs"] / r[f"{phase}_s"] for r in runs)
+            cpu_us = statistics.median(r[f"{phase}_cpu_s"] * 1e6 / r[f"{phase}_msgs"] for r in runs)
+            print(f"{phase}: {rate:.0f} msg/s, {cpu_us:.0f} us CPU per message (median of {args.repeats})")
+        return
     sdk = ensure_sdk(args.sdk_dir)
     work = Path(tempfile.mkdtemp(prefix="grpcbench-"))
     procs: list[subprocess.Popen[bytes]] = []
