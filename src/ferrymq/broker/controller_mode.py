@@ -9,7 +9,8 @@ This module is the broker's side of that bargain:
   of its epoch file and its max phy offset; the answer is the group's state (``GroupState`` below). A
   NOTIFY_BROKER_ROLE_CHANGED (1008) from the controller makes the next heartbeat go at once.
 * **Becoming master** of epoch E: the HA client stops (nothing more is copied), a half-copied record at the
-  log's end is cut, everything copied is dispatched, the epoch file gains <E, max phy offset>, the HA
+  log's end is cut (bytes beyond the last record the replica checked; a master that steps down marks its own
+  records checked, so a later re-election never cuts them), everything copied is dispatched, the epoch file gains <E, max phy offset>, the HA
   server starts accepting replicas, the broker registers with the name servers as brokerId 0, and delayed
   delivery starts. Sends are accepted from then on.
 * **Becoming slave** of the master M of epoch E: sends are refused, the HA server drops its replicas, the
@@ -306,6 +307,12 @@ class ControllerRole:
         self.lease_until = 0.0
         self.ha_master.active = False
         await self.ha_master.deactivate()
+        if was_master:
+            # every record up to here was written whole by this broker's own puts: none is a half-copied
+            # replica tail (the check at the next takeover must not cut them; the handshake with the new
+            # master cuts what diverged)
+            cl = broker.store.commit_log
+            cl.replica_verified_phy = max(cl.replica_verified_phy, cl.max_offset)
         changed = state.master_epoch != self.master_epoch or was_master
         self.master_epoch = state.master_epoch
         ha_addr = state.master_ha_addr if state.master_id >= 0 else None
