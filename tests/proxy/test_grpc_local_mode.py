@@ -130,3 +130,40 @@ def test_local_mode_uses_the_brokers_acl_and_tls(procs: ProcessGroup, sdk5_path:
     bad = run_sdk_sync(sdk5_path, tmp_path, endpoints, "produce", topic=topic, count=1, prefix="B", ak="appAK0001",
                        sk="notTheSecret", tls=True, rpc_s=3, timeout_s=20, env=tls_env, check=False)
     assert not any(r.get("ok") for r in bad), bad
+
+
+def test_ferry_proxy_with_tls_config_and_acl_file(procs: ProcessGroup, sdk5_path: Path, tmp_path: Path) -> None:
+    """``ferry proxy --tls-config FILE --acl-file plain_acl.yml``: the gRPC port serves TLS with the remoting
+    TLS keys of FILE and checks 5.x clients against the accounts."""
+    certs = make_certs(tmp_path / "certs")
+    acl_file = tmp_path / "plain_acl.yml"
+    acl_file.write_text(LOCAL_ACL)
+    tls_file = tmp_path / "tls.properties"
+    tls_file.write_text(f"tlsServerMode=enforcing\ntls.server.certPath={certs.server_cert}\n"
+                        f"tls.server.keyPath={certs.server_key}\n")
+    ns = start_namesrv(procs)
+    broker = start_broker(procs, [ns.addr])
+    port = free_port()
+    proxy = procs.spawn("proxy", ferry_argv("proxy", "-n", ns.addr, "--listen", f"127.0.0.1:{port}",
+                                            "--tls-config", str(tls_file), "--acl-file", str(acl_file)))
+    proxy.wait_log(r"gRPC proxy serving", timeout_s=START_TIMEOUT_S)
+    topic = f"TP_{uuid.uuid4().hex[:6]}"
+    create_topic(broker.addr, topic)
+    wait_route(ns.addr, topic, timeout_s=START_TIMEOUT_S)
+    tls_env = {"GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(certs.ca)}
+    round_trip(sdk5_path, tmp_path, f"127.0.0.1:{port}", topic, ak="appAK0001", sk="appSK0001", tls=True,
+               env=tls_env)
+    bad = run_sdk_sync(sdk5_path, tmp_path, f"127.0.0.1:{port}", "produce", topic=topic, count=1, prefix="B",
+                       ak="appAK0001", sk="notTheSecret", tls=True, rpc_s=3, timeout_s=20, env=tls_env, check=False)
+    assert not any(r.get("ok") for r in bad), bad
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--tls-config", "/nonexistent/tls.properties"], "--tls-config"),
+    (["--acl-file", "/nonexistent/plain_acl.yml"], "aclFile"),
+])
+def test_ferry_proxy_bad_tls_or_acl_file(args: list[str], fragment: str) -> None:
+    out = subprocess.run(ferry_argv("proxy", "-n", "127.0.0.1:9876", "--listen", f"127.0.0.1:{free_port()}", *args),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "config error" in out.stderr and fragment in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
