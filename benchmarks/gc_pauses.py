@@ -220,12 +220,14 @@ HEADER = ("| server  | phase                              |  took s | passes | l
 async def broker_phases(broker: Server, args: argparse.Namespace) -> None:
     addr = f"{HOST}:{broker.port}"
     conns = [await connect(addr) for _ in range(BULK_CONNECTIONS)]
+    # the heart beats' own connection: the broker closes it when their client ids expire (120 s after the phase)
+    hb_conn = await connect(addr)
     try:
         topics = [f"gc-t{i:05d}" for i in range(max(args.topics, args.queues // QUEUES))]
         groups = [f"gc-g{i:05d}" for i in range(args.groups)]
         phases: list[tuple[str, Iterable[RemotingCommand], list[Connection]]] = [
             (f"topics ({args.topics} x {QUEUES} queues)", create_cmds(topics[:args.topics]), conns),
-            (f"groups ({args.groups}, by heart beats)", heartbeat_cmds(groups, topics), conns[:1]),
+            (f"groups ({args.groups}, by heart beats)", heartbeat_cmds(groups, topics), [hb_conn]),
             (f"queues ({args.queues}, one message each)",
              _chain(create_cmds(topics[args.topics:]), send_cmds(topics, args.queues)), conns),
             (f"offsets ({args.offsets} commits)", commit_cmds(groups, topics, args.offsets), conns),
@@ -239,7 +241,7 @@ async def broker_phases(broker: Server, args: argparse.Namespace) -> None:
             await asyncio.sleep(0.1)  # the loop-lag probe's last sample of the phase is in
             print(row("broker", name, took, await asyncio.to_thread(broker.phase)), flush=True)
     finally:
-        for c in conns:
+        for c in [*conns, hb_conn]:
             c.close()
 
 
