@@ -53,3 +53,33 @@ def test_group_table_is_bounded() -> None:
 def test_bad_settings_refused() -> None:
     with pytest.raises(ValueError):
         ThrottleFilter(burst=0)
+
+
+def test_server_logging_throttles_only_its_own_handler() -> None:
+    """A server started inside another program (a test runner with its own capture handler on the root logger)
+    throttles its stderr handler only: the host's handler keeps every record (a throttle filter put on it stayed
+    there for the rest of the run and hid later tests' repeated warnings)."""
+    import logging
+
+    from ferrymq.common import logthrottle
+
+    root = logging.getLogger()
+    host = logging.Handler()
+    seen: list[logging.LogRecord] = []
+    host.emit = seen.append  # type: ignore[method-assign]
+    root.addHandler(host)
+    before = list(root.handlers)
+    level = root.level
+    try:
+        first = logthrottle.configure_server_logging("WARNING")
+        assert logthrottle.configure_server_logging("WARNING") is first  # one handler, however often called
+        assert host.filters == []
+        for _ in range(logthrottle.LOG_BURST * 3):
+            logging.getLogger("ferrymq.test").warning("same template %s", 1)
+        assert len(seen) == logthrottle.LOG_BURST * 3
+    finally:
+        for h in list(root.handlers):
+            if h not in before:
+                root.removeHandler(h)
+        root.removeHandler(host)
+        root.setLevel(level)

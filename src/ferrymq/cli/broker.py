@@ -109,9 +109,7 @@ def command(ctx: click.Context, config_path: str | None, namesrv: str | None, lo
         click.echo(f"config error: --log-level: expected one of {', '.join(LOG_LEVELS)}, got {log_level!r}",
                    err=True)
         sys.exit(EXIT_CONFIG_ERROR)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logthrottle.install()
+    logthrottle.configure_server_logging(log_level.upper())
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(_run(config_path, namesrv))

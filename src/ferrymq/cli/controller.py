@@ -69,9 +69,7 @@ def run_controller(config_path: str, log_level: str) -> None:
     except ConfigError as exc:
         click.echo(f"config error: {exc}", err=True)
         sys.exit(EXIT_CONFIG_ERROR)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logthrottle.install()
+    logthrottle.configure_server_logging(log_level.upper())
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(_serve(cfg))

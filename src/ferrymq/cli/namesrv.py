@@ -32,7 +32,6 @@ NAMESRV_KEYS = ("listenHost", "listenPort", "kvConfigPath", "enableControllerInN
                 "gcFreezeEnable", *TLS_KEYS)
 EXIT_START_FAILED = 1
 EXIT_USAGE = 2
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -161,8 +160,7 @@ def command(config_path: str | None, listen: str | None, kv_config_path: str | N
         port = file_cfg.port if file_cfg is not None and file_cfg.port is not None else DEFAULT_PORT
     if kv_config_path is None and file_cfg is not None:
         kv_config_path = file_cfg.kv_config_path
-    logging.basicConfig(stream=sys.stderr, level=log_level.upper(), format=LOG_FORMAT)
-    logthrottle.install()
+    logthrottle.configure_server_logging(log_level.upper())
     try:
         _run(host, port, kv_config_path, metrics_port, file_cfg)
     except ConfigError as exc:

@@ -6,7 +6,6 @@ The proxy finds the brokers through the name servers and translates ``apache.roc
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 from typing import Any
@@ -73,9 +72,7 @@ def command(namesrv: str, listen: str, fifo_groups: tuple[str, ...], max_deliver
     host, port = parse_listen(listen)
     if log_level.upper() not in LOG_LEVELS:
         raise click.UsageError(f"--log-level: expected one of {', '.join(LOG_LEVELS)}")
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logthrottle.install()
+    logthrottle.configure_server_logging(log_level.upper())
     try:
         tls_server, tls_client = _tls_of(tls_config)
         config = ProxyConfig(namesrv, listen_host=host, listen_port=port, fifo_groups=frozenset(fifo_groups),

@@ -15,8 +15,10 @@ is dropped first), so its memory is bounded too.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 #: records of one group printed per window
 LOG_BURST = 5
@@ -79,3 +81,42 @@ def install(logger: logging.Logger | None = None, *, burst: int = LOG_BURST,
     for handler in target.handlers:
         handler.addFilter(flt)
     return flt
+
+
+#: the log line format of the server processes (name server, broker, controller, proxy)
+SERVER_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each record (a test runner swaps it per test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+def configure_server_logging(level: str, fmt: str = SERVER_LOG_FORMAT) -> ThrottleFilter:
+    """A server process's logging: records at ``level`` and above to stderr through a ThrottleFilter. Only the
+    handler added here is throttled: handlers others put on the root logger (a test runner's log capture, when a
+    server runs inside it) are left as they are. A second call keeps the first handler and its filter."""
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if isinstance(handler, _StderrHandler):
+            for flt in handler.filters:
+                if isinstance(flt, ThrottleFilter):
+                    return flt
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter(fmt))
+    throttle = ThrottleFilter()
+    handler.addFilter(throttle)
+    root.addHandler(handler)
+    root.setLevel(level)
+    return throttle
+

@@ -63,10 +63,9 @@ class ClientManageProcessor:
         client_id = str(data.get("clientID") or data.get("clientId") or conn.peer_addr)
         consumers = data.get("consumerDataSet") or []
         producers = data.get("producerDataSet") or []
-        if not isinstance(consumers, list):
-            consumers = []
-        if not isinstance(producers, list):
-            producers = []
+        for name, value in (("consumerDataSet", consumers), ("producerDataSet", producers)):
+            if not isinstance(value, list):
+                return cmd.response(R.SYSTEM_ERROR, remark=f"bad heartbeat body: {name} is not a list")
         if len(consumers) + len(producers) > HEARTBEAT_STEP_GROUPS:
             return self._heart_beat_in_steps(conn, cmd, client_id, consumers, producers)
         for raw in consumers:
