@@ -99,13 +99,13 @@ def test_pull_status_table() -> None:
 def test_topic_auto_create_through_tbw102(tmp_path) -> None:
     changes = []
     tm = TopicManager(str(tmp_path), cluster_name="C", broker_name="B", clock_ms=lambda: 42)
-    tm.on_change = lambda: changes.append(1)
+    tm.on_change = lambda urgent=False: changes.append(1 if urgent else 0)
     assert tm.get("TBW102").perm == 7 and tm.get("SCHEDULE_TOPIC_XXXX").read_queue_nums == 18
     tc = tm.create_in_send("New", "TBW102", 4)
     assert (tc.read_queue_nums, tc.write_queue_nums, tc.perm) == (4, 4, 6)
     assert tm.create_in_send("Big", "TBW102", 100).write_queue_nums == 8
     assert tm.create_in_send("X", "SELF_TEST_TOPIC", 4) is None  # template without INHERIT
-    assert changes == [1, 1] and tm.data_version.counter == 2
+    assert changes == [1, 1] and tm.data_version.counter == 2  # client-made topics: urgent registrations
     tm2 = TopicManager(str(tmp_path), cluster_name="C", broker_name="B", clock_ms=lambda: 0)
     tm2.load()  # from the journal: the snapshot timer has not run
     assert tm2.get("New") is not None and tm2.data_version.counter == 2

@@ -20,6 +20,7 @@ from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 from ferrymq.remoting.connection import connect
 from support.aio import wait_for
+from support.wire import send_v1
 
 
 def _topics(path: str) -> TopicManager:
@@ -177,6 +178,27 @@ async def test_a_lone_topic_change_registers_at_once(broker, namesrv) -> None:
     finally:
         conn.close()
     await wait_for(lambda: namesrv.routes.get_topic_route("Lone") is not None, timeout_s=5)
+
+
+async def test_a_topic_a_client_created_skips_the_coalescing_wait(broker, namesrv) -> None:
+    """A send that auto-creates its topic right after another topic change (here an admin create) is routed at
+    once, not a coalescing period later: its producer and consumers ask for the route next (RocketMQ registers
+    such a topic before answering). Coalescing window made far longer than the wait."""
+    registrar = broker.registrar
+    registrar.coalesce_ms = 600_000
+    await wait_for(lambda: registrar._pending is None or registrar._pending.done(), timeout_s=5)
+    conn = await connect(broker.broker_addr, timeout_ms=3000)
+    try:
+        resp = await conn.invoke(RemotingCommand.request(
+            RequestCode.UPDATE_AND_CREATE_TOPIC, {"topic": "AdminFirst", "readQueueNums": 1, "writeQueueNums": 1,
+                                                  "perm": 6}), 3000)
+        assert resp.code == 0
+        await wait_for(lambda: namesrv.routes.get_topic_route("AdminFirst") is not None, timeout_s=5)
+        resp = await conn.invoke(RemotingCommand.request(RequestCode.SEND_MESSAGE, send_v1("ClientMade"), b"x"), 3000)
+        assert resp.code == 0, resp.remark
+    finally:
+        conn.close()
+    await wait_for(lambda: namesrv.routes.get_topic_route("ClientMade") is not None, timeout_s=5)
 
 
 @pytest.mark.parametrize("broker_settings", [{"compressed_register": True}])

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ferrymq.common.aio import wait_event
 from ferrymq.common.register_body_codec import body_crc32, encode_compressed_register_body
 from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.remoting import jsonx
@@ -80,6 +81,9 @@ class NameServerRegistrar:
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Task[Any] | None = None
         self._again = False
+        #: a change waiting for its registration is urgent (no coalescing wait); the event wakes the wait
+        self._urgent = False
+        self._urgent_event = asyncio.Event()
         #: loop time when the last triggered registration ended (-inf: none yet)
         self._last_triggered_end = float("-inf")
         self.registrations = 0
@@ -148,12 +152,17 @@ class NameServerRegistrar:
         cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, self._header(compressed, crc32), body)
         return await self._pool.invoke(addr, cmd, REGISTER_TIMEOUT_MS)
 
-    def trigger(self) -> None:
+    def trigger(self, *, urgent: bool = False) -> None:
         """Register soon, coalesced; used after topic changes. The first change after a quiet ``coalesce_ms``
         registers at once; changes within ``coalesce_ms`` of the last registration, or while one is on its
-        way, are carried by one more registration ``coalesce_ms`` after the last."""
+        way, are carried by one more registration ``coalesce_ms`` after the last. An ``urgent`` change (a topic
+        a client's request created, whose route it asks for next, as RocketMQ registers before answering)
+        skips the wait: at once, or right after the registration on its way."""
         if not self.namesrv_addrs:
             return
+        if urgent:
+            self._urgent = True
+            self._urgent_event.set()
         if self._pending is not None and not self._pending.done():
             self._again = True
             return
@@ -166,9 +175,11 @@ class NameServerRegistrar:
         loop = asyncio.get_running_loop()
         while True:
             wait_s = self._last_triggered_end + self.coalesce_ms / 1000 - loop.time()
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)
+            if wait_s > 0 and not self._urgent:
+                self._urgent_event.clear()
+                await wait_event(self._urgent_event, wait_s)  # an urgent change ends the wait
             self._again = False
+            self._urgent = False
             try:
                 await self.register_all()
             except Exception:

@@ -59,7 +59,9 @@ class TopicManager(JournaledJsonTable):
         self.table: dict[str, TopicConfig] = {}
         self.data_version = DataVersion()
         #: called after a topic is created or updated (the broker re-registers at once)
-        self.on_change: Callable[[], None] | None = None
+        #: called after each change; ``urgent`` for a topic a client's request created (auto-create in a send,
+        #: a group's %RETRY% / %DLQ% topic): the client asks for its route next
+        self.on_change: Callable[..., None] | None = None
         #: on a slave: topic -> how many queues its store holds (``get`` answers read-only configs from it for
         #: topics the master's config has not brought yet)
         self.replica_queue_count: Callable[[str], int] | None = None
@@ -125,7 +127,7 @@ class TopicManager(JournaledJsonTable):
         return (b'{"dataVersion":' + jsonx.dumps(self.data_version.to_json()) + b',"topicConfigTable":{'
                 + b",".join(fragments.values()) + b"}}")
 
-    def _changed(self, topic: str) -> None:
+    def _changed(self, topic: str, *, urgent: bool = False) -> None:
         """One topic was created, replaced or deleted: journaled (O(1)) before the caller answers."""
         self.data_version.next_version(self._clock_ms())
         tc = self.table.get(topic)
@@ -138,7 +140,10 @@ class TopicManager(JournaledJsonTable):
             if self._fragments is not None:
                 self._fragments[topic] = _fragment(tc)
         if self.on_change is not None:
-            self.on_change()
+            if urgent:
+                self.on_change(urgent=True)
+            else:
+                self.on_change()
 
     # ---- lookups -------------------------------------------------------------------------
     def get(self, topic: str) -> TopicConfig | None:
@@ -196,7 +201,7 @@ class TopicManager(JournaledJsonTable):
         tc = TopicConfig(topic, nums, nums, template.perm & ~PERM_INHERIT, topic_sys_flag=topic_sys_flag)
         self.table[topic] = tc
         log.info("auto-created topic %s from %s with %d queues", topic, default_topic, nums)
-        self._changed(topic)
+        self._changed(topic, urgent=True)
         return tc
 
     def create_sys_group_topic(self, topic: str, queue_nums: int = SYS_GROUP_TOPIC_QUEUE_NUMS, perm: int = RW,
@@ -207,7 +212,7 @@ class TopicManager(JournaledJsonTable):
             return existing
         tc = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=topic_sys_flag)
         self.table[topic] = tc
-        self._changed(topic)
+        self._changed(topic, urgent=True)
         return tc
 
     def update(self, tc: TopicConfig) -> None:
