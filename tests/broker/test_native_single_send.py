@@ -108,6 +108,20 @@ def test_single_send_native_matches_pure(sends: list[tuple[Any, ...]], cluster: 
         assert stored_files(native) == stored_files(pure)
 
 
+def test_a_send_stored_in_another_queue_leaves_no_file_for_its_own() -> None:
+    """A DELAY or transactional single send is stored in the delay level's or the half topic's queue: the native
+    path must not create (reserve) the consume queue file of the queue it names (hypothesis found SingleT/1's file
+    on the native broker only, after a DELAY send to queue 1)."""
+    with brokers("DefaultCluster") as (native, pure):
+        for ctl in (native, pure):
+            subscribe_group(ctl)
+        for i, (props, sys_flag) in enumerate((("DELAY\x013", 0), ("TRAN_MSG\x01true", 0x4))):
+            a, b = (answer(ctl, request(10, "SingleT", 1, props, b"", sys_flag, 0, 0, i)) for ctl in (native, pure))
+            assert a == b
+        assert stored_files(native) == stored_files(pure)
+        assert not any(name.startswith("consumequeue/SingleT/") for name in stored_files(native))
+
+
 def test_native_single_path_is_taken_for_plain_sends() -> None:
     """A plain send goes through put_one_raw (not put_message) in native mode and gives the pure answer; DELAY,
     TRAN_MSG, transaction flags, retry topics and non-ASCII properties take the Python path."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from ferrymq.broker.config import BrokerConfig, BrokerRole, FlushDiskType
 from ferrymq.broker.flush import FlushService
-from ferrymq.common.message import MessageExtBrokerInner
+from ferrymq.common.message import SYSFLAG_TRANSACTION_MASK, MessageExtBrokerInner
 from ferrymq.store.results import PutMessageResult
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,10 @@ DISPATCH_RETRY_INTERVAL_MS = 200
 
 QueueKey = tuple[str, int]
 
+
+#: properties (as sent) that take a single send off the native path and into another queue
+_GOES_ELSEWHERE_DELAY = b"DELAY\x01"
+_GOES_ELSEWHERE_TRAN = b"TRAN_MSG\x01"
 
 class MessageWriter:
     def __init__(self, store: Any, config: BrokerConfig, flush: FlushService,
@@ -124,6 +128,10 @@ class MessageWriter:
         """The native single SEND put (``MessageStore.put_one_raw``): (result, WAIT flag); None = use ``put``."""
         put_raw = self._put_one_raw
         if put_raw is None:
+            return None
+        if _GOES_ELSEWHERE_DELAY in props or _GOES_ELSEWHERE_TRAN in props or sys_flag & SYSFLAG_TRANSACTION_MASK:
+            # the native put declines these, and they are stored in another queue (the delay level's, the half
+            # topic's): ``put`` prepares that one; preparing (topic, queue_id) here would create its file for nothing
             return None
         prepare = self._prepare
         if prepare is not None and prepare(topic, queue_id, sys_flag) is not None:
