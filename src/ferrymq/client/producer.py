@@ -278,6 +278,8 @@ class Producer:
         """(queues, via_default_topic). Falls back to TBW102 when the name server does not know the topic."""
         inst = self.instance
         since = self._fallback_since.get(topic)
+        if since is not None and inst.routes.get(topic) is not None:
+            since = None  # the topic's own route has arrived meanwhile (another call fetched it): use it
         if since is None or time.monotonic() - since > self.config.poll_name_server_interval_ms / 1000:
             try:
                 route = await inst.get_route(topic)

@@ -157,7 +157,9 @@ class ConsoleActions:
         queue: MessageQueue | None = None
         if not to_original:
             try:
-                await self.admin.topic_route(target)
+                # the producer's own copy of the route too: one it made from TBW102's before the retry topic was
+                # routed would offer queues the retry topic does not have
+                await producer.instance.update_route(target)
             except TopicNotExistError:
                 # the name server learns a retry topic at the broker's next registration, and the broker creates
                 # it (one queue) on the first send to it: send to queue 0 of the broker holding the dead letter
