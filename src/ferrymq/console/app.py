@@ -502,15 +502,21 @@ async def topic_update(request: web.Request) -> web.Response:
     return await _act(request, f"/topics/{_q(topic)}", go)
 
 
+async def _require_typed_name(request: web.Request, kind: str, name: str, back: str) -> None:
+    """A delete goes ahead only when the form's ``confirm`` field repeats the name; else back to ``back``
+    with the reason."""
+    form = await request.post()
+    if form.get("confirm") != name:
+        session = _session(request)
+        assert session is not None
+        session.flash("error", f"not deleted: type the {kind} name {name} to confirm")
+        raise web.HTTPSeeOther(back)
+
+
 async def topic_delete(request: web.Request) -> web.Response:
     topic = request.match_info["topic"]
     acts = request.app[_ACTIONS]
-    form = await request.post()
-    if form.get("confirm") != topic:
-        session = _session(request)
-        assert session is not None
-        session.flash("error", f"not deleted: type the topic name {topic} to confirm")
-        raise web.HTTPSeeOther(f"/topics/{_q(topic)}")
+    await _require_typed_name(request, "topic", topic, f"/topics/{_q(topic)}")
 
     async def go(_form: Any) -> str:
         return await acts.delete_topic(topic)
@@ -539,12 +545,7 @@ async def group_create(request: web.Request) -> web.Response:
 async def group_delete(request: web.Request) -> web.Response:
     group = request.match_info["group"]
     acts = request.app[_ACTIONS]
-    form = await request.post()
-    if form.get("confirm") != group:
-        session = _session(request)
-        assert session is not None
-        session.flash("error", f"not deleted: type the group name {group} to confirm")
-        raise web.HTTPSeeOther(f"/groups/{_q(group)}")
+    await _require_typed_name(request, "group", group, f"/groups/{_q(group)}")
 
     async def go(_form: Any) -> str:
         return await acts.delete_group(group)
