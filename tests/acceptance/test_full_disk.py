@@ -4,7 +4,6 @@ reads, and accepts sends again by itself when space returns. Three fill/free cyc
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from procs import ProcessGroup, request, start_broker, start_namesrv
+from tmpfs_support import small_tmpfs
 
 from ferrymq.common.message_codec import encode_batch_body, iter_records
 from ferrymq.remoting.codes import RequestCode
@@ -30,16 +30,8 @@ MAX_BATCHES_PER_CYCLE = 2000
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path, TMPFS_MB) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
 def test_full_disk_refuses_sends_serves_reads_and_recovers(procs: ProcessGroup, small_disk: Path) -> None:

@@ -16,7 +16,6 @@ import asyncio
 import os
 import resource
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -34,6 +33,7 @@ from procs import (
     start_namesrv,
     write_properties,
 )
+from tmpfs_support import small_tmpfs
 
 from ferrymq.common.message_codec import iter_records
 from ferrymq.remoting.codec import RemotingCommand
@@ -210,16 +210,8 @@ FULL_ROUNDS = 3
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path, TMPFS_MB) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
 def _fill(path: Path) -> None:
