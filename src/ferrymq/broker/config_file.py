@@ -39,6 +39,7 @@ from typing import Any
 from ferrymq.common.topic import DataVersion
 from ferrymq.errors import ConfigError
 from ferrymq.remoting import jsonx
+from ferrymq.store.checkpoint import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -145,21 +146,8 @@ class JsonConfigFile:
             if os.path.exists(self.path):
                 shutil.copyfile(self.path, self.path + ".bak")
             os.replace(tmp, self.path)
-            _fsync_dir(directory)
+            fsync_dir(directory)
             return True
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class JsonPersisted:
