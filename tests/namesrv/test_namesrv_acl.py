@@ -8,24 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from namesrv_acl_accounts import ACL, ADMIN, USER
 
 from ferrymq.namesrv.app import NameServer
 from ferrymq.remoting import signature
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import connect
-
-ADMIN = ("nsAdmin01", "nsAdminSecret")
-USER = ("nsUser01", "nsUserSecret")
-ACL = f"""
-accounts:
-  - accessKey: {ADMIN[0]}
-    secretKey: {ADMIN[1]}
-    admin: true
-  - accessKey: {USER[0]}
-    secretKey: {USER[1]}
-    defaultTopicPerm: PUB|SUB
-"""
 
 
 async def test_write_codes_need_an_admin_account(tmp_path: Path) -> None:

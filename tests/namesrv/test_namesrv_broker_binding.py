@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from namesrv_acl_accounts import ACL, ADMIN, USER
 
 from ferrymq.common.properties import parse_properties
 from ferrymq.namesrv.app import NameServer
@@ -19,17 +20,6 @@ from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Connection, connect
 
-ADMIN = ("nsAdmin01", "nsAdminSecret")
-USER = ("nsUser01", "nsUserSecret")
-ACL = f"""
-accounts:
-  - accessKey: {ADMIN[0]}
-    secretKey: {ADMIN[1]}
-    admin: true
-  - accessKey: {USER[0]}
-    secretKey: {USER[1]}
-    defaultTopicPerm: PUB|SUB
-"""
 BROKER = {"brokerName": "broker-a", "brokerAddr": "127.0.0.1:10911", "clusterName": "DefaultCluster",
           "brokerId": 0}
 
