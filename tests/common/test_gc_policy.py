@@ -1,5 +1,5 @@
 """The full-collection pause histogram and the freeze policy (common/gc_policy.py), driven through the
-``gc.callbacks`` entry with an injected clock, heap size and freeze: no real collection decides anything here.
+``gc.callbacks`` entry with an injected clock, counts and freeze: no real collection decides anything here.
 The last tests check, on the real interpreter, what the policy counts on: which containers are tracked, and
 that a freeze inside a callback takes the survivors out of the next full pass."""
 
@@ -17,26 +17,43 @@ YOUNG = {"generation": 0, "collected": 0, "uncollectable": 0}
 
 
 class World:
-    """The interpreter as the monitor sees it: a clock, the heap's blocks, and a count of freezes."""
+    """The interpreter as the monitor sees it: a clock, the unfrozen survivors of the last pass, the frozen count,
+    and the freezes and exact counts the monitor asked for."""
 
     def __init__(self) -> None:
-        self.now_s = 100.0
-        self.blocks = 1_000
+        self.now_s = 0.0
+        self.unfrozen = 1_000
         self.frozen = 0
         self.freezes = 0
+        self.counts = 0
 
     def freeze(self) -> None:
         self.freezes += 1
-        self.frozen = self.blocks
+        self.frozen += self.unfrozen
+        self.unfrozen = 0
+
+    def count(self) -> int:
+        self.counts += 1
+        return self.unfrozen
 
     def monitor(self, **kw: object) -> GcMonitor:
-        return GcMonitor(clock=lambda: self.now_s, heap_blocks=lambda: self.blocks, freeze=self.freeze,
+        return GcMonitor(clock=lambda: self.now_s, unfrozen_count=self.count, freeze=self.freeze,
                          frozen_count=lambda: self.frozen, **kw)  # type: ignore[arg-type]
 
     def full_pass(self, m: GcMonitor, pause_s: float, info: dict[str, int] = FULL) -> None:
+        self.now_s = 0.0  # each pass timed from 0: its duration is exactly pause_s
         m("start", info)
-        self.now_s += pause_s
+        self.now_s = pause_s
         m("stop", info)
+
+
+def calibrated(w: World, rate_s_per_object: float = 1e-6, frozen: int = 100_000, **kw: object) -> GcMonitor:
+    """A monitor as after a server's start: ``frozen`` objects frozen, the rate of a pass per object measured."""
+    m = w.monitor(**kw)
+    w.frozen = frozen
+    w.unfrozen = 0
+    m.rate_s_per_object = rate_s_per_object
+    return m
 
 
 def test_each_full_pass_lands_in_the_histogram_and_young_ones_do_not() -> None:
@@ -62,69 +79,138 @@ def test_a_stop_without_its_start_is_ignored() -> None:
     assert m.count == 0 and w.freezes == 0
 
 
-def test_freezes_when_a_long_pass_follows_a_doubled_heap() -> None:
+def test_freezes_when_the_estimated_unfrozen_count_reaches_the_frozen_count_and_the_count_confirms() -> None:
     w = World()
-    m = w.monitor(min_pause_s=0.005, growth_factor=2.0)
-    m.heap_blocks_at_freeze = 1_000  # as after a freeze at start
-    w.blocks = 1_900
-    w.full_pass(m, 0.080)  # long, but the heap has not doubled
-    assert w.freezes == 0
-    w.blocks = 2_000
-    w.full_pass(m, 0.001)  # doubled, but the pass was short: nothing worth freezing
-    assert w.freezes == 0
-    w.full_pass(m, 0.080)
-    assert w.freezes == 1 and m.freezes == 1 and m.heap_blocks_at_freeze == 2_000
-    w.blocks = 3_999
-    w.full_pass(m, 0.080)  # the next freeze needs 2 x 2,000
-    assert w.freezes == 1
-    w.blocks = 4_000
-    w.full_pass(m, 0.080)
-    assert w.freezes == 2 and m.heap_blocks_at_freeze == 4_000
+    m = calibrated(w, min_pause_s=0.005, growth_factor=2.0)
+    w.unfrozen = 99_000
+    w.full_pass(m, 0.099)  # 99,000 estimated < 100,000 frozen: no count, no freeze
+    assert w.counts == 0 and w.freezes == 0
+    w.unfrozen = 100_000
+    w.full_pass(m, 0.100)
+    assert w.counts == 1 and w.freezes == 1 and m.freezes == 1
+    assert w.frozen == 200_000 and m.frozen_at_freeze == 200_000
+    w.unfrozen = 150_000
+    w.full_pass(m, 0.150)  # the next freeze needs 200,000 unfrozen
+    assert w.counts == 1 and w.freezes == 1
+    w.unfrozen = 200_000
+    w.full_pass(m, 0.200)
+    assert w.counts == 2 and w.freezes == 2 and w.frozen == 400_000
 
 
-def test_the_first_long_pass_freezes_when_nothing_was_frozen_yet() -> None:
+def test_a_short_pass_is_not_worth_a_count() -> None:
+    w = World()
+    m = calibrated(w, frozen=0, min_pause_s=0.005)
+    w.unfrozen = 4_000
+    w.full_pass(m, 0.004)
+    assert w.counts == 0 and w.freezes == 0
+
+
+def test_an_estimate_too_high_costs_one_count_and_corrects_the_rate() -> None:
+    """A pass slowed down (the process descheduled) looks like many objects: the count says otherwise, nothing is
+    frozen, and the rate it measures keeps passes of the same speed from being counted again."""
+    w = World()
+    m = calibrated(w)
+    w.unfrozen = 50_000
+    w.full_pass(m, 0.300)  # 300,000 estimated
+    assert w.counts == 1 and w.freezes == 0
+    assert m.rate_s_per_object == pytest.approx(6e-6)
+    w.unfrozen = 60_000
+    w.full_pass(m, 0.360)
+    assert w.counts == 1 and w.freezes == 0
+    w.unfrozen = 100_000
+    w.full_pass(m, 0.600)
+    assert w.counts == 2 and w.freezes == 1
+
+
+def test_collected_objects_count_as_walked_not_as_survivors() -> None:
+    w = World()
+    m = calibrated(w)
+    w.unfrozen = 90_000
+    w.full_pass(m, 0.120, {**FULL, "collected": 30_000})  # 120,000 walked, 90,000 survived: below 100,000
+    assert w.counts == 0 and w.freezes == 0
+    w.unfrozen = 100_000
+    w.full_pass(m, 0.120, {**FULL, "collected": 20_000})
+    assert w.counts == 1 and w.freezes == 1
+    assert m.rate_s_per_object == pytest.approx(1e-6)
+
+
+def test_the_first_long_pass_counts_when_no_rate_is_known_and_freezes_when_nothing_is_frozen() -> None:
     w = World()
     m = w.monitor()
     w.full_pass(m, 0.050)
-    assert w.freezes == 1 and m.heap_blocks_at_freeze == w.blocks
+    assert w.counts == 1 and w.freezes == 1 and w.frozen == 1_000
+    assert m.rate_s_per_object == pytest.approx(0.050 / 1_000)
 
 
-def test_freezes_are_logarithmic_in_the_heap() -> None:
-    """A heap growing from 1,000 to 1,000,000 blocks with a long pass at every 1 % step is frozen at most
-    log2(1000) + 1 times, and each freeze happens at twice the heap of the one before."""
+def test_growth_factor_sets_how_far_the_unfrozen_part_may_grow() -> None:
+    w = World()
+    m = calibrated(w, growth_factor=1.25)  # freeze at a quarter of the frozen count
+    w.unfrozen = 24_000
+    w.full_pass(m, 0.024)
+    assert w.freezes == 0
+    w.unfrozen = 25_000
+    w.full_pass(m, 0.025)
+    assert w.freezes == 1 and w.frozen == 125_000
+
+
+def test_freezes_are_logarithmic_and_passes_stay_within_the_frozen_count() -> None:
+    """An estate growing from 1,000 to 1,000,000 tracked objects, a full pass at every 1 % of growth taking 1 µs
+    per object it walks: at most log2(1000) + 1 freezes, each at least doubling the frozen count, one exact count
+    per freeze, and no pass leaves more unfrozen survivors than the frozen count and one step of growth."""
     w = World()
     m = w.monitor(growth_factor=2.0)
-    at: list[int] = []
-    while w.blocks < 1_000_000:
-        w.blocks = int(w.blocks * 1.01) + 1
+    live = 1_000
+    frozen_at: list[int] = []
+    largest_ratio = 0.0
+    while live < 1_000_000:
+        live = int(live * 1.01) + 1
+        w.unfrozen = live - w.frozen
+        if w.frozen:
+            largest_ratio = max(largest_ratio, w.unfrozen / w.frozen)
         before = w.freezes
-        w.full_pass(m, 0.060)
+        w.full_pass(m, w.unfrozen * 1e-6)
         if w.freezes > before:
-            at.append(w.blocks)
-    assert 1 <= len(at) <= 11
-    assert all(b >= 2 * a for a, b in zip(at, at[1:], strict=False))
+            frozen_at.append(w.frozen)
+        assert w.frozen <= 2 * live
+    assert 1 <= len(frozen_at) <= 11
+    assert all(b >= 2 * a for a, b in zip(frozen_at, frozen_at[1:], strict=False))
+    assert w.counts == len(frozen_at)
+    assert largest_ratio <= 1.03  # 1 % of a live heap of up to 2 x the frozen count
 
 
 def test_disabled_policy_never_freezes_but_still_measures() -> None:
     w = World()
     m = w.monitor(freeze_enable=False)
     for _ in range(5):
-        w.blocks *= 4
+        w.unfrozen *= 4
         w.full_pass(m, 0.2)
-    assert w.freezes == 0 and m.count == 5
+    assert w.freezes == 0 and w.counts == 0 and m.count == 5
 
 
-def test_the_freeze_is_part_of_the_recorded_pause() -> None:
+def test_the_count_and_the_freeze_are_part_of_the_recorded_pause() -> None:
     w = World()
+
+    def slow_count() -> int:
+        w.now_s += 0.002
+        return w.count()
 
     def slow_freeze() -> None:
         w.now_s += 0.003
         w.freeze()
 
-    m = GcMonitor(clock=lambda: w.now_s, heap_blocks=lambda: w.blocks, freeze=slow_freeze,
+    m = GcMonitor(clock=lambda: w.now_s, unfrozen_count=slow_count, freeze=slow_freeze,
                   frozen_count=lambda: w.frozen)
     w.full_pass(m, 0.050)
-    assert m.sum_s == pytest.approx(0.053)
+    assert m.sum_s == pytest.approx(0.055)
+
+
+def test_freeze_now_collects_measures_the_rate_and_freezes() -> None:
+    w = World()
+    m = GcMonitor(unfrozen_count=w.count, freeze=w.freeze, frozen_count=lambda: w.frozen)  # the real clock
+    w.unfrozen = 5_000
+    m.freeze_now()  # a real collection, timed; the count and the freeze are the world's
+    assert w.counts == 1 and w.freezes == 1 and m.freezes == 1 and w.frozen == 5_000
+    assert m.rate_s_per_object > 0.0
 
 
 def test_growth_factor_must_be_above_one() -> None:
@@ -181,7 +267,7 @@ def test_a_freeze_in_the_stop_callback_keeps_the_survivors_out_of_the_next_pass(
     """Real collector, real freeze: what survived the pass is frozen, the next pass walks none of it."""
     survivors = [[i] for i in range(1000)]
     frozen_before = gc.get_freeze_count()
-    m = GcMonitor(min_pause_s=0.0, heap_blocks=lambda: 10**12)  # any pass, any heap: freeze
+    m = GcMonitor(min_pause_s=0.0)  # no rate known yet and nothing frozen by it: the first pass freezes
     gc.callbacks.append(m)
     try:
         gc.collect()

@@ -13,20 +13,30 @@ share it) as a ``gc.callbacks`` entry:
 | pause histogram       | every generation-2 pass (start -> stop)     | ``ferrymq_gc_pause_seconds`` (GC_PAUSE_BUCKETS_S) |
 | freeze at start       | ``freeze_now()``, a server's start          | collect once, then freeze what survived       |
 | freeze after a pass   | a gen-2 pass took >= GC_FREEZE_MIN_PAUSE_S  | freeze its survivors (they are live)          |
-|                       | and the heap grew GC_FREEZE_GROWTH_FACTOR x |                                              |
-|                       | since the last freeze                       |                                              |
+|                       | and its unfrozen survivors are at least     |                                              |
+|                       | (GC_FREEZE_GROWTH_FACTOR - 1) x the frozen  |                                              |
+|                       | count (``gc.get_freeze_count()``)           |                                              |
 
-The heap is measured as ``sys.getallocatedblocks()`` (the interpreter's small-object blocks: cheap to read,
-unlike the oldest generation's object count, whose listing costs a third of a full pass).
+**The trigger.** A full pass walks the unfrozen tracked objects, so its duration estimates their number: the
+monitor keeps the time per walked object measured at the last exact count (``rate_s_per_object``; seconds of the
+pass / (survivors + collected)). After a pass of at least ``GC_FREEZE_MIN_PAUSE_S`` whose estimate of unfrozen
+survivors (duration / rate - collected) reaches (factor - 1) x the frozen count (O(1) to read), it confirms with
+one exact count (``len(gc.get_objects(2))``: after a full pass every survivor is in the oldest generation; a
+listing costs about a third of the pass) and freezes when the count confirms. The exact count also renews the
+rate. A server's start measures the first rate (``freeze_now``: one timed collection, one count). An estimate
+that is too high costs one exact count (and corrects the rate); one that is too low delays the freeze until the
+passes grow. Before the first rate is known, every pass that is long enough is counted exactly.
 
-**The cost.** A frozen object that later becomes garbage in a reference cycle is never reclaimed (garbage
-without a cycle is freed by reference counting as usual, frozen or not). The growth condition bounds it: a
-freeze needs the heap to have doubled since the previous one, and every object then not frozen has just
-survived a full pass, so it was live; the frozen objects are therefore never more than twice the largest
-live heap the process had, and freezes happen at most log2(peak heap / heap at the first freeze) + 1 times.
-The pause bound is partial in the same way: between freezes the unfrozen part of the heap can grow to about
-half of it, so a pass can still take up to half of an unfrozen pass while the estate keeps growing; once it
-stops growing, passes walk only what changed since the last freeze. ``gcFreezeEnable=false`` (broker.conf,
+**The bounds.** Let F be the frozen count and U the unfrozen survivors at a freeze. A freeze needs U >= (g - 1) F
+(g = ``GC_FREEZE_GROWTH_FACTOR``, 2 by default), so the frozen count grows at least g-fold per freeze: at most
+log_g(peak frozen / frozen at the first freeze) + 1 freezes. Every one of the U objects has just survived a full
+pass, so it was live, and F + U <= U g / (g - 1): the frozen objects are never more than g / (g - 1) (2x) the
+largest live heap the process had. Garbage without a cycle is freed by reference counting, frozen or not; a
+frozen object that later becomes garbage in a reference cycle is never reclaimed, and these bounds are what
+that can cost. Between freezes a pass walks at most about (g - 1) F objects (plus a quarter, CPython's own
+trigger of a full pass): at most the size of the frozen estate, so pauses still grow with an estate that keeps
+growing, and stop once it stops (passes then walk only what changed since the last freeze). Fewer tracked
+objects per queue, topic and route entry (docs/sizing.md) shrink both. ``gcFreezeEnable=false`` (broker.conf,
 namesrv.conf) turns both freezes off; the histogram stays. ``FERRYMQ_GC_STATS=1`` in a server's environment
 also logs every full pass (benchmarks/gc_pauses.py reads the longest from there).
 """
@@ -37,7 +47,6 @@ import bisect
 import gc
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -49,7 +58,8 @@ log = logging.getLogger(__name__)
 GC_PAUSE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 #: a full pass at least this long is worth freezing its survivors (a shorter one walks too little to matter)
 GC_FREEZE_MIN_PAUSE_S = 0.005
-#: ... provided the heap (allocated blocks) is at least this many times its size at the last freeze
+#: g: freeze when the unfrozen survivors of a full pass are at least (g - 1) x the frozen count, i.e. when freezing
+#: them makes the frozen count g times what it was (at most log_g(growth) freezes; frozen <= g / (g - 1) x live)
 GC_FREEZE_GROWTH_FACTOR = 2.0
 #: help texts of the metrics both servers export from the monitor
 GC_PAUSE_DOC = ("Full (generation 2) garbage-collection passes of the process: how long each held its thread "
@@ -61,15 +71,20 @@ GC_STATS_ENV = "FERRYMQ_GC_STATS"
 FULL_GENERATION = 2
 
 
+def _unfrozen_survivors() -> int:
+    """Objects in the oldest generation: after a full pass, every unfrozen survivor (a listing of them all)."""
+    return len(gc.get_objects(FULL_GENERATION))
+
+
 class GcMonitor:
     """A ``gc.callbacks`` entry: times every full pass and, when ``freeze_enable``, freezes survivors under the
-    policy of the module docstring. ``clock``, ``heap_blocks``, ``freeze`` and ``frozen_count`` are the
+    policy of the module docstring. ``clock``, ``unfrozen_count``, ``freeze`` and ``frozen_count`` are the
     interpreter's by default (tests drive ``__call__`` with their own)."""
 
     def __init__(self, *, freeze_enable: bool = True, min_pause_s: float = GC_FREEZE_MIN_PAUSE_S,
                  growth_factor: float = GC_FREEZE_GROWTH_FACTOR,
                  clock: Callable[[], float] = time.perf_counter,
-                 heap_blocks: Callable[[], int] = sys.getallocatedblocks,
+                 unfrozen_count: Callable[[], int] = _unfrozen_survivors,
                  freeze: Callable[[], None] = gc.freeze,
                  frozen_count: Callable[[], int] = gc.get_freeze_count, log_passes: bool = False) -> None:
         if growth_factor <= 1.0:
@@ -78,7 +93,7 @@ class GcMonitor:
         self.min_pause_s = min_pause_s
         self.growth_factor = growth_factor
         self._clock = clock
-        self._heap_blocks = heap_blocks
+        self._unfrozen_count = unfrozen_count
         self._freeze = freeze
         self._frozen_count = frozen_count
         self.log_passes = log_passes
@@ -88,9 +103,13 @@ class GcMonitor:
         self.count = 0
         #: the longest pass since ``reset_max`` (seconds)
         self.max_pause_s = 0.0
-        #: freezes done (at start and after passes) and the heap blocks at the last one (0: none yet)
+        #: seconds a full pass took per object it walked, at the last exact count (0.0: not measured yet)
+        self.rate_s_per_object = 0.0
+        #: freezes done (at start and after passes), exact counts of the unfrozen objects taken, and the frozen
+        #: count right after the last freeze (0: none yet)
         self.freezes = 0
-        self.heap_blocks_at_freeze = 0
+        self.exact_counts = 0
+        self.frozen_at_freeze = 0
         self._started_s: float | None = None
 
     # ---- gc.callbacks -------------------------------------------------------------------------------
@@ -105,14 +124,40 @@ class GcMonitor:
             return
         pause_s = self._clock() - started_s
         if self.freeze_enable and pause_s >= self.min_pause_s:
-            blocks = self._heap_blocks()
-            if blocks >= self.growth_factor * self.heap_blocks_at_freeze:
-                self._freeze_survivors(blocks, f"a full collection took {pause_s * 1000:.1f} ms")
-                pause_s = self._clock() - started_s  # the check and the freeze held the same thread
+            self._after_long_pass(pause_s, int(info.get("collected", 0)))
+            pause_s = self._clock() - started_s  # the count and the freeze held the same thread
         self._observe(pause_s)
         if self.log_passes:
             log.info("full collection: %.1f ms, %d collected, %d frozen", pause_s * 1000, info.get("collected", 0),
                      self._frozen_count())
+
+    def needed_to_freeze(self) -> float:
+        """Unfrozen survivors a pass must leave for a freeze: (growth factor - 1) x the frozen count."""
+        return (self.growth_factor - 1.0) * self._frozen_count()
+
+    def estimate_unfrozen(self, pause_s: float, collected: int) -> float | None:
+        """Unfrozen survivors of a pass of ``pause_s`` that collected ``collected`` objects, at the last measured
+        rate; None before a rate is known."""
+        if self.rate_s_per_object <= 0.0:
+            return None
+        return pause_s / self.rate_s_per_object - collected
+
+    def _after_long_pass(self, pause_s: float, collected: int) -> None:
+        needed = self.needed_to_freeze()
+        estimate = self.estimate_unfrozen(pause_s, collected)
+        if estimate is not None and estimate < needed:
+            return
+        unfrozen = self._unfrozen_count()
+        self.exact_counts += 1
+        self._measure_rate(pause_s, unfrozen + collected)
+        if unfrozen >= needed:
+            est = "no rate yet" if estimate is None else f"estimated {estimate:.0f}"
+            self._freeze_survivors(f"a full collection took {pause_s * 1000:.1f} ms and left {unfrozen} unfrozen "
+                                   f"objects ({est}; {needed:.0f} needed)")
+
+    def _measure_rate(self, pause_s: float, walked: int) -> None:
+        if walked > 0 and pause_s > 0.0:
+            self.rate_s_per_object = pause_s / walked
 
     def _observe(self, pause_s: float) -> None:
         self.counts[bisect.bisect_left(GC_PAUSE_BUCKETS_S, pause_s)] += 1
@@ -121,21 +166,26 @@ class GcMonitor:
         if pause_s > self.max_pause_s:
             self.max_pause_s = pause_s
 
-    def _freeze_survivors(self, blocks: int, why: str) -> None:
+    def _freeze_survivors(self, why: str) -> None:
         self._freeze()
         self.freezes += 1
-        self.heap_blocks_at_freeze = blocks
-        log.info("%s: %d live objects frozen out of the garbage collector's full passes (freeze %d, heap %d "
-                 "blocks; next freeze from %d blocks)", why, self._frozen_count(), self.freezes, blocks,
-                 int(self.growth_factor * blocks))
+        self.frozen_at_freeze = frozen = self._frozen_count()
+        log.info("%s: %d live objects frozen out of the garbage collector's full passes (freeze %d; next freeze "
+                 "from %d unfrozen survivors)", why, frozen, self.freezes,
+                 int((self.growth_factor - 1.0) * frozen))
 
     # ---- server start ---------------------------------------------------------------------------------
     def freeze_now(self) -> None:
-        """Collect once (timed like any full pass while installed) and freeze what survived: a server's start
-        with gcFreezeEnable, before it serves, so the loaded estate and the interpreter's own objects stay out
-        of later passes."""
-        gc.collect()
-        self._freeze_survivors(self._heap_blocks(), "server start")
+        """Collect once (timed like any full pass while installed), count the survivors to measure the rate of a
+        pass per object, and freeze them: a server's start with gcFreezeEnable, before it serves, so the loaded
+        estate and the interpreter's own objects stay out of later passes."""
+        started_s = self._clock()
+        collected = gc.collect()
+        pause_s = self._clock() - started_s
+        unfrozen = self._unfrozen_count()
+        self.exact_counts += 1
+        self._measure_rate(pause_s, unfrozen + collected)
+        self._freeze_survivors("server start")
 
     # ---- reading ----------------------------------------------------------------------------------------
     def cumulative(self) -> list[tuple[str, int]]:
