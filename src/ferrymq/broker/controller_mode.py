@@ -26,7 +26,9 @@ This module is the broker's side of that bargain:
   epoch. The controller declares a master dead ``controllerBrokerHeartbeatTimeoutMs`` after *receiving*
   its last heartbeat (> the lease), so a master cut off from the controller, or paused, falls silent
   before another replica can be elected. A lapsed lease also turns the store read-only until a heartbeat
-  renews it.
+  renews it. Every heartbeat declares the lease (``leaseMs``): when this broker's connection to the
+  controller closes (its death), the controller elects as soon as that lease has surely ended instead of
+  after the timeout (docs/decisions/0009). Heartbeats travel on the pool's one connection per controller.
 * **SyncStateSet**: the HA master reports a replica that caught up (added, through
   CONTROLLER_ALTER_SYNC_STATE_SET, 1001) or one behind for ``haMaxTimeSlaveNotCatchup`` (removed). An
   addition counts for acks at once (the union of the old and new sets is waited for until the controller
@@ -214,6 +216,8 @@ class ControllerRole:
             "epoch": self.epoch_file.last_epoch(),
             "maxPhyOffset": int(broker.store.max_phy_offset),
             "confirmOffset": self.confirm_offset,
+            # the controller replaces a master whose connection closed once this lease has surely ended
+            "leaseMs": cfg.controller_lease_ms,
         })
 
     @property

@@ -8,6 +8,11 @@ lease). Before it answers anything after winning an election it commits a no-op 
 the committed one) and grants every known replica one heartbeat timeout of grace
 (``LivenessTable.grant_grace``). Elections run one at a time on a leader (``_elect_lock``) and are written
 as compare-and-set ``elect`` commands, so a stale decision is fenced rather than applied.
+
+A master whose heartbeat connection closes (a SIGKILLed broker's kernel closes it at once) is replaced
+when the lease of its last heartbeat has surely ended, before the heartbeat timeout (``channel_closed``,
+``LivenessTable.channel_closed``, docs/decisions/0009): a timer runs that election at the moment, not the
+next scan. A master that is only silent keeps the whole timeout.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ferrymq.controller.config import ControllerConfig
-from ferrymq.controller.liveness import LivenessTable
+from ferrymq.controller.liveness import Key, LivenessTable
 from ferrymq.controller.raft import QUORUM_CONTACT_MS, NotLeaderError, RaftError, RaftNode
 from ferrymq.controller.state import (
     NO_MASTER,
@@ -67,6 +72,11 @@ class ControllerCore:
         #: elections applied by this node as leader (tests and logs)
         self.elections = 0
         self._quorum_lost_logged = -1
+        #: clock_ms() when this node last became a ready leader (bounds a deposed leader's last lease renewal)
+        self.ready_at_ms = 0
+        #: elections due when a closed connection's lease ends, by replica
+        self._lease_end_timers: dict[Key, asyncio.TimerHandle] = {}
+        self._lease_end_tasks: set[asyncio.Task[Any]] = set()
 
     # ---- leadership ---------------------------------------------------------------------------------
     def leader_listen_addr(self) -> str | None:
@@ -111,6 +121,7 @@ class ControllerCore:
         state = self.raft.snapshot()
         now = self.clock_ms()
         self.liveness.grant_grace([(name, rid) for name, g in state.groups.items() for rid in g.replicas], now)
+        self.ready_at_ms = now
         self._ready_generation = generation
         log.info("controller %s is the leader (term %d): %d broker groups, grace %d ms", self.listen_addr,
                  self.raft.term, len(state.groups), self.cfg.heartbeat_timeout_ms)
@@ -134,10 +145,14 @@ class ControllerCore:
     # ---- heartbeats ----------------------------------------------------------------------------------
     async def heartbeat(self, *, cluster_name: str, broker_name: str, broker_id: int, broker_addr: str,
                         ha_addr: str, epoch: int, max_phy_offset: int, confirm_offset: int,
-                        channel: Any = None) -> tuple[Status, GroupState | None, str]:
+                        channel: Any = None, lease_ms: int | None = None) -> tuple[Status, GroupState | None, str]:
         await self.ensure_leader()
         self.liveness.beat(broker_name, broker_id, self.clock_ms(), max_phy_offset=max_phy_offset, epoch=epoch,
-                           confirm_offset=confirm_offset, channel=channel)
+                           confirm_offset=confirm_offset, channel=channel, lease_ms=lease_ms,
+                           lease_floor_ms=self.lease_floor_ms())
+        timer = self._lease_end_timers.pop((broker_name, broker_id), None)
+        if timer is not None:  # heard again (a new connection): alive, nothing due
+            timer.cancel()
         group = self.raft.group(broker_name)
         info = group.replicas.get(broker_id) if group is not None else None
         if info is None or info.broker_addr != broker_addr or info.ha_addr != ha_addr:
@@ -157,6 +172,59 @@ class ControllerCore:
     def forget_channel(self, channel: Any) -> None:
         self.liveness.forget_channel(channel)
 
+    def lease_floor_ms(self) -> int:
+        """The latest a deposed Raft leader may have renewed a lease: check-quorum lets it answer brokers for
+        QUORUM_CONTACT_MS after the majority that elected this node stopped answering it (decision 0009)."""
+        return self.ready_at_ms + QUORUM_CONTACT_MS
+
+    def channel_closed(self, channel: Any) -> None:
+        """A broker connection closed: a master whose latest heartbeat came on it is replaced once its lease
+        has surely ended (a timer, LivenessTable.channel_closed); replicas that are not master just stop
+        being election candidates then."""
+        if not self.raft.is_leader:
+            self.liveness.forget_channel(channel)
+            return
+        now = self.clock_ms()
+        for name, rid, dead_at_ms in self.liveness.channel_closed(channel, self.lease_floor_ms()):
+            group = self.raft.group(name)
+            if group is None or group.master_id != rid:
+                continue
+            log.info("broker group %s: master %d's controller connection closed; its lease ends in %d ms",
+                     name, rid, max(0, dead_at_ms - now))
+            old = self._lease_end_timers.pop((name, rid), None)
+            if old is not None:
+                old.cancel()
+            delay_s = (max(0, dead_at_ms - now) + 1) / 1000  # +1: the clock counts whole ms
+            self._lease_end_timers[(name, rid)] = asyncio.get_running_loop().call_later(
+                delay_s, self._lease_ended, name, rid)
+
+    def _lease_ended(self, name: str, rid: int) -> None:
+        self._lease_end_timers.pop((name, rid), None)
+        task = asyncio.ensure_future(self._elect_if_master_dead(name, rid))
+        self._lease_end_tasks.add(task)
+        task.add_done_callback(self._lease_end_tasks.discard)
+
+    async def _elect_if_master_dead(self, name: str, rid: int) -> None:
+        try:
+            if not self.raft.is_leader:
+                return
+            group = self.raft.group(name)
+            if group is None or group.master_id != rid or self.liveness.alive(name, rid, self.clock_ms()):
+                return  # replaced meanwhile, or heard again: the scan looks after it
+            await self.elect(name, None, reason=f"master {rid}'s connection closed and its lease ended")
+        except RaftError as exc:
+            log.debug("election after a closed connection skipped: %s", exc)
+        except Exception:  # the scan elects later
+            log.exception("election after a closed connection failed")
+
+    def close(self) -> None:
+        """Cancel the pending lease-end elections (the server is stopping)."""
+        for timer in self._lease_end_timers.values():
+            timer.cancel()
+        self._lease_end_timers.clear()
+        for task in self._lease_end_tasks:
+            task.cancel()
+
     # ---- elections -----------------------------------------------------------------------------------
     async def elect(self, broker_name: str, designated: int | None, *,
                     reason: str) -> tuple[Status, GroupState | None, str]:
@@ -168,6 +236,7 @@ class ControllerCore:
                 return Status.METADATA_NOT_EXIST, None, f"unknown broker group {broker_name!r}"
             views = self.liveness.views(broker_name, group.replicas, self.clock_ms())
             decision = choose_master(group, views, unclean=self.cfg.elect_unclean, designated=designated)
+            old_view = views.get(group.master_id)
             if not decision.changed:
                 remark = "" if decision.status is Status.SUCCESS else _election_remark(decision.status, designated)
                 return decision.status, group, remark
@@ -182,8 +251,10 @@ class ControllerCore:
                 log.warning("broker group %s has no master: master %d lost (%s), no eligible replica "
                             "(SyncStateSet %s)", broker_name, group.master_id, reason, after.sync_state_set)
             else:
-                log.info("broker group %s: master %d -> %d, epoch %d (%s)", broker_name, group.master_id,
-                         after.master_id, after.master_epoch, reason)
+                heard = (f"; master {group.master_id} last heard {old_view.last_heartbeat_ago_ms} ms ago"
+                         if old_view is not None and old_view.heard else "")
+                log.info("broker group %s: master %d -> %d, epoch %d (%s%s)", broker_name, group.master_id,
+                         after.master_id, after.master_epoch, reason, heard)
             self.notify_role_changed(after)
             status = Status.SUCCESS if decision.master_id != NO_MASTER else decision.status
             remark = "" if status is Status.SUCCESS else _election_remark(status, designated)
@@ -203,7 +274,8 @@ class ControllerCore:
             if group.master_id != NO_MASTER and self.liveness.alive(name, group.master_id, now):
                 continue
             reason = ("no master" if group.master_id == NO_MASTER
-                      else f"master {group.master_id} silent for {self.cfg.heartbeat_timeout_ms} ms")
+                      else f"master {group.master_id} not alive (silent for the heartbeat timeout, or its "
+                           "connection closed and its lease ended)")
             await self.elect(name, None, reason=reason)
         return len(names)
 

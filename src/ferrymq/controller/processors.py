@@ -3,12 +3,15 @@ Raft leader (2007 CONTROLLER_NOT_LEADER with ext ``leaderAddr`` elsewhere).
 
 | code | request                         | handler          | ext fields in                                      | body in                 | answer body            |
 |------|---------------------------------|------------------|----------------------------------------------------|-------------------------|------------------------|
-| 904  | BROKER_HEARTBEAT                | heartbeat        | clusterName, brokerName, brokerId, brokerAddr, haAddr, epoch, maxPhyOffset, confirmOffset | | GroupState |
+| 904  | BROKER_HEARTBEAT                | heartbeat        | clusterName, brokerName, brokerId, brokerAddr, haAddr, epoch, maxPhyOffset, confirmOffset, leaseMs (optional) | | GroupState |
 | 1001 | CONTROLLER_ALTER_SYNC_STATE_SET | alter_sync_state_set | brokerName, masterId, masterEpoch, syncStateSetEpoch | {"syncStateSet": [ids]} | GroupState     |
 | 1002 | CONTROLLER_ELECT_MASTER         | elect_master     | brokerName, brokerId (optional, -1 = any)           |                         | GroupState             |
 | 1004 | CONTROLLER_GET_REPLICA_INFO     | get_replica_info | brokerName                                          |                         | GroupState             |
 | 1005 | CONTROLLER_GET_METADATA_INFO    | get_metadata     |                                                     |                         | Raft metadata (below)  |
 | 1006 | CONTROLLER_GET_SYNC_STATE_DATA  | get_sync_state_data | brokerName (optional filter)                     | {"brokerNames": [..]} (optional) | {"groups": [GroupState]} |
+
+904's ``leaseMs`` is the broker's ``controllerLeaseMs``: 1 .. controllerBrokerHeartbeatTimeoutMs - 1 (else 2005);
+without it a master whose connection closed is dead only after the heartbeat timeout (decision 0009).
 
 GroupState answers also carry ext fields masterId, masterAddr, masterEpoch, syncStateSetEpoch. A refused
 request whose group exists carries the group's current GroupState as its body too.
@@ -137,6 +140,14 @@ class ControllerProcessors:
         broker_id = _int(cmd, "brokerId")
         if broker_id < MIN_REPLICA_ID:
             raise BadRequest(f"brokerId must be >= {MIN_REPLICA_ID} in controller mode, got {broker_id}")
+        lease_ms: int | None = None
+        if cmd.ext_fields.get("leaseMs"):
+            lease_ms = _int(cmd, "leaseMs")
+            timeout_ms = self.core.cfg.heartbeat_timeout_ms
+            if not 0 < lease_ms < timeout_ms:
+                raise BadRequest(f"leaseMs (the broker's controllerLeaseMs) must be > 0 and below the controller's "
+                                 f"controllerBrokerHeartbeatTimeoutMs ({timeout_ms}), got {lease_ms}: a master "
+                                 "could acknowledge after another replica was elected")
         status, group, remark = await self.core.heartbeat(
             cluster_name=_required(cmd, "clusterName"),
             broker_name=_required(cmd, "brokerName"),
@@ -147,6 +158,7 @@ class ControllerProcessors:
             max_phy_offset=_int(cmd, "maxPhyOffset", -1),
             confirm_offset=_int(cmd, "confirmOffset", -1),
             channel=conn,
+            lease_ms=lease_ms,
         )
         return self._group_answer(cmd, status, group, remark)
 

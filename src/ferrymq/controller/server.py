@@ -77,6 +77,7 @@ class ControllerServer:
         if self._server is not None:
             await self._server.stop()
             self._server = None
+        self.core.close()  # after the connections closed (each close may have set a timer)
         await asyncio.get_running_loop().run_in_executor(None, self.raft.stop)
         log.info("controller %s stopped", self.cfg.self_id)
 
@@ -88,7 +89,7 @@ class ControllerServer:
         await self.stop()
 
     def _on_closed(self, conn: Connection) -> None:
-        self.core.forget_channel(conn)
+        self.core.channel_closed(conn)
 
     def _role_changed(self) -> None:
         """Event loop: a Raft role change; a new leader gets ready (no-op commit, grace) right away."""
