@@ -41,6 +41,7 @@ from ferrymq.proxy.auth import GrpcAuth
 from ferrymq.proxy.config import ProxyConfig
 from ferrymq.proxy.pop import PopQueue, SerialSource
 from ferrymq.proxy.presence import Presence, PresenceRegistry
+from ferrymq.proxy.pull import PullRpcs
 from ferrymq.proxy.v2 import definition_pb2 as pb
 from ferrymq.proxy.v2 import service_pb2 as spb
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
@@ -129,7 +130,7 @@ class _GroupHooks:
 PopKey = tuple[str, str, str, int]  # group, topic, broker name, queue id
 
 
-class MessagingService(sgrpc.MessagingServiceServicer):
+class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
     def __init__(self, config: ProxyConfig, *, clock_ms: Any = None,
                  acl_source: Callable[[], AclConfig | None] | None = None) -> None:
         self.config = config
