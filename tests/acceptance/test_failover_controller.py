@@ -5,12 +5,16 @@ resumed four times, a slave SIGKILLed, the controller SIGKILLed. Every round wai
 again (a master, all three replicas back in the SyncStateSet, the name server routing the master as brokerId
 0): the old master has rejoined as a slave after truncation. The end checks every SEND_OK
 (controller_support.NemesisGroup.verify): in the log at its acknowledged offset, one acknowledging broker per
-epoch, the replicas' logs byte-identical. The longer run with a table: benchmarks/failover_nemesis.py."""
+epoch, the replicas' logs byte-identical, and from the controller's own log when each election came: a
+SIGKILLed master (its connection closed) is replaced once its lease ended, before the heartbeat timeout; a
+SIGSTOPped one (connection open, lease perhaps live) only after the timeout (docs/decisions/0009). The longer
+run with a table: benchmarks/failover_nemesis.py."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -55,6 +59,30 @@ from _cpp_common import expected_message  # noqa: E402
 CLIENT_RESUME_BOUND_S = 75.0
 PLAN = ("kill-master", "pause-master", "kill-master", "kill-slave", "pause-master", "kill-master",
         "kill-controller", "kill-master", "pause-master", "kill-master", "pause-master", "kill-master")
+#: the controller's defaults and the nemesis brokers' controllerLeaseMs (controller_support.BROKER_PROPS)
+HEARTBEAT_TIMEOUT_MS = 3000
+LEASE_MS = 2000
+#: an election of an old master the controller logged: old master, new master, why, and how long ago it last
+#: heard the old one, or that it has not heard it since it leads (its grace after a restart)
+ELECTION_LINE = re.compile(r"master (\d+) -> (\d+), epoch \d+ \((.*); master \d+ "
+                           r"(?:last heard (\d+) ms ago|not heard since this controller leads)\)")
+
+
+def _elections(procs: ProcessGroup) -> list[tuple[int, int, str, int | None, bool]]:
+    """The elections of an old master in the controller's log, in order (its restarts log to -runN files):
+    (old, new, reason, last heard ms ago or None, first election of that controller process)."""
+    logs = sorted((procs.base_dir / "logs").glob("controller*.log"),
+                  key=lambda p: int(m.group(1)) if (m := re.search(r"-run(\d+)", p.name)) else 1)
+    out = []
+    for path in logs:
+        first = True
+        for line in path.read_text(errors="replace").splitlines():
+            m = ELECTION_LINE.search(line)
+            if m:
+                heard = int(m.group(4)) if m.group(4) is not None else None
+                out.append((int(m.group(1)), int(m.group(2)), m.group(3), heard, first))
+                first = False
+    return out
 
 
 def _runtime_info(addr: str) -> dict[str, str]:
@@ -121,6 +149,23 @@ def test_failovers_lose_no_acknowledged_message_and_never_split_brain(procs: Pro
           f"{[(r.action, round(r.unavailable_s, 2)) for r in group.rounds]}")
     assert summary["lost"] == 0 and summary["send_ok"] > 0
     assert all(u >= 0 for u in unavailable)
+    # when the controller elected, by its own clock: a killed master's connection closed, so once the lease
+    # of its last heartbeat had surely ended; a paused one's stayed open, so only after the whole timeout
+    failovers = [r for r in group.rounds if r.action in FAILOVER_ACTIONS]
+    elections = _elections(procs)
+    print(f"elections (old -> new, last heard ms ago): {[(e[0], e[1], e[3]) for e in elections]}")
+    assert [(e[0], e[1]) for e in elections] == [(r.master_before, r.master_after) for r in failovers], elections
+    for r, (_, _, reason, heard_ms, first) in zip(failovers, elections, strict=True):
+        if heard_ms is None:
+            # the fault came before the master had reached the restarted controller: it waited out its grace
+            assert first, (r, reason)
+        elif r.action == "kill-master":
+            assert "connection closed" in reason and LEASE_MS <= heard_ms < HEARTBEAT_TIMEOUT_MS, (r, reason, heard_ms)
+        else:
+            assert heard_ms >= HEARTBEAT_TIMEOUT_MS, (r, reason, heard_ms)
+    fast = [e for e, r in zip(elections, failovers, strict=True) if r.action == "kill-master" and e[3] is not None]
+    # only the kill right after the controller's restart may fall into its grace
+    assert len(fast) >= PLAN.count("kill-master") - 1, elections
 
 
 PARTITION_ROUNDS = 3

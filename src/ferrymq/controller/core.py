@@ -251,8 +251,9 @@ class ControllerCore:
                 log.warning("broker group %s has no master: master %d lost (%s), no eligible replica "
                             "(SyncStateSet %s)", broker_name, group.master_id, reason, after.sync_state_set)
             else:
-                heard = (f"; master {group.master_id} last heard {old_view.last_heartbeat_ago_ms} ms ago"
-                         if old_view is not None and old_view.heard else "")
+                heard = ("" if old_view is None
+                         else f"; master {group.master_id} last heard {old_view.last_heartbeat_ago_ms} ms ago"
+                         if old_view.heard else f"; master {group.master_id} not heard since this controller leads")
                 log.info("broker group %s: master %d -> %d, epoch %d (%s%s)", broker_name, group.master_id,
                          after.master_id, after.master_epoch, reason, heard)
             self.notify_role_changed(after)
