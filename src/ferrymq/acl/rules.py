@@ -139,6 +139,7 @@ RULES: tuple[Rule, ...] = (
     Rule(C.GET_BROKER_CLUSTER_ACL_INFO, _ADMIN, fields=_f()),
     Rule(C.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG, _ADMIN, fields=_f("globalWhiteAddrs", "aclFileFullPath")),
     Rule(C.GET_BROKER_CLUSTER_ACL_CONFIG, _ADMIN, fields=_f()),
+    Rule(C.GET_TIMER_CHECK_POINT, _SIGNED, note="slaves' metadata sync"),
     Rule(C.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, _ADMIN, fields=_f()),
     Rule(C.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, _SIGNED, note="slaves' metadata sync"),
     Rule(C.GET_TOPIC_STATS_INFO, _SIGNED),
@@ -166,6 +167,7 @@ RULES: tuple[Rule, ...] = (
     Rule(C.GET_ALL_PRODUCER_INFO, _SIGNED),
     Rule(C.DELETE_EXPIRED_COMMITLOG, _ADMIN, fields=_f()),
     Rule(C.QUERY_TOPICS_BY_CONSUMER, _SIGNED),
+    Rule(C.RECALL_MESSAGE, Right.PUB_TOPIC, topic_key="topic", fields=_f("producerGroup", "topic", "recallHandle")),
 )
 BY_CODE: dict[int, Rule] = {int(r.code): r for r in RULES}
 assert len(BY_CODE) == len(RULES), "one row per request code"

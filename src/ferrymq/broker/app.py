@@ -10,6 +10,7 @@ Timers (all on the event loop):
 | topics / groups snapshot (journal fold)| METADATA_SNAPSHOT_INTERVAL_MS |
 | event-loop lag probe                   | 10 ms (common/aio.py)         |
 | delay offsets persist                  | flushDelayOffsetInterval      |
+| timer checkpoint persist               | flushDelayOffsetInterval      |
 | client channel expiry scan             | 10 s (expiry 120 s)           |
 | expired commit log files               | 10 s                          |
 | disk space check (full disk, cleanup)  | 1 s                           |
@@ -56,6 +57,7 @@ from ferrymq.broker.processors.lock import LockProcessor
 from ferrymq.broker.processors.ops import OpsProcessor
 from ferrymq.broker.processors.pull import PullProcessor
 from ferrymq.broker.processors.query import QueryProcessor
+from ferrymq.broker.processors.recall import RecallProcessor
 from ferrymq.broker.processors.reply import ReplyProcessor
 from ferrymq.broker.processors.send import SendProcessor
 from ferrymq.broker.processors.send_back import SendBackProcessor
@@ -64,6 +66,7 @@ from ferrymq.broker.registration import NameServerRegistrar
 from ferrymq.broker.schedule import ScheduleMessageService
 from ferrymq.broker.stats import SAMPLE_INTERVAL_MS, BrokerStats
 from ferrymq.broker.subscription_manager import SubscriptionGroupManager
+from ferrymq.broker.timer import TimerMessageService
 from ferrymq.broker.topic_manager import TopicManager
 from ferrymq.broker.transaction import TransactionConfig, TransactionService
 from ferrymq.broker.unconsumed_floor import UnconsumedFloor
@@ -71,6 +74,7 @@ from ferrymq.broker.writer import MessageWriter
 from ferrymq.common import gc_policy
 from ferrymq.common.aio import LoopLagProbe
 from ferrymq.common.message import host_to_bytes
+from ferrymq.common.timer import TIMER_QUEUE_ID, TIMER_TOPIC
 from ferrymq.common.tls import TlsServerSettings
 from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.remoting import jsonx
@@ -96,6 +100,10 @@ DISK_CHECK_INTERVAL_MS = 1_000
 SLAVE_REPUT_DELAY_S = 0.001
 #: period of the topics.json / subscriptionGroup.json snapshots (changes are journaled meanwhile)
 METADATA_SNAPSHOT_INTERVAL_MS = 5_000
+
+
+#: the timer topic's queue: its new units wake the timer service (broker/timer.py)
+_TIMER_KEY = (TIMER_TOPIC, TIMER_QUEUE_ID)
 
 
 def wall_clock_ms() -> int:
@@ -162,6 +170,7 @@ class BrokerController:
         self.stats = self.writer.stats = BrokerStats(clock_ms)
         self.delay_levels_ms = parse_delay_levels(config.message_delay_level)
         self.schedule = ScheduleMessageService(self.store, self.writer.put, cdir, self.delay_levels_ms, clock_ms)
+        self.timer = TimerMessageService(self.store, self.writer.put, cdir, clock_ms)
         self.transactions = TransactionService(self, TransactionConfig(
             config.transaction_timeout_ms, config.transaction_check_interval_ms, config.transaction_check_max),
             clock_ms)
@@ -187,6 +196,7 @@ class BrokerController:
         ClientQueryProcessor(self).register(self.dispatcher)
         BrokerConfigProcessor(self).register(self.dispatcher)
         EpochProcessor(self).register(self.dispatcher)
+        RecallProcessor(self).register(self.dispatcher)
         self.long_polling: PullRequestHoldService = PullRequestHoldService(self.pull_processor.rerun,
                                                                            self.store.get_max_offset_in_queue)
         self.metrics_server = broker_metrics_server(self)  # None when metricsPort = -1
@@ -256,6 +266,7 @@ class BrokerController:
         self.offsets.load()
         self.groups.load()
         self.schedule.load()
+        self.timer.load()
         self.store.load()
         self.writer.bind(loop)
         self.writer.reput_now()
@@ -306,6 +317,7 @@ class BrokerController:
 
         if not cfg.is_slave:
             self.schedule.start()
+            self.timer.start()
             self.transactions.start()
         if self.controller_role is not None:
             await self.controller_role.start()
@@ -315,6 +327,7 @@ class BrokerController:
             asyncio.ensure_future(self._every(METADATA_SNAPSHOT_INTERVAL_MS, self.topics.snapshot_if_dirty)),
             asyncio.ensure_future(self._every(METADATA_SNAPSHOT_INTERVAL_MS, self.groups.snapshot_if_dirty)),
             asyncio.ensure_future(self._every(cfg.flush_delay_offset_interval_ms, self.schedule.persist_if_dirty)),
+            asyncio.ensure_future(self._every(cfg.flush_delay_offset_interval_ms, self.timer.persist_async)),
             asyncio.ensure_future(self._every(CLIENT_SCAN_INTERVAL_MS, self._scan_channels)),
             asyncio.ensure_future(self._every(DELETE_EXPIRED_INTERVAL_MS, self._delete_expired)),
             asyncio.ensure_future(self._every(DISK_CHECK_INTERVAL_MS, self.store.check_disk_space)),
@@ -372,6 +385,7 @@ class BrokerController:
             await self.registrar.stop()
             await self.registrar.unregister_all()
         await self.schedule.stop()
+        await self.timer.stop()
         await self.transactions.stop()
         self.long_polling.stop()
         for part in (self.controller_role, self.slave_sync, self.ha_client, self.ha_service):
@@ -405,8 +419,11 @@ class BrokerController:
         if keys is None:
             self.long_polling.notify_all()
             self.schedule.wake()
+            self.timer.wake()
         else:
             self.long_polling.notify(keys)
+            if _TIMER_KEY in keys:
+                self.timer.wake()
 
     def wake_schedule(self) -> None:
         self.schedule.wake()
@@ -455,6 +472,7 @@ class BrokerController:
             self.master_addr = None
             self.master_ha_addr = None
             self.schedule.start()
+            self.timer.start()
             self.transactions.start()
         else:
             cfg.broker_role = BrokerRole.SLAVE
@@ -465,6 +483,7 @@ class BrokerController:
             if self.offsets.local_commits is None:
                 self.offsets.local_commits = {}
             await self.schedule.stop()
+            await self.timer.stop()
             await self.transactions.stop()
             self.master_addr = master_addr
             self.master_ha_addr = role.state.master_ha_addr if role.state is not None else None

@@ -192,6 +192,9 @@ class BrokerConfig:
         "flushConsumerOffsetInterval", "Consumer offset persist period in ms"))
     flush_delay_offset_interval_ms: int = field(default=10_000, metadata=_meta(
         "flushDelayOffsetInterval", "Delay offset persist period in ms"))
+    timer_max_delay_sec: int = field(default=3 * 24 * 3600, metadata=_meta(
+        "timerMaxDelaySec", "Longest delay a timer message may ask for, in seconds (a later delivery time is "
+        "refused)"))
     channel_expired_timeout_ms: int = field(default=120_000, metadata=_meta(
         "channelExpiredTimeout", "Client channels without heartbeat are dropped after this"))
     delete_when: str = field(default="04", metadata=_meta("deleteWhen", "Accepted for compatibility; ignored"))
@@ -372,6 +375,7 @@ class BrokerConfig:
                            ("haTransferBatchSize", self.ha_transfer_batch_size),
                            ("flushConsumerOffsetInterval", self.flush_consumer_offset_interval_ms),
                            ("flushDelayOffsetInterval", self.flush_delay_offset_interval_ms),
+                           ("timerMaxDelaySec", self.timer_max_delay_sec),
                            ("channelExpiredTimeout", self.channel_expired_timeout_ms),
                            ("slaveSyncInterval", self.slave_sync_interval_ms),
                            ("defaultTopicQueueNums", self.default_topic_queue_nums),

@@ -24,6 +24,7 @@ not replace them):
 | ``HasTransactions`` | ``transactions``     | ``TransactionService``             |
 | ``HasSchedule``     | ``schedule``         | ``ScheduleMessageService``         |
 | ``HasDelayLevels``  | ``schedule_max_level``, ``wake_schedule()`` | ``int``, ``() -> None`` |
+| ``HasTimer``        | ``timer``            | ``TimerMessageService``            |
 | ``HasAclGuard``     | ``acl_guard``        | ``AclGuard | None`` (None: aclEnable false) |
 | ``HasControllerRole`` | ``controller_role`` | ``WriteLease | None`` (None: classic mode) |
 | ``HasEpochSource``  | ``controller_role``  | ``EpochSource | None`` (its ``epoch_file``; None: classic mode) |
@@ -56,6 +57,7 @@ from ferrymq.broker.registration import NameServerRegistrar
 from ferrymq.broker.schedule import ScheduleMessageService
 from ferrymq.broker.stats import BrokerStats
 from ferrymq.broker.subscription_manager import SubscriptionGroupManager
+from ferrymq.broker.timer import TimerMessageService
 from ferrymq.broker.topic_manager import TopicManager
 from ferrymq.broker.transaction import TransactionService
 from ferrymq.broker.writer import MessageWriter
@@ -129,6 +131,11 @@ class HasTransactions(Protocol):
 class HasSchedule(Protocol):
     @property
     def schedule(self) -> ScheduleMessageService: ...
+
+
+class HasTimer(Protocol):
+    @property
+    def timer(self) -> TimerMessageService: ...
 
 
 class HasDelayLevels(Protocol):
@@ -213,8 +220,12 @@ class HasFlushService(Protocol):
 
 
 class SendContext(HasConfig, HasTopics, HasGroups, HasStore, HasWriter, HasStats, HasControllerRole, HasStoreHost,
-                  HasDelayLevels, Protocol):
+                  HasDelayLevels, HasClock, Protocol):
     """processors/send.py: SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320)."""
+
+
+class RecallContext(HasConfig, HasClock, HasTopics, HasWriter, HasTimer, HasControllerRole, HasStoreHost, Protocol):
+    """processors/recall.py: RECALL_MESSAGE (370), GET_TIMER_CHECK_POINT (60)."""
 
 
 class SendBackContext(HasConfig, HasTopics, HasGroups, HasStore, HasWriter, HasStats, HasDelayLevels, Protocol):

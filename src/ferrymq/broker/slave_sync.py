@@ -10,6 +10,7 @@ Each table is taken in steps between yields to the event loop (``replace_all`` /
 persisted as a snapshot built in steps and written by a worker thread, so a sync of an estate-size table
 never holds the slave's loop; the master likewise encodes its answers in steps (processors/admin.py).
 | delay offsets       | GET_ALL_DELAY_OFFSET (45)             | slaveSyncInterval (10 s)| body written verbatim to ``delayOffset.json`` |
+| timer checkpoint    | GET_TIMER_CHECK_POINT (60)            | slaveSyncInterval (10 s)| body written verbatim to ``timerCheckpoint.json`` (broker/timer.py) |
 
 Topics and groups are asked for with the slave's data version (``knownDataVersion``, a ferrymq extension,
 processors/admin.py): a ferrymq master answers "unchanged" with no body, so a change reaches the slave within
@@ -176,11 +177,12 @@ class SlaveSynchronize:
         return resp.body
 
     async def sync_all(self) -> bool:
-        """One round of the four steps; True when every step succeeded."""
+        """One round of the five steps; True when every step succeeded."""
         ok = await self._run_steps([
             ("topic config", self.sync_topic_config),
             ("consumer offsets", self.sync_consumer_offset),
             ("delay offsets", self.sync_delay_offset),
+            ("timer checkpoint", self.sync_timer_checkpoint),
             ("subscription groups", self.sync_subscription_group_config),
         ])
         if ok:
@@ -250,6 +252,23 @@ class SlaveSynchronize:
             return
         jsonx.loads(body)  # only write something that parses
         await asyncio.to_thread(schedule.write_raw, bytes(body))  # tmp + fsync + rename: off the event loop
+
+    async def sync_timer_checkpoint(self, addr: str) -> None:
+        timer = _attr(self.controller, "timer")
+        if timer is None:
+            return
+        resp = await self._pool().invoke(addr, RemotingCommand.request(RequestCode.GET_TIMER_CHECK_POINT),
+                                         SYNC_REQUEST_TIMEOUT_MS)
+        if resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+            return  # a RocketMQ 4.x master keeps no timer messages
+        if resp.code != ResponseCode.SUCCESS:
+            raise RuntimeError(f"request {RequestCode.GET_TIMER_CHECK_POINT} answered {resp.code} {resp.remark or ''}")
+        body = resp.body
+        if not body:
+            return
+        if not isinstance(jsonx.loads(body), dict):  # only write something that parses
+            raise ValueError("timer checkpoint is not a JSON object")
+        await asyncio.to_thread(timer.write_raw, bytes(body))  # tmp + fsync + rename: off the event loop
 
     async def sync_subscription_group_config(self, addr: str) -> None:
         groups = _attr(self.controller, "groups", "subscription_manager")

@@ -31,6 +31,28 @@ GetMessageStatus → PULL response (master; a slave rewrites 21 to 20 in process
 | OFFSET_OVERFLOW_ONE     | 19                                |
 | OFFSET_OVERFLOW_BADLY   | 21                                |
 | OFFSET_TOO_SMALL        | 21                                |
+
+TimerStatus → SEND response (a message asking for a delivery time; broker/timer.py):
+
+| TimerStatus           | code | remark                                               |
+|-----------------------|------|------------------------------------------------------|
+| ILLEGAL_DELIVERY_TIME | 13   | timer message refused: bad delivery time ...         |
+| DELAY_TOO_LONG        | 13   | timer message refused: delivery time beyond timerMaxDelaySec ... |
+
+RecallStatus → RECALL_MESSAGE (370) response (processors/recall.py):
+
+| RecallStatus        | code | remark                                                          |
+|---------------------|------|-----------------------------------------------------------------|
+| RECALLED            | 0    |                                                                 |
+| NOT_PENDING         | 22   | recall failed, no pending timer message ... (unknown, delivered or recalled) |
+| HANDLE_INVALID      | 604  | recall failed, the handle is invalid ...                        |
+| TOPIC_MISMATCH      | 604  | recall failed, topic not match                                  |
+| OTHER_BROKER        | 604  | recall failed, the handle belongs to broker ...                 |
+| TIMESTAMP_INVALID   | 604  | recall failed, timestamp invalid (past or beyond timerMaxDelaySec) |
+| TOPIC_NOT_EXIST     | 17   | recall failed, the topic[...] not exist                         |
+| SLAVE               | 11   | recall failed, broker service not available (a slave)          |
+| NOT_SERVING         | 14   | recall failed, the timer service is not serving (loading, or lease lost) |
+| STORE_FAILED        | 1    | recall failed, the recall marker could not be stored ...        |
 """
 
 from __future__ import annotations
@@ -72,6 +94,53 @@ PUT_STATUS_TABLE: dict[str, SendOutcome] = {
     "OS_PAGECACHE_BUSY": SendOutcome(R.SYSTEM_ERROR, "[PC_SYNCHRONIZED]broker busy, start flow control for a while",
                                      False),
     "UNKNOWN_ERROR": SendOutcome(R.SYSTEM_ERROR, "UNKNOWN_ERROR", False),
+}
+
+
+class TimerStatus(Enum):
+    ILLEGAL_DELIVERY_TIME = "ILLEGAL_DELIVERY_TIME"
+    DELAY_TOO_LONG = "DELAY_TOO_LONG"
+
+
+class Outcome(NamedTuple):
+    code: int
+    remark: str | None
+
+
+TIMER_STATUS_TABLE: dict[TimerStatus, Outcome] = {
+    TimerStatus.ILLEGAL_DELIVERY_TIME: Outcome(R.MESSAGE_ILLEGAL, "timer message refused: bad delivery time"),
+    TimerStatus.DELAY_TOO_LONG: Outcome(R.MESSAGE_ILLEGAL,
+                                        "timer message refused: delivery time beyond timerMaxDelaySec"),
+}
+
+
+class RecallStatus(Enum):
+    RECALLED = "RECALLED"
+    NOT_PENDING = "NOT_PENDING"
+    HANDLE_INVALID = "HANDLE_INVALID"
+    TOPIC_MISMATCH = "TOPIC_MISMATCH"
+    OTHER_BROKER = "OTHER_BROKER"
+    TIMESTAMP_INVALID = "TIMESTAMP_INVALID"
+    TOPIC_NOT_EXIST = "TOPIC_NOT_EXIST"
+    SLAVE = "SLAVE"
+    NOT_SERVING = "NOT_SERVING"
+    STORE_FAILED = "STORE_FAILED"
+
+
+RECALL_STATUS_TABLE: dict[RecallStatus, Outcome] = {
+    RecallStatus.RECALLED: Outcome(R.SUCCESS, None),
+    RecallStatus.NOT_PENDING: Outcome(R.QUERY_NOT_FOUND, "recall failed, no pending timer message (unknown, "
+                                                         "already delivered or already recalled)"),
+    RecallStatus.HANDLE_INVALID: Outcome(R.ILLEGAL_OPERATION, "recall failed, the handle is invalid"),
+    RecallStatus.TOPIC_MISMATCH: Outcome(R.ILLEGAL_OPERATION, "recall failed, topic not match"),
+    RecallStatus.OTHER_BROKER: Outcome(R.ILLEGAL_OPERATION, "recall failed, the handle belongs to another broker"),
+    RecallStatus.TIMESTAMP_INVALID: Outcome(R.ILLEGAL_OPERATION, "recall failed, timestamp invalid (past or beyond "
+                                                                 "timerMaxDelaySec)"),
+    RecallStatus.TOPIC_NOT_EXIST: Outcome(R.TOPIC_NOT_EXIST, "recall failed, the topic does not exist"),
+    RecallStatus.SLAVE: Outcome(R.SLAVE_NOT_AVAILABLE, "recall failed, broker service not available (a slave)"),
+    RecallStatus.NOT_SERVING: Outcome(R.SERVICE_NOT_AVAILABLE, "recall failed, the timer service is not serving "
+                                                               "(loading its pending messages, or not the master)"),
+    RecallStatus.STORE_FAILED: Outcome(R.SYSTEM_ERROR, "recall failed, the recall marker could not be stored"),
 }
 
 

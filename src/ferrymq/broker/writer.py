@@ -39,6 +39,9 @@ QueueKey = tuple[str, int]
 #: properties (as sent) that take a single send off the native path and into another queue
 _GOES_ELSEWHERE_DELAY = b"DELAY\x01"
 _GOES_ELSEWHERE_TRAN = b"TRAN_MSG\x01"
+#: a timer property (TIMER_DELAY_SEC/_MS, TIMER_DELIVER_MS; common/timer.py) may be there: the Python path decides
+_MAYBE_TIMER = b"TIMER_"
+_MAYBE_START_DELIVER = b"__STARTDELIVERTIME\x01"
 
 class MessageWriter:
     def __init__(self, store: Any, config: BrokerConfig, flush: FlushService,
@@ -111,8 +114,9 @@ class MessageWriter:
                       reconsume_times: int) -> Any:
         """The native SEND_BATCH put (``MessageStore.put_batch_raw``); None = use ``put_batch``."""
         put_raw = getattr(self._store, "put_batch_raw", None)
-        if put_raw is None:
-            return None
+        if put_raw is None or _MAYBE_TIMER in batch_body or _MAYBE_TIMER in merge_props or \
+                _MAYBE_START_DELIVER in batch_body or _MAYBE_START_DELIVER in merge_props:
+            return None  # (an entry may ask for a delivery time: the Python path refuses it)
         prepare = self._prepare
         if prepare is not None and prepare(topic, queue_id, sys_flag) is not None:
             return None  # put_batch answers the refusal
@@ -129,9 +133,11 @@ class MessageWriter:
         put_raw = self._put_one_raw
         if put_raw is None:
             return None
-        if _GOES_ELSEWHERE_DELAY in props or _GOES_ELSEWHERE_TRAN in props or sys_flag & SYSFLAG_TRANSACTION_MASK:
-            # the native put declines these, and they are stored in another queue (the delay level's, the half
-            # topic's): ``put`` prepares that one; preparing (topic, queue_id) here would create its file for nothing
+        if (_GOES_ELSEWHERE_DELAY in props or _GOES_ELSEWHERE_TRAN in props or sys_flag & SYSFLAG_TRANSACTION_MASK
+                or _MAYBE_TIMER in props or _MAYBE_START_DELIVER in props):
+            # the native put declines DELAY and TRAN_MSG, and a timer message is not a plain one: they are stored in
+            # another queue (the delay level's, the half topic's, the timer topic's): ``put`` prepares that one;
+            # preparing (topic, queue_id) here would create its file for nothing
             return None
         prepare = self._prepare
         if prepare is not None and prepare(topic, queue_id, sys_flag) is not None:

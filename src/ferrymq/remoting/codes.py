@@ -42,6 +42,8 @@ class RequestCode(IntEnum):
     GET_BROKER_CLUSTER_ACL_INFO = 52
     UPDATE_GLOBAL_WHITE_ADDRS_CONFIG = 53
     GET_BROKER_CLUSTER_ACL_CONFIG = 54
+    # timer messages (RocketMQ 5 numbers; docs/timers.md)
+    GET_TIMER_CHECK_POINT = 60
     PUT_KV_CONFIG = 100
     GET_KV_CONFIG = 101
     DELETE_KV_CONFIG = 102
@@ -86,6 +88,7 @@ class RequestCode(IntEnum):
     GET_ALL_PRODUCER_INFO = 328
     DELETE_EXPIRED_COMMITLOG = 329
     QUERY_TOPICS_BY_CONSUMER = 343
+    RECALL_MESSAGE = 370
     # controller mode (RocketMQ 5 numbers; docs/controller.md)
     BROKER_HEARTBEAT = 904
     CONTROLLER_ALTER_SYNC_STATE_SET = 1001
@@ -132,6 +135,7 @@ class ResponseCode(IntEnum):
     CONSUME_MSG_TIMEOUT = 207
     NO_MESSAGE = 208
     FLOW_CONTROL = 215
+    ILLEGAL_OPERATION = 604
     # controller mode (RocketMQ 5 numbers; docs/controller.md)
     CONTROLLER_FENCED_MASTER_EPOCH = 2000
     CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH = 2001

@@ -2,7 +2,9 @@
 
 Check order: slave → 14; broker not writable → 16; topic invalid → 1; topic forbidden → 16; unknown
 topic → auto-create via defaultTopic (else 17); queueId out of range → 1 (negative → random); topic not
-writable → 16; body too large → 13; retry topic past max reconsume → DLQ; DELAY → SCHEDULE_TOPIC_XXXX.
+writable → 16; body too large → 13; retry topic past max reconsume → DLQ; DELAY → SCHEDULE_TOPIC_XXXX; else a
+delivery time in the future (TIMER_DELIVER_MS etc., common/timer.py) → rmq_sys_wheel_timer (broker/timer.py), bad or
+beyond timerMaxDelaySec → 13; the answer then carries ``recallHandle``.
 
 The handler is a plain function: it answers inline unless the put must wait (SYNC_FLUSH /
 SYNC_MASTER with WAIT != false), in which case it returns a coroutine — or, for SYNC_MASTER with
@@ -27,7 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.headers import SendHeader
 from ferrymq.broker.stats import REPLICA_FAILURE_STATUSES
-from ferrymq.broker.status_codes import SERVICE_NOT_AVAILABLE_REMARK, send_outcome
+from ferrymq.broker.status_codes import (
+    SERVICE_NOT_AVAILABLE_REMARK,
+    TIMER_STATUS_TABLE,
+    TimerStatus,
+    send_outcome,
+)
 from ferrymq.common.message import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_CLUSTER,
@@ -51,6 +58,16 @@ from ferrymq.common.message import (
     tags_hash_code,
 )
 from ferrymq.common.message_codec import RecordFormatError, decode_batch_body, inflate_bounded
+from ferrymq.common.timer import (
+    PROPERTY_TIMER_OUT_MS,
+    TIMER_QUEUE_ID,
+    TIMER_REQUEST_PROPERTIES,
+    TIMER_TOPIC,
+    RecallHandle,
+    TimerPropertyError,
+    deliver_ms_of,
+    wants_timer,
+)
 from ferrymq.common.topic import (
     NOT_ALLOWED_SEND_TOPICS,
     PERM_READ,
@@ -77,6 +94,8 @@ log = logging.getLogger(__name__)
 #: clients at or above this version (V3_4_9) carry maxReconsumeTimes in the header
 VERSION_WITH_MAX_RECONSUME_TIMES = 121
 MSG_REGION = "DefaultRegion"
+#: SEND response header field of a timer message's recall handle (RocketMQ 5 SendMessageResponseHeader)
+RECALL_HANDLE_FIELD = "recallHandle"
 
 
 def index_keys(props: dict[str, str]) -> tuple[str, ...]:
@@ -280,6 +299,7 @@ class SendProcessor:
             return routed
         topic, queue_id_stored = routed
         props = _parse_properties(h.properties)
+        recall: RecallHandle | None = None
         wait = props.pop(PROPERTY_WAIT_STORE_MSG_OK, "true").lower() != "false"
         props[PROPERTY_CLUSTER] = ctx.config.broker_cluster_name
         sys_flag = h.sys_flag
@@ -301,6 +321,15 @@ class SendProcessor:
                 props[PROPERTY_REAL_TOPIC] = topic
                 props[PROPERTY_REAL_QUEUE_ID] = str(queue_id_stored)
                 topic, queue_id_stored = SCHEDULE_TOPIC, level - 1
+                for name in TIMER_REQUEST_PROPERTIES:  # a delay level wins over a delivery time (as RocketMQ)
+                    props.pop(name, None)
+            elif wants_timer(props):
+                timed = self._to_timer(cmd, props, topic, queue_id_stored)
+                if isinstance(timed, RemotingCommand):
+                    return timed
+                if timed is not None:
+                    recall = timed
+                    topic, queue_id_stored = TIMER_TOPIC, TIMER_QUEUE_ID
         elif tran_type == SYSFLAG_TRANSACTION_PREPARED:
             pass
         inner = MessageExtBrokerInner(
@@ -314,7 +343,34 @@ class SendProcessor:
         result = ctx.writer.put(inner)
         if topic == SCHEDULE_TOPIC:
             ctx.wake_schedule()
+        elif recall is not None:
+            return self._finish_timer(cmd, result, queue_id, wait, recall)
         return self._finish(cmd, result, queue_id, wait, conn)
+
+    def _to_timer(self, cmd: RemotingCommand, props: dict[str, str], topic: str, queue_id: int
+                  ) -> RecallHandle | RemotingCommand | None:
+        """Rewrite ``props`` of a message asking for a delivery time into the timer topic's (TIMER_OUT_MS,
+        REAL_TOPIC, REAL_QID): its recall handle (an empty message id when it has no UNIQ_KEY); None when the
+        time is not in the future (the message is stored as it is); a refusal for a bad or too distant time."""
+        ctx = self.ctx
+        now_ms = ctx.clock_ms()
+        try:
+            deliver_ms = deliver_ms_of(props, now_ms)
+        except TimerPropertyError as exc:
+            outcome = TIMER_STATUS_TABLE[TimerStatus.ILLEGAL_DELIVERY_TIME]
+            return cmd.response(outcome.code, remark=f"{outcome.remark}: {exc}")
+        if deliver_ms is None or deliver_ms <= now_ms:
+            return None
+        max_delay_ms = ctx.config.timer_max_delay_sec * 1000
+        if deliver_ms - now_ms > max_delay_ms:
+            outcome = TIMER_STATUS_TABLE[TimerStatus.DELAY_TOO_LONG]
+            return cmd.response(outcome.code, remark=f"{outcome.remark}: {deliver_ms - now_ms} ms ahead, at most "
+                                                     f"{max_delay_ms} ms (timerMaxDelaySec)")
+        props[PROPERTY_TIMER_OUT_MS] = str(deliver_ms)
+        props[PROPERTY_REAL_TOPIC] = topic
+        props[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        return RecallHandle(topic, ctx.config.broker_name, deliver_ms,
+                            props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""))
 
     def _put_one_native(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
                         ) -> tuple[Any, bool] | None:
@@ -392,9 +448,10 @@ class SendProcessor:
             props.pop(PROPERTY_WAIT_STORE_MSG_OK, None)
             if ((PROPERTY_DELAY_TIME_LEVEL in props and _delay_level(props) > 0)
                     or (PROPERTY_TRANSACTION_PREPARED in props
-                        and props[PROPERTY_TRANSACTION_PREPARED].lower() == "true")):
-                return cmd.response(R.MESSAGE_ILLEGAL, remark="batch messages do not support DELAY or "
-                                                              "transactions")
+                        and props[PROPERTY_TRANSACTION_PREPARED].lower() == "true")
+                    or wants_timer(props)):
+                return cmd.response(R.MESSAGE_ILLEGAL, remark="batch messages do not support DELAY, delivery times "
+                                                              "(timer messages) or transactions")
             props[PROPERTY_CLUSTER] = cluster
             tags = props.get(PROPERTY_TAGS)
             if not tags:
@@ -470,16 +527,28 @@ class SendProcessor:
         reply.inline = False
         return reply.response
 
-    async def _finish_after_wait(self, cmd: RemotingCommand, result: Any, queue_id: int) -> RemotingCommand:
+    def _finish_timer(self, cmd: RemotingCommand, result: Any, queue_id: int, wait: bool, recall: RecallHandle
+                      ) -> RemotingCommand | Awaitable[RemotingCommand]:
+        """``_finish`` for a message stored in the timer topic: the answer also carries its ``recallHandle``
+        (RocketMQ 5's SendMessageResponseHeader field; none for a message without UNIQ_KEY)."""
+        extra = {RECALL_HANDLE_FIELD: recall.encode()} if recall.message_id else None
+        if send_outcome(result.status).stored and result.append_result is not None and \
+                self.ctx.writer.needs_wait(wait):
+            return self._finish_after_wait(cmd, result, queue_id, extra)
+        return self._response(cmd, result, queue_id, result.status.name, extra)
+
+    async def _finish_after_wait(self, cmd: RemotingCommand, result: Any, queue_id: int,
+                                 extra: dict[str, str] | None = None) -> RemotingCommand:
         status = await self.ctx.writer.wait_stored(result)
         role = self.ctx.controller_role
         if role is not None and not role.can_ack():
             # deposed or cut off from the controller while waiting: never SEND_OK (the record may be cut when
             # this broker rejoins as a slave); the producer retries
             return cmd.response(R.SERVICE_NOT_AVAILABLE, remark=role.refusal_remark())
-        return self._response(cmd, result, queue_id, status)
+        return self._response(cmd, result, queue_id, status, extra)
 
-    def _response(self, cmd: RemotingCommand, result: Any, queue_id: int, status: str) -> RemotingCommand:
+    def _response(self, cmd: RemotingCommand, result: Any, queue_id: int, status: str,
+                  extra: dict[str, str] | None = None) -> RemotingCommand:
         if status in REPLICA_FAILURE_STATUSES:
             self.ctx.stats.on_replica_failure(status)
         outcome = send_outcome(status)
@@ -489,13 +558,16 @@ class SendProcessor:
             if status == "DISK_FULL":
                 remark = f"{remark} {self.ctx.store.disk_full_detail()}"
             return cmd.response(outcome.code, remark=remark)
-        return cmd.response(outcome.code, {
+        fields: dict[str, Any] = {
             "msgId": ar.msg_id,
             "queueId": queue_id,
             "queueOffset": ar.queue_offset,
             "MSG_REGION": MSG_REGION,
             "TRACE_ON": "true",
-        }, remark=outcome.remark)
+        }
+        if extra:
+            fields.update(extra)
+        return cmd.response(outcome.code, fields, remark=outcome.remark)
 
 
 class _SlaveAckReply:
