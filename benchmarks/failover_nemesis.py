@@ -16,13 +16,16 @@ replicas' logs byte-identical) and prints one line per round and a summary table
 lost, duplicates, write unavailability per failover (median, max; with two groups: to the first SEND_OK
 anywhere) and the longest gap between two SEND_OKs around each failover. Exit code 1 on any violation.
 
-``--client cpp|alions|ferrymq --rounds N``: instead, N SIGKILLs of the master with that client as the only
-producer (``cpp``: the Apache C++ client 1.x through PyPI rocketmq 0.4.4; ``alions``: npm ali-ons; both
+``--client cpp|cpp21|alions|ferrymq --rounds N``: instead, N SIGKILLs of the master with that client as the only
+producer (``cpp``: the Apache C++ client 1.x through PyPI rocketmq 0.4.4; ``cpp21``: the Apache C++ client 2.1
+through PyPI rocketmq-python-cvs, pip-installed into a cache directory on first use; ``alions``: npm ali-ons; all
 unchanged, in a subprocess) and one line per failover with the seconds from the kill to its first SEND_OK
 on the new master; the table gives median, min and max, and the end checks every acknowledged body. Each
-kill waits a random ``--phase-jitter`` seconds (30 by default for cpp and alions) after the group is whole, so
+kill waits a random ``--phase-jitter`` seconds (30 by default for the foreign clients) after the group is whole, so
 the kills fall at random points of the client's own 30 s route poll, as they would in production (back to
-back they would all fall at the same point of it).
+back they would all fall at the same point of it). With ``--groups 2`` the topic is on two groups and each kill
+hits the master of one drawn at random. For a foreign client each line also gives the longest gap between two
+of its SEND_OKs from a second before the kill until the group is whole again and the client has resumed.
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ from controller_support import (  # noqa: E402
     ForeignProducer,
     NemesisGroup,
     ProducerLoop,
+    longest_gap_s,
+    verify_across,
 )
 from partition_support import unavailable_reason  # noqa: E402
-from procs import ProcessGroup, create_topic, wait_for  # noqa: E402
+from procs import ProcessGroup, create_topic, route, wait_for  # noqa: E402
 
 #: a client's first SEND_OK after the kill must come within this (RocketMQ clients poll routes every 30 s)
 CLIENT_RESUME_BOUND_S = 90.0
@@ -75,7 +80,7 @@ def main() -> int:
     ap.add_argument("--client", choices=("ferrymq", *ForeignProducer.KINDS),
                     help="only master SIGKILLs, this client producing: how long until its writes resume")
     ap.add_argument("--phase-jitter", type=float, default=None, metavar="S",
-                    help="--client: wait a random 0..S s before each kill (default 30 for cpp/alions, 0 for ferrymq)")
+                    help="--client: wait a random 0..S s before each kill (default 30 for foreign clients, 0 for ferrymq)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir (logs) after the run")
     args = ap.parse_args()
     if args.client:
@@ -161,8 +166,18 @@ def client_failovers(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     ok = True
     resumes: list[float] = []
+    gaps: list[float] = []
     try:
         nemesis = NemesisGroup.start(group, controllers=args.controllers)
+        groups = [nemesis]
+        if args.groups == 2:
+            groups.append(NemesisGroup.start(group, broker_name="broker-m", share=nemesis))
+            for g in groups:  # the topic on both groups before the first send (a retry moves to the other one)
+                create_topic(g.master().addr, TOPIC)
+                g.topic_elsewhere = True
+            wait_for(lambda: {b["brokerName"] for b in (route(nemesis.ns.addr, TOPIC) or {}).get("brokerDatas") or []}
+                     >= {g.broker_name for g in groups}, timeout_s=60, what="the topic routed on both groups",
+                     alive=nemesis.alive)
         ours: ProducerLoop | None = None
         foreign: ForeignProducer | None = None
         if args.client == "ferrymq":
@@ -172,40 +187,55 @@ def client_failovers(args: argparse.Namespace) -> int:
         jitter_s = args.phase_jitter if args.phase_jitter is not None else (0.0 if ours is not None else 30.0)
         try:
             for i in range(args.rounds):
-                nemesis.wait_whole()
+                for g in groups:
+                    g.wait_whole()
                 time.sleep(rng.uniform(0, jitter_s))  # a random point of the client's route poll
-                r = nemesis.round("kill-master", ours, rng)
+                target = rng.choice(groups)
+                r = target.round("kill-master", ours, rng)
+                gap = ""
                 if foreign is not None:
                     fault_ms = r.fault_at_ms
                     resume = wait_for(lambda: foreign.resumed_s(fault_ms), timeout_s=CLIENT_RESUME_BOUND_S,  # noqa: B023
                                       what=f"a {args.client} SEND_OK after the kill", alive=nemesis.alive)
+                    gaps.append(longest_gap_s(foreign.poll(), fault_ms - 1000, time.time() * 1000))
+                    gap = f" longest-gap={gaps[-1]:6.2f}s"
                 else:
                     resume = r.unavailable_s
                 resumes.append(resume)
-                print(f"round {i + 1:3d} kill-master master {r.master_before}->{r.master_after} "
-                      f"{args.client} writes resumed after {resume:6.2f}s", flush=True)
+                print(f"round {i + 1:3d} kill-master {target.broker_name} master {r.master_before}->{r.master_after} "
+                      f"{args.client} writes resumed after {resume:6.2f}s{gap}", flush=True)
         finally:
             if ours is not None:
                 ours.stop()
             if foreign is not None:
                 foreign.stop()
         try:
-            if ours is not None:
+            if ours is not None and len(groups) == 1:
                 summary = nemesis.verify(ours)
-            else:
+            elif ours is not None:
+                summary = verify_across(groups, [ack.body for ack in ours.acks])
+            elif len(groups) == 1:
                 assert foreign is not None
                 summary = nemesis.verify(ProducerLoop(nemesis.ns.addr, "none"), foreign.acked_bodies())
+            else:
+                assert foreign is not None
+                summary = verify_across(groups, foreign.acked_bodies())
         except AssertionError as exc:
             print(f"VIOLATION: {exc}")
             ok = False
             summary = {"send_ok": "?", "lost": "?"}
         print()
-        print(f"client {args.client}, controllers {args.controllers}, seed {args.seed}")
-        print("| client | failovers | resume median (s) | min (s) | max (s) | SEND_OK | lost |")
-        print("|--------|----------:|------------------:|--------:|--------:|--------:|-----:|")
-        print(f"| {args.client} | {len(resumes)} | {statistics.median(resumes):.2f} | {min(resumes):.2f} | "
-              f"{max(resumes):.2f} | {summary['send_ok']} | {summary['lost']} |")
+        print(f"client {args.client}, controllers {args.controllers}, groups {args.groups}, seed {args.seed}")
+        print("| client | groups | failovers | resume median (s) | min (s) | max (s) | longest gap max (s) | SEND_OK | "
+              "lost |")
+        print("|--------|-------:|----------:|------------------:|--------:|--------:|--------------------:|--------:|"
+              "-----:|")
+        gap_max = f"{max(gaps):.2f}" if gaps else "-"
+        print(f"| {args.client} | {args.groups} | {len(resumes)} | {statistics.median(resumes):.2f} | "
+              f"{min(resumes):.2f} | {max(resumes):.2f} | {gap_max} | {summary['send_ok']} | {summary['lost']} |")
         print(f"resumes (s): {[round(x, 2) for x in resumes]}")
+        if gaps:
+            print(f"longest gaps (s): {[round(x, 2) for x in gaps]}")
     finally:
         group.stop_all()
         if not args.keep:

@@ -7,6 +7,8 @@
 * ``run_script``: run a helper script (C++ client script or node script) in a subprocess with a
   timeout, its stderr kept in a log file that is dumped on failure, and its last stdout line parsed
   as JSON.
+* ``cpp21_dir`` (session): the Apache C++ client 2.1 (PyPI rocketmq-python-cvs) installed into a cache
+  directory of its own (cpp21_support.py); skipped when pip cannot install it, failed under CI.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+from cpp21_support import (  # noqa: E402
+    CPP21_SCRIPTS_DIR,
+    Cpp21InstallError,
+    cpp21_env,
+    cpp21_install_dir,
+    cpp21_script_argv,
+)
 from procs import (  # noqa: E402
     CPP_SCRIPTS_DIR,
     NODE_DIR,
@@ -41,6 +50,16 @@ from procs import (  # noqa: E402
 def _failed(request: pytest.FixtureRequest) -> bool:
     node = request.node
     return any(getattr(getattr(node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
+
+
+@pytest.fixture(scope="session")
+def cpp21_dir() -> Path:
+    try:
+        return cpp21_install_dir()
+    except Cpp21InstallError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
 
 
 @pytest.fixture
@@ -74,9 +93,9 @@ class ScriptError(AssertionError):
 
 
 @pytest.fixture
-def run_script(procs: ProcessGroup, tmp_path: Path) -> Callable[..., dict[str, Any]]:
-    """``run_script(kind, name, args, timeout_s)`` runs ``cpp_scripts/<name>.py`` (kind "cpp") or
-    ``node/<name>.js`` (kind "node") with ``args`` as one JSON argument and returns the parsed last
+def run_script(procs: ProcessGroup, tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
+    """``run_script(kind, name, args, timeout_s)`` runs ``cpp_scripts/<name>.py`` (kind "cpp"),
+    ``cpp21_scripts/<name>.py`` (kind "cpp21", the C++ 2.1 client) or ``node/<name>.js`` (kind "node") with ``args`` as one JSON argument and returns the parsed last
     stdout line. A crash, a non-zero exit or a timeout fails the test with the script's output."""
     counter = [0]
 
@@ -89,6 +108,10 @@ def run_script(procs: ProcessGroup, tmp_path: Path) -> Callable[..., dict[str, A
             argv = cpp_script_argv(name, args)
             env = cpp_env(tmp_path)
             cwd = CPP_SCRIPTS_DIR
+        elif kind == "cpp21":
+            argv = cpp21_script_argv(name, args)
+            env = cpp21_env(tmp_path, request.getfixturevalue("cpp21_dir"))
+            cwd = CPP21_SCRIPTS_DIR
         elif kind == "node":
             argv = ["node", str(NODE_DIR / f"{name}.js"), json.dumps(args)]
             env = dict(os.environ)

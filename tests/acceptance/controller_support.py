@@ -288,11 +288,12 @@ class ProducerLoop:
 
 class ForeignProducer:
     """An unchanged RocketMQ 4.x client sending in a subprocess until stopped: ``cpp`` (the Apache C++ client
-    1.x through PyPI rocketmq 0.4.4, cpp_scripts/produce.py) or ``alions`` (npm ali-ons,
-    node/alions_produce_loop.js). Each writes one JSON line per send; ``resumed_s(fault_ms)`` reads them
-    incrementally (the files grow large over many failovers)."""
+    1.x through PyPI rocketmq 0.4.4, cpp_scripts/produce.py), ``cpp21`` (the Apache C++ client 2.1 through PyPI
+    rocketmq-python-cvs, cpp21_scripts/send.py; installed on first use, cpp21_support.py) or ``alions`` (npm
+    ali-ons, node/alions_produce_loop.js). Each writes one JSON line per send; ``resumed_s(fault_ms)`` reads
+    them incrementally (the files grow large over many failovers)."""
 
-    KINDS = ("cpp", "alions")
+    KINDS = ("cpp", "cpp21", "alions")
 
     def __init__(self, group: ProcessGroup, ns_addr: str, kind: str, work_dir: Path, *, topic: str = TOPIC) -> None:
         if kind not in self.KINDS:
@@ -312,6 +313,14 @@ class ForeignProducer:
             self.proc = spawn_cpp_script(self.group, self.work_dir, f"{self.kind}-producer", "produce", {
                 "namesrv": self.ns_addr, "topic": self.topic, "group": "cpp-nemesis", "count": 100_000_000,
                 "prefix": "cpp", "deadline_s": 24 * 3600, "timeout_ms": 2000, "out": str(self.out)})
+        elif self.kind == "cpp21":
+            from cpp21_support import cpp21_install_dir, spawn_cpp21_script
+
+            self.proc = spawn_cpp21_script(self.group, self.work_dir, cpp21_install_dir(), f"{self.kind}-producer",
+                                           "send", {"namesrv": self.ns_addr, "topic": self.topic,
+                                                    "group": "cpp21-nemesis", "count": 100_000_000, "prefix": "cpp",
+                                                    "deadline_s": 24 * 3600, "timeout_ms": 2000,
+                                                    "out": str(self.out)})
         else:
             assert (NODE_DIR / "node_modules" / "ali-ons").is_dir(), "run `npm --prefix tests/acceptance/node ci`"
             seed = ProducerLoop(self.ns_addr, "seed").start()  # ali-ons needs the topic routed (no auto-creation)
@@ -346,7 +355,7 @@ class ForeignProducer:
             if not rec.get("ok"):
                 self.failed += 1
                 continue
-            if self.kind == "cpp":
+            if self.kind in ("cpp", "cpp21"):
                 self.oks.append((rec["send_start_ms"], rec["send_end_ms"],
                                  expected_message("cpp", rec["seq"], ["TagA"])["body"]))
             else:
