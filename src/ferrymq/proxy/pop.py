@@ -20,6 +20,11 @@ pulled and has not seen acknowledged (``PopQueue.entries``, in queue-offset orde
   are delivered again (at least once; attempts start again at 1).
 * FIFO groups: a queue delivers nothing while one of its entries is invisible (delivered, not yet acked),
   so messages of one queue, hence of one message group, are processed one batch at a time, in order.
+* A queue that ends before ``pull_offset`` (a pull answers "offset illegal" with a smaller end: a replica
+  took over from a master whose last messages it never got, and may store other messages at their
+  offsets) is ``rewind``-ed: every held entry is forgotten and pulling starts again at the committed offset
+  (or the queue's end, if that is lower). The new history's messages are delivered; unacknowledged ones of
+  the lost history are not; acknowledged ones above the committed offset come again (at least once).
 
 Entries are kept in insertion (= queue offset) order in a dict, so the first key is the committed offset.
 At most ``MAX_HELD_PER_QUEUE`` entries are held per queue (a receive pulls nothing more beyond it).
@@ -83,6 +88,15 @@ class PopQueue:
         self.pull_offset = next_pull_offset
         for offset in [o for o in self.entries if o < next_pull_offset]:
             self._drop(offset)
+
+    def rewind(self, queue_end: int) -> None:
+        """The queue ends at ``queue_end``, before ``pull_offset``: the broker serving it now (a replica that
+        took over from a dead master) lacks the last messages pulled, and may store others at their offsets.
+        Held entries may belong to the lost history: forget them all and pull again from the first message
+        not acknowledged (at most the queue's end). Messages acknowledged above it are delivered again."""
+        self.pull_offset = min(self.commit_offset(), queue_end)
+        self.entries.clear()
+        self.fresh = 0
 
     # ---- delivering ---------------------------------------------------------------------------------
     def blocked(self, now_ms: int) -> bool:

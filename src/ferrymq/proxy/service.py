@@ -628,7 +628,10 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                 pq.add_pulled(result.messages, result.next_begin_offset)
                 self._arrival(key[1]).set()  # a receive waiting while this pull ran looks again
             elif result.status is PullStatus.OFFSET_ILLEGAL:
-                pq.reset_pull_offset(result.next_begin_offset)
+                if result.max_offset < pq.pull_offset:  # the queue got shorter: another broker took over
+                    pq.rewind(result.max_offset)
+                else:
+                    pq.reset_pull_offset(result.next_begin_offset)
                 self._dirty.add(key)
             elif result.next_begin_offset > pq.pull_offset:  # filtered out: progress all the same
                 pq.add_pulled([], result.next_begin_offset)
