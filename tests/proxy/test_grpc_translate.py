@@ -14,7 +14,6 @@ from ferrymq.proxy import translate as tr
 from ferrymq.proxy.pop import MAX_HELD_PER_QUEUE, PopQueue, SerialSource
 from ferrymq.proxy.v2 import definition_pb2 as pb
 
-LEVELS = tr.DEFAULT_DELAY_LEVELS_MS
 NOW_MS = 1_700_000_000_000
 
 
@@ -32,8 +31,7 @@ def grpc_message(**system: object) -> pb.Message:
 
 
 def outgoing(msg: pb.Message, **kw: object) -> tr.OutgoingMessage:
-    args: dict[str, object] = {"now_ms": NOW_MS, "delay_levels_ms": LEVELS, "producer_group": "PG",
-                               "max_body_bytes": 1024}
+    args: dict[str, object] = {"now_ms": NOW_MS, "producer_group": "PG", "max_body_bytes": 1024}
     args.update(kw)
     return tr.to_remoting_message(msg, **args)  # type: ignore[arg-type]
 
@@ -61,21 +59,31 @@ def test_message_group_becomes_the_sharding_key() -> None:
     assert out.message.properties[tr.PROPERTY_SHARDING_KEY] == "order-7"
 
 
-@pytest.mark.parametrize(("ahead_ms", "level"), [(-1, 0), (0, 0), (1, 1), (1000, 1), (1001, 2), (3000, 2),
-                                                  (5000, 2), (7_200_000, 18)])
-def test_delivery_timestamp_maps_to_the_first_level_that_is_not_early(ahead_ms: int, level: int) -> None:
-    assert tr.delay_level_for(NOW_MS + ahead_ms, NOW_MS, LEVELS) == level
+@pytest.mark.parametrize("ahead_ms", [1, 3_000, 7_200_001, 3 * 86_400_000])
+def test_delivery_timestamp_becomes_the_timer_delivery_time_unrounded(ahead_ms: int) -> None:
+    out = outgoing(grpc_message(delivery_timestamp=NOW_MS + ahead_ms))
+    assert out.message.properties["TIMER_DELIVER_MS"] == str(NOW_MS + ahead_ms)
+    assert out.deliver_ms == NOW_MS + ahead_ms and "DELAY" not in out.message.properties
 
 
-def test_delivery_timestamp_beyond_the_largest_level_is_refused() -> None:
-    with pytest.raises(tr.TranslateError) as info:
-        outgoing(grpc_message(delivery_timestamp=NOW_MS + 7_200_001))
-    assert info.value.code == pb.ILLEGAL_DELIVERY_TIME
+@pytest.mark.parametrize("ahead_ms", [-1, 0])
+def test_a_delivery_timestamp_that_is_due_is_a_plain_send(ahead_ms: int) -> None:
+    out = outgoing(grpc_message(delivery_timestamp=NOW_MS + ahead_ms))
+    assert "TIMER_DELIVER_MS" not in out.message.properties and out.deliver_ms is None
 
 
-def test_delay_property_set_from_the_timestamp() -> None:
-    out = outgoing(grpc_message(delivery_timestamp=NOW_MS + 4_000))
-    assert out.message.properties["DELAY"] == "2"
+def test_the_brokers_refusal_of_a_delivery_time_is_illegal_delivery_time() -> None:
+    refused = BrokerError(13, "timer message refused: delivery time beyond timerMaxDelaySec: 9 ms ahead")
+    assert tr.status_of_error(refused).code == pb.ILLEGAL_DELIVERY_TIME
+    assert tr.status_of_error(BrokerError(13, "the message is illegal")).code == pb.BAD_REQUEST
+    assert tr.status_of_error(BrokerError(22, "recall failed, no pending timer message")).code == pb.MESSAGE_NOT_FOUND
+
+
+def test_a_delivered_timer_message_reads_back_as_delay_with_its_time() -> None:
+    msg = tr.to_grpc_message(stored(0, {"TIMER_DELIVER_MS": str(NOW_MS + 3_000), "UNIQ_KEY": "u"}))
+    assert msg.system_properties.message_type == pb.DELAY
+    assert tr.timestamp_ms(msg.system_properties.delivery_timestamp) == NOW_MS + 3_000
+    assert "TIMER_DELIVER_MS" not in msg.user_properties
 
 
 @pytest.mark.parametrize(("msg_kw", "code"), [

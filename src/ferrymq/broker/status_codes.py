@@ -60,6 +60,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import NamedTuple
 
+from ferrymq.common.timer import TIMER_REFUSED_REMARK
 from ferrymq.remoting.codes import ResponseCode as R
 
 SERVICE_NOT_AVAILABLE_REMARK = "service not available now, maybe disk full or the broker is a slave"
@@ -108,9 +109,9 @@ class Outcome(NamedTuple):
 
 
 TIMER_STATUS_TABLE: dict[TimerStatus, Outcome] = {
-    TimerStatus.ILLEGAL_DELIVERY_TIME: Outcome(R.MESSAGE_ILLEGAL, "timer message refused: bad delivery time"),
+    TimerStatus.ILLEGAL_DELIVERY_TIME: Outcome(R.MESSAGE_ILLEGAL, f"{TIMER_REFUSED_REMARK}: bad delivery time"),
     TimerStatus.DELAY_TOO_LONG: Outcome(R.MESSAGE_ILLEGAL,
-                                        "timer message refused: delivery time beyond timerMaxDelaySec"),
+                                        f"{TIMER_REFUSED_REMARK}: delivery time beyond timerMaxDelaySec"),
 }
 
 

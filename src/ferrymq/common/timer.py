@@ -61,6 +61,9 @@ TIMER_REQUEST_PROPERTIES = (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, P
 TIMER_REQUEST_NEEDLES = tuple(name.encode("ascii") + b"\x01" for name in TIMER_REQUEST_PROPERTIES)
 
 RECALL_HANDLE_VERSION = "v1"
+#: how the broker's refusal of a delivery time begins (MESSAGE_ILLEGAL; the 5.x endpoint answers
+#: ILLEGAL_DELIVERY_TIME for it)
+TIMER_REFUSED_REMARK = "timer message refused"
 #: longest recall handle text accepted (a topic of 127 characters, a broker name, a timestamp and an id fit)
 RECALL_HANDLE_MAX_CHARS = 1024
 

@@ -33,8 +33,9 @@ from ferrymq.common.message import (
     decode_offset_msg_id,
 )
 from ferrymq.common.message_codec import RecordFormatError, decode_record
+from ferrymq.common.route import MASTER_ID, TopicRouteData
 from ferrymq.common.route import MessageQueue as RemotingQueue
-from ferrymq.common.route import TopicRouteData
+from ferrymq.common.timer import RecallHandle
 from ferrymq.errors import FerryError, TopicNotExistError
 from ferrymq.proxy import translate as tr
 from ferrymq.proxy.auth import GrpcAuth
@@ -413,8 +414,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
 
     async def _send_one(self, message: pb.Message) -> spb.SendResultEntry:
         try:
-            out = tr.to_remoting_message(message, now_ms=self.clock_ms(), delay_levels_ms=self.config.delay_levels_ms,
-                                         producer_group=self.config.producer_group,
+            out = tr.to_remoting_message(message, now_ms=self.clock_ms(), producer_group=self.config.producer_group,
                                          max_body_bytes=self.config.max_body_bytes)
             queue = None
             if out.message_group is not None:
@@ -433,9 +433,39 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
             entry.transaction_id = tr.TransactionId(result.offset_msg_id, result.queue_offset).encode(
                 self.tx_key, out.message.topic)
             await self._known_as_producer(result.offset_msg_id)
+        elif out.deliver_ms is not None:  # a timer message: recallable until it is due (RecallMessage)
+            entry.recall_handle = RecallHandle(out.message.topic, result.message_queue.broker_name, out.deliver_ms,
+                                               out.message_id).encode()
         else:
             self._arrival(out.message.topic).set()
         return entry
+
+    # ---- RecallMessage -----------------------------------------------------------------------------------
+    async def RecallMessage(self, request: spb.RecallMessageRequest, context: Any) -> spb.RecallMessageResponse:
+        """The broker's RECALL_MESSAGE (370) at the master of the broker group the handle names."""
+        denied = self._denied("RecallMessage", request, context)
+        if denied is not None:
+            return spb.RecallMessageResponse(status=denied)
+        topic = request.topic.name
+        try:
+            try:
+                handle = RecallHandle.decode(request.recall_handle)
+            except ValueError as exc:
+                raise tr.TranslateError(pb.BAD_REQUEST, str(exc)) from None
+            addrs = routes.broker_table(await self._route(topic)).get(handle.broker_name) or {}
+            addr = addrs.get(MASTER_ID)
+            if addr is None:
+                raise tr.TranslateError(pb.NOT_FOUND, f"broker group {handle.broker_name} of the handle has no "
+                                                      f"master serving topic {topic}")
+            cmd = RemotingCommand.request(RequestCode.RECALL_MESSAGE, {
+                "producerGroup": self.config.producer_group, "topic": topic,
+                "recallHandle": request.recall_handle})
+            resp = api.check(await self.instance.invoke(addr, cmd, REMOTING_TIMEOUT_MS))
+        except Exception as exc:
+            log.debug("RecallMessage of topic %s failed: %s", topic, exc)
+            return spb.RecallMessageResponse(status=tr.status_of_error(exc))
+        return spb.RecallMessageResponse(status=tr.status(), message_id=resp.ext_fields.get("msgId") or
+                                         handle.message_id)
 
     # ---- transactions ------------------------------------------------------------------------------------
     async def _known_as_producer(self, offset_msg_id: str) -> None:

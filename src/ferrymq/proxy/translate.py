@@ -11,14 +11,14 @@ Message fields, 5.x ``Message`` -> 4.x message properties (``to_remoting_message
 | system_properties.tag                    | TAGS                                       |
 | system_properties.keys                   | KEYS (space separated)                     |
 | system_properties.message_group          | __SHARDINGKEY                              |
-| system_properties.delivery_timestamp     | DELAY (smallest level at or after it)      |
+| system_properties.delivery_timestamp     | TIMER_DELIVER_MS (ms; none when not future) |
 | message_type TRANSACTION                 | TRAN_MSG=true, PGROUP                      |
 
 4.x ``MessageExt`` -> 5.x ``Message`` (``to_grpc_message``): the same table backwards, plus store_timestamp,
 store_host ("ip:port"), born_host, queue_id, queue_offset, body_digest (MD5, upper-case hex: the one digest
 the Python, Node and Java SDKs all check alike; their CRC32 texts differ), and the pop fields receipt_handle,
-invisible_duration and delivery_attempt. message_type is FIFO when __SHARDINGKEY is set, DELAY when DELAY
-is, TRANSACTION when TRAN_MSG is, else NORMAL.
+invisible_duration and delivery_attempt; delivery_timestamp from TIMER_DELIVER_MS. message_type is FIFO when
+__SHARDINGKEY is set, DELAY when DELAY or TIMER_DELIVER_MS is, TRANSACTION when TRAN_MSG is, else NORMAL.
 
 Receipt handle (opaque to clients; one per delivery), five fields joined by ``.``:
 
@@ -62,6 +62,7 @@ from ferrymq.common.message import (
     decode_offset_msg_id,
 )
 from ferrymq.common.route import MessageQueue as RemotingQueue
+from ferrymq.common.timer import PROPERTY_TIMER_DELIVER_MS, TIMER_REFUSED_REMARK
 from ferrymq.errors import BrokerError, FerryError, RemotingError, RemotingTimeoutError
 from ferrymq.proxy.v2 import definition_pb2 as pb
 
@@ -112,9 +113,11 @@ V2_CODE_BY_RESPONSE_CODE: dict[int, int] = {
     14: pb.INTERNAL_SERVER_ERROR,     # SERVICE_NOT_AVAILABLE (no master, store not writable)
     16: pb.FORBIDDEN,                 # NO_PERMISSION
     17: pb.TOPIC_NOT_FOUND,           # TOPIC_NOT_EXIST
+    22: pb.MESSAGE_NOT_FOUND,         # QUERY_NOT_FOUND (a recall of no pending timer message)
     23: pb.ILLEGAL_FILTER_EXPRESSION,  # SUBSCRIPTION_PARSE_FAILED
     26: pb.CONSUMER_GROUP_NOT_FOUND,  # SUBSCRIPTION_GROUP_NOT_EXIST
     215: pb.TOO_MANY_REQUESTS,        # FLOW_CONTROL
+    604: pb.BAD_REQUEST,              # ILLEGAL_OPERATION (a recall handle that is unreadable, late or foreign)
 }
 
 
@@ -126,6 +129,8 @@ def status_of_error(exc: BaseException) -> pb.Status:
     """The v2 status answering a failure (a broker's code, a timeout, a refused translation)."""
     if isinstance(exc, TranslateError):
         return status(exc.code, str(exc))
+    if isinstance(exc, BrokerError) and exc.code == 13 and exc.remark.startswith(TIMER_REFUSED_REMARK):
+        return status(pb.ILLEGAL_DELIVERY_TIME, str(exc))  # the broker's refusal of a delivery time
     if isinstance(exc, BrokerError):
         return status(V2_CODE_BY_RESPONSE_CODE.get(exc.code, pb.INTERNAL_SERVER_ERROR), str(exc))
     if isinstance(exc, RemotingTimeoutError):
@@ -150,20 +155,6 @@ def duration_ms(d: Duration) -> int:
 
 def to_duration(ms: int) -> Duration:
     return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
-
-
-def delay_level_for(deliver_at_ms: int, now_ms: int, levels_ms: tuple[int, ...]) -> int:
-    """The 4.x delay level of a 5.x delivery timestamp: the smallest level whose delay reaches it (never
-    early), 0 when it is due already; a timestamp beyond the largest level is refused."""
-    remaining_ms = deliver_at_ms - now_ms
-    if remaining_ms <= 0:
-        return 0
-    for index, level_ms in enumerate(levels_ms):
-        if level_ms >= remaining_ms:
-            return index + 1
-    raise TranslateError(pb.ILLEGAL_DELIVERY_TIME,
-                         f"delivery timestamp {remaining_ms} ms ahead is beyond the largest delay level "
-                         f"({levels_ms[-1] if levels_ms else 0} ms)")
 
 
 # ---- routes --------------------------------------------------------------------------------------------
@@ -217,10 +208,12 @@ class OutgoingMessage:
     message_id: str
     message_group: str | None
     transactional: bool
+    #: the delivery time asked for (a timer message; None: at once)
+    deliver_ms: int | None = None
 
 
-def to_remoting_message(msg: pb.Message, *, now_ms: int, delay_levels_ms: tuple[int, ...],
-                        producer_group: str, max_body_bytes: int) -> OutgoingMessage:
+def to_remoting_message(msg: pb.Message, *, now_ms: int, producer_group: str,
+                        max_body_bytes: int) -> OutgoingMessage:
     sp = msg.system_properties
     topic = msg.topic.name
     if not topic:
@@ -260,22 +253,23 @@ def to_remoting_message(msg: pb.Message, *, now_ms: int, delay_levels_ms: tuple[
         if group is not None or transactional:
             raise TranslateError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                                  "a delivery timestamp cannot go with a message group or a transaction")
-        level = delay_level_for(timestamp_ms(sp.delivery_timestamp), now_ms, delay_levels_ms)
-        if level:
-            props[PROPERTY_DELAY_TIME_LEVEL] = str(level)
+        deliver_ms = timestamp_ms(sp.delivery_timestamp)
+        if deliver_ms > now_ms:  # any time: the broker keeps it as a timer message (refused beyond its maximum)
+            props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
     if transactional:
         if group is not None:
             raise TranslateError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                                  "a transactional message cannot have a message group")
         props[PROPERTY_TRANSACTION_PREPARED] = "true"
         props[PROPERTY_PRODUCER_GROUP] = producer_group
-    return OutgoingMessage(Message(topic, body, 0, props), sp.message_id, group, transactional)
+    return OutgoingMessage(Message(topic, body, 0, props), sp.message_id, group, transactional,
+                           int(props[PROPERTY_TIMER_DELIVER_MS]) if PROPERTY_TIMER_DELIVER_MS in props else None)
 
 
 def message_type_of(properties: Mapping[str, str]) -> int:
     if PROPERTY_SHARDING_KEY in properties:
         return pb.FIFO
-    if PROPERTY_DELAY_TIME_LEVEL in properties:
+    if PROPERTY_DELAY_TIME_LEVEL in properties or PROPERTY_TIMER_DELIVER_MS in properties:
         return pb.DELAY
     if properties.get(PROPERTY_TRANSACTION_PREPARED) == "true":
         return pb.TRANSACTION
@@ -330,6 +324,9 @@ def to_grpc_message(msg: MessageExt, *, receipt_handle: str | None = None, invis
     group = props.get(PROPERTY_SHARDING_KEY)
     if group:
         sp.message_group = group
+    deliver_ms = props.get(PROPERTY_TIMER_DELIVER_MS)
+    if deliver_ms and deliver_ms.isdigit():
+        sp.delivery_timestamp.FromMilliseconds(int(deliver_ms))
     if receipt_handle is not None:
         sp.receipt_handle = receipt_handle
     if invisible_ms is not None:
