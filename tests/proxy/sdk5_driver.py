@@ -10,7 +10,8 @@ the CAs of GRPC_DEFAULT_SSL_ROOTS_FILE_PATH).
 Verbs (``args["verb"]``):
 
 * ``produce``: ``count`` messages to ``topic``, bodies ``<prefix>-<seq>``; optional ``groups`` (message
-  groups cycled: FIFO), ``tag``, ``keys``, ``delay_s`` (delivery timestamp = now + delay_s), ``props``.
+  groups cycled: FIFO), ``tag``, ``keys``, ``delay_s`` (delivery timestamp = now + delay_s), ``props``,
+  ``interval_s`` (pause between two sends: traffic spread over a fault).
 * ``simple``: a SimpleConsumer of ``group`` on ``topic`` receiving batches of ``batch`` with invisible
   duration ``invisible_s`` until ``expect`` messages were acked (``ack_every``: ack only every n-th
   receive of a message; 0 = never; ``ack_bodies``: ack exactly these bodies), ``receives_expected``
@@ -77,6 +78,8 @@ def produce(a: dict[str, Any]) -> dict[str, Any]:
                 ok += 1
             except Exception as exc:
                 emit(a["out"], {"seq": seq, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            if a.get("interval_s"):
+                time.sleep(a["interval_s"])
     finally:
         producer.shutdown()
     return {"sent": ok}
