@@ -25,7 +25,9 @@ brokerName with no addresses has no BrokerData, no cluster membership and no Que
 QueueData has no entry. The QueueData of the tables are plain tuples of ints (``_Queues``), which the garbage
 collector stops tracking, so a full collection never walks the estate's 100,000s of entries (a full
 collection over them held the loop ~40 ms at 1,000 brokers x 100 topics); routes are built from them on
-demand. The indexes keep every operation's cost to what it touches, never the whole estate:
+demand. The name indexes (``_broker_topics``, ``_clusters``, ``_channel_addrs``) are dicts of names to None, not
+sets, for the same reason: a full pass untracks a dict of strings and skips it, but walks every entry of a set
+(one per broker x topic in ``_broker_topics``). The indexes keep every operation's cost to what it touches, never the whole estate:
 
 | operation                          | cost                                                        |
 |------------------------------------|-------------------------------------------------------------|
@@ -112,13 +114,13 @@ class RouteTable:
     clock_ms: ClockMs = wall_clock_ms
     broker_expired_ms: int = BROKER_CHANNEL_EXPIRED_MS
     _topic_queues: dict[str, dict[str, _Queues]] = field(init=False, repr=False, default_factory=dict)
-    _broker_topics: dict[str, set[str]] = field(init=False, repr=False, default_factory=dict)
+    _broker_topics: dict[str, dict[str, None]] = field(init=False, repr=False, default_factory=dict)
     _brokers: dict[str, BrokerData] = field(init=False, repr=False, default_factory=dict)
-    _clusters: dict[str, set[str]] = field(init=False, repr=False, default_factory=dict)
+    _clusters: dict[str, dict[str, None]] = field(init=False, repr=False, default_factory=dict)
     _cluster_topics: dict[str, dict[str, int]] = field(init=False, repr=False, default_factory=dict)
     _live: dict[str, BrokerLiveInfo] = field(init=False, repr=False, default_factory=dict)
     _addr_slot: dict[str, _Slot] = field(init=False, repr=False, default_factory=dict)
-    _channel_addrs: dict[Hashable, set[str]] = field(init=False, repr=False, default_factory=dict)
+    _channel_addrs: dict[Hashable, dict[str, None]] = field(init=False, repr=False, default_factory=dict)
     _filter_servers: dict[str, list[str]] = field(init=False, repr=False, default_factory=dict)
     _retiring: dict[str, tuple[str, list[str]]] = field(init=False, repr=False, default_factory=dict)
     #: called when a removed broker group's QueueData is left for ``drain_retired`` (None: removed inline)
@@ -176,7 +178,7 @@ class RouteTable:
         self._live.pop(broker_addr, None)  # re-inserted last: _live stays in last-update order
         self._live[broker_addr] = BrokerLiveInfo(now_ms, data_version, ha_server_addr, channel)
         if channel is not None:
-            self._channel_addrs.setdefault(channel, set()).add(broker_addr)
+            self._channel_addrs.setdefault(channel, {})[broker_addr] = None
         filters = list(filter_servers)
         if filters:
             self._filter_servers[broker_addr] = filters
@@ -208,7 +210,7 @@ class RouteTable:
         if bd is None:
             return 0
         cluster_topics = self._cluster_topics.setdefault(bd.cluster, {})
-        own = self._broker_topics.setdefault(broker_name, set())
+        own = self._broker_topics.setdefault(broker_name, {})
         n = 0
         for tc in topic_configs:
             n += 1
@@ -221,7 +223,7 @@ class RouteTable:
             if queues.get(broker_name) != new:
                 queues[broker_name] = new
             if name not in own:
-                own.add(name)
+                own[name] = None
                 cluster_topics[name] = cluster_topics.get(name, 0) + 1
         return n
 
@@ -260,7 +262,7 @@ class RouteTable:
     # ---- liveness ----------------------------------------------------------------------
     def on_channel_closed(self, channel: Hashable) -> list[str]:
         """Remove every broker registered over ``channel`` at once. Returns the removed addresses."""
-        addrs = self._channel_addrs.pop(channel, set())
+        addrs = self._channel_addrs.pop(channel, {})
         removed = []
         for addr in sorted(addrs):
             live = self._live.get(addr)
@@ -389,12 +391,12 @@ class RouteTable:
             for topic in own:
                 cluster_topics[topic] = cluster_topics.get(topic, 0) + 1
             bd.cluster = cluster
-        self._clusters.setdefault(cluster, set()).add(broker_name)
+        self._clusters.setdefault(cluster, {})[broker_name] = None
 
     def _leave_cluster(self, cluster: str, broker_name: str) -> None:
         names = self._clusters.get(cluster)
         if names is not None:
-            names.discard(broker_name)
+            names.pop(broker_name, None)
             if not names:
                 del self._clusters[cluster]
 
@@ -426,7 +428,7 @@ class RouteTable:
     def _unlink_channel(self, channel: Hashable, addr: str) -> None:
         addrs = self._channel_addrs.get(channel)
         if addrs is not None:
-            addrs.discard(addr)
+            addrs.pop(addr, None)
             if not addrs:
                 del self._channel_addrs[channel]
 
@@ -491,7 +493,7 @@ class RouteTable:
     def _drop_broker_topic(self, broker_name: str, topic: str) -> None:
         topics = self._broker_topics.get(broker_name)
         if topics is not None and topic in topics:
-            topics.discard(topic)
+            del topics[topic]
             bd = self._brokers.get(broker_name)
             if bd is not None:
                 self._uncount_cluster_topic(bd.cluster, topic)
