@@ -61,6 +61,8 @@ SHARDING_KEY_START = 10_000
 BIG_BODY_PAD = 6000
 #: 18 default delay levels; level 2 is 5 s
 DELAY_LEVEL_2_MS = 5000
+#: a restarted orderly consumer gets every queue within this (the broker keeps an unrenewed lock 60 s)
+ORDERLY_RESUME_BOUND_S = 30.0
 #: the name server routes a created topic within a registration (plus slack)
 ROUTE_TIMEOUT_S = 30.0
 #: the name server drops a SIGKILLed master when its connection closes
@@ -325,3 +327,23 @@ def test_master_sigkill_push_and_pull_consumers_read_everything_from_the_slave(
     for rec in pushed:
         ends[rec["queue_id"]] = max(ends[rec["queue_id"]], rec["queue_offset"] + 1)
     assert {q: committed[q] for q in ends} == dict(ends), f"offsets on the slave {committed}, consumed to {ends}"
+
+
+@pytest.mark.timeout(240)
+def test_restarted_orderly_consumer_gets_every_queue_without_waiting_for_lock_expiry(
+        pair_logs: HAPair, run_script: RunScript, tmp_path: Path) -> None:
+    p = pair_logs
+    topic = routed_topic(p, "Cpp21OrderResume")
+    tags = ["TagA"]
+    count = 200
+    send(run_script, p.ns_addr, tmp_path, topic=topic, mode="orderly", prefix="q", count=count, tags=tags,
+         shards=QUEUES)
+    group = uniq("og")
+    s1, run1 = push_consume(run_script, p.ns_addr, tmp_path, topic=topic, group=group, expect=set(),
+                            stop_after=40, orderly=True, delay_ms=20)
+    assert s1["met"], f"first run got too few messages: {s1}"
+    rest = set(range(count)) - {r["seq"] for r in run1}
+    s2, run2 = push_consume(run_script, p.ns_addr, tmp_path, topic=topic, group=group, expect=rest, orderly=True,
+                            timeout_s=30 + ORDERLY_RESUME_BOUND_S)
+    assert s2["met"], (f"the restarted orderly consumer did not get the rest within {ORDERLY_RESUME_BOUND_S} s "
+                       f"(a queue still locked by the first run?): {s2}")

@@ -186,8 +186,10 @@ class BrokerController:
 
         self.dispatcher = Dispatcher()
         self.pull_processor = PullProcessor(self)
+        lock_processor = LockProcessor(self)
+        self.consumers.on_client_left = lock_processor.locks.release_client
         for proc in (SendProcessor(self), self.pull_processor, ClientManageProcessor(self),
-                     ConsumerManageProcessor(self), AdminProcessor(self), QueryProcessor(self), LockProcessor(self),
+                     ConsumerManageProcessor(self), AdminProcessor(self), QueryProcessor(self), lock_processor,
                      SendBackProcessor(self), EndTransactionProcessor(self)):
             proc.register(self.dispatcher)
         ReplyProcessor(self).register(self.dispatcher)

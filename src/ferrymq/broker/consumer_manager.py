@@ -2,7 +2,9 @@
 
 A channel without a heartbeat for ``channel_expired_ms`` (120 s) is dropped by ``scan_expired`` (run
 every 10 s); a closed connection is dropped at once. Whenever a group's channel set changes, every
-channel of the group gets NOTIFY_CONSUMER_IDS_CHANGED (oneway), through the ``on_ids_changed`` hook.
+channel of the group gets NOTIFY_CONSUMER_IDS_CHANGED (oneway), through the ``on_ids_changed`` hook. A channel
+that unregisters (UNREGISTER_CLIENT: the client is leaving) is also reported to ``on_client_left`` with its
+group and the client id of its heartbeats (the broker releases that client's queue locks in the group).
 """
 
 from __future__ import annotations
@@ -148,6 +150,8 @@ class ConsumerManager:
         self._by_client: dict[str, dict[tuple[str, Any], ClientChannel]] = {}
         #: (group, channels) after the group's channel set changed
         self.on_ids_changed: Callable[[str, list[ClientChannel]], None] | None = None
+        #: (group, client id) of a channel that unregistered
+        self.on_client_left: Callable[[str, str], object] | None = None
 
     def register(self, conn: Any, client_id: str, language: str, version: int, data: ConsumerData) -> bool:
         """Record a heartbeat; True when the group's channel set changed."""
@@ -189,6 +193,8 @@ class ConsumerManager:
             unindex_channel(self._by_client, group, ch)
             self._forget(conn, group)
             self._after_removal(info)
+            if self.on_client_left is not None:
+                self.on_client_left(group, ch.client_id)
 
     def channel_closed(self, conn: Any) -> None:
         for group in sorted(self._groups_of_conn.pop(conn, ())):

@@ -3,6 +3,13 @@
 Body ``{"consumerGroup":s,"clientId":s,"mqSet":[MessageQueue…]}``; LOCK answers
 ``{"lockOKMQSet":[…]}`` with the queues now owned by clientId. A lock lives 60 s unless renewed.
 UNLOCK always succeeds.
+
+A consumer's UNREGISTER_CLIENT (processors/client_manage.py, through ConsumerManager.on_client_left) releases
+every lock its client id still holds in that group: a client unregisters when it leaves, after its consumption
+stopped, and the Apache C++ client 2.1's unlock at shutdown leaves out the first queue of each broker
+(rocketmq-client-cpp 2.1.0 src/consumer/Rebalance.cpp:273-278), which would keep its successor off that queue
+for the lock's lifetime. Each lock is also indexed by (group, client id), so a release costs O(that client's
+locks).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ class RebalanceLockManager:
         self._clock_ms = clock_ms
         self.lock_max_live_ms = lock_max_live_ms
         self._table: dict[str, dict[MessageQueue, LockEntry]] = {}
+        #: (group, client id) -> the queues whose lock that client holds in that group
+        self._held: dict[tuple[str, str], set[MessageQueue]] = {}
 
     def try_lock_batch(self, group: str, mqs: list[MessageQueue], client_id: str) -> list[MessageQueue]:
         now = self._clock_ms()
@@ -42,7 +51,10 @@ class RebalanceLockManager:
         for mq in mqs:
             entry = locks.get(mq)
             if entry is None or entry.client_id == client_id or now - entry.last_update_ms > self.lock_max_live_ms:
+                if entry is not None and entry.client_id != client_id:
+                    self._drop_held(group, entry.client_id, mq)
                 locks[mq] = LockEntry(client_id, now)
+                self._held.setdefault((group, client_id), set()).add(mq)
                 ok.append(mq)
         return ok
 
@@ -54,6 +66,24 @@ class RebalanceLockManager:
             entry = locks.get(mq)
             if entry is not None and entry.client_id == client_id:
                 del locks[mq]
+                self._drop_held(group, client_id, mq)
+
+    def release_client(self, group: str, client_id: str) -> int:
+        """Drop every lock ``client_id`` holds in ``group`` (it left); how many there were."""
+        held = self._held.pop((group, client_id), set())
+        locks = self._table.get(group) or {}
+        for mq in held:
+            entry = locks.get(mq)
+            if entry is not None and entry.client_id == client_id:
+                del locks[mq]
+        return len(held)
+
+    def _drop_held(self, group: str, client_id: str, mq: MessageQueue) -> None:
+        held = self._held.get((group, client_id))
+        if held is not None:
+            held.discard(mq)
+            if not held:
+                del self._held[(group, client_id)]
 
 
 def _parse(body: bytes) -> tuple[str, str, list[MessageQueue]]:
