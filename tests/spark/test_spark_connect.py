@@ -5,12 +5,13 @@ org.apache.spark.sql.connect.service.SparkConnectServer`` from the installed pys
 installed in the server's Python (its Python workers run the same interpreter); the formats are found by
 Spark's ``pyspark_*`` discovery on the server, with no ``register()`` call. The client is this file run as
 a script with ``SparkSession.builder.remote("sc://127.0.0.1:PORT")``, and it cannot import ferrymq at all
-(an import hook refuses it): the client needs only ``pyspark[connect]``. Each test runs one client
-(a batch read, an AvailableNow stream into parquet, a write, the exactly-once sink), which saves what it
-saw in a JSON file that the test checks; the brokers are the session's name server and two brokers.
+(an import hook refuses it): the client needs only ``pyspark[connect]``. One client run does every
+scenario (a batch read, an AvailableNow stream into parquet, a write, the exactly-once sink in a stream and
+in a batch write) and saves what each saw in a JSON file; each test checks one scenario. The brokers are
+the session's name server and two brokers (conftest.py).
 
-The module starts one Connect server and stops it, with its whole process group (its Python workers and
-streaming runners), also when a test fails.
+The module starts one Connect server and kills its whole process group (the JVM, its Python workers and
+streaming runners) at the end, also when a test fails.
 """
 
 from __future__ import annotations
@@ -65,10 +66,16 @@ def _available_now(query: Any) -> list[int]:
         query.stop()
 
 
-def run_client(url: str, scenario: str, cfg: dict[str, Any]) -> dict[str, Any]:
+def run_client(url: str, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every scenario in one session; what each saw, or its error (one failing does not hide the others)."""
+    import time
+    import traceback
+
     from pyspark.sql import SparkSession
 
+    started = time.monotonic()
     spark = SparkSession.builder.remote(url).getOrCreate()
+    result: dict[str, dict[str, Any]] = {"session": {"seconds": round(time.monotonic() - started, 1)}}
     ns = cfg["ns"]
 
     def read(topic: str) -> Any:
@@ -79,47 +86,54 @@ def run_client(url: str, scenario: str, cfg: dict[str, Any]) -> dict[str, Any]:
                 .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(cfg["per_trigger"]))
                 .load())  # fmt: skip
 
-    result: dict[str, Any] = {}
-    if scenario == "batch":
-        df = read(cfg["topic"])
-        result["columns"] = df.columns
-        result["rows"] = _rows(df)
-        ranged = (spark.read.format("ferrymq").option("nameServer", ns).option("subscribe", cfg["topic"])
+    def batch() -> dict[str, Any]:
+        df = read(cfg["source"])
+        ranged = (spark.read.format("ferrymq").option("nameServer", ns).option("subscribe", cfg["source"])
                   .option("startingOffsets", json.dumps(cfg["starting"]))
                   .option("endingOffsets", json.dumps(cfg["ending"])).load())  # fmt: skip
-        result["ranged"] = _rows(ranged)
-    elif scenario == "stream":
-        query = (stream(cfg["topic"]).writeStream.format("parquet").option("path", cfg["out"])
-                 .option("checkpointLocation", cfg["checkpoint"]).trigger(availableNow=True).start())  # fmt: skip
-        result["batches"] = _available_now(query)
-        result["rows"] = _rows(spark.read.parquet(cfg["out"]))
-    elif scenario == "write":
-        data = [(f"w{i}", f"key{i}", "tagW", {"i": str(i)}) for i in range(cfg["rows"])]
+        return {"columns": df.columns, "rows": _rows(df), "ranged": _rows(ranged)}
+
+    def parquet_stream() -> dict[str, Any]:
+        query = (stream(cfg["source"]).writeStream.format("parquet").option("path", cfg["parquet"])
+                 .option("checkpointLocation", cfg["parquet_checkpoint"]).trigger(availableNow=True).start())  # fmt: skip
+        batches = _available_now(query)
+        return {"batches": batches, "rows": _rows(spark.read.parquet(cfg["parquet"]))}
+
+    def write() -> dict[str, Any]:
+        data = [(f"w{i}", f"key{i}", "tagW", {"i": str(i)}) for i in range(cfg["write_rows"])]
         df = spark.createDataFrame(data, "value string, key string, tags string, properties map<string,string>")
-        df.write.format("rocketmq").mode("append").option("nameServer", ns).option("topic", cfg["topic"]).save()
-        result["rows"] = _rows(read(cfg["topic"]))
-    elif scenario == "exactly-once-stream":
+        df.write.format("rocketmq").mode("append").option("nameServer", ns).option("topic", cfg["write"]).save()
+        return {"rows": _rows(read(cfg["write"]))}
+
+    def exactly_once_stream() -> dict[str, Any]:
         query = (stream(cfg["source"]).selectExpr("upper(CAST(value AS STRING)) AS value", "key")
-                 .writeStream.format("rocketmq").option("nameServer", ns).option("topic", cfg["sink"])
-                 .option("exactlyOnce", "true").option("checkpointLocation", cfg["checkpoint"])
+                 .writeStream.format("rocketmq").option("nameServer", ns).option("topic", cfg["eos_stream"])
+                 .option("exactlyOnce", "true").option("checkpointLocation", cfg["eos_checkpoint"])
                  .trigger(availableNow=True).start())  # fmt: skip
-        result["batches"] = _available_now(query)
-        result["rows"] = _rows(read(cfg["sink"]))
-    elif scenario == "exactly-once-batch":
-        df = spark.range(cfg["rows"], numPartitions=2).selectExpr("CONCAT('b', CAST(id AS STRING)) AS value")
-        (df.write.format("rocketmq").mode("append").option("nameServer", ns).option("topic", cfg["topic"])
+        batches = _available_now(query)
+        return {"batches": batches, "rows": _rows(read(cfg["eos_stream"]))}
+
+    def exactly_once_batch() -> dict[str, Any]:
+        df = spark.range(cfg["write_rows"], numPartitions=2).selectExpr("CONCAT('b', CAST(id AS STRING)) AS value")
+        (df.write.format("rocketmq").mode("append").option("nameServer", ns).option("topic", cfg["eos_batch"])
            .option("exactlyOnce", "true").save())  # fmt: skip
-        result["rows"] = _rows(read(cfg["topic"]))
-    else:
-        raise ValueError(f"unknown scenario {scenario!r}")
+        return {"rows": _rows(read(cfg["eos_batch"]))}
+
+    for scenario in (batch, parquet_stream, write, exactly_once_stream, exactly_once_batch):
+        started = time.monotonic()
+        try:
+            result[scenario.__name__] = scenario()
+        except Exception:
+            result[scenario.__name__] = {"error": traceback.format_exc()}
+        result[scenario.__name__]["seconds"] = round(time.monotonic() - started, 1)
     spark.stop()
     return result
 
 
 if __name__ == "__main__":
     sys.meta_path.insert(0, _RefuseServerSideModules())
-    _url, _scenario, _cfg, _out = sys.argv[1:5]
-    Path(_out).write_text(json.dumps(run_client(_url, _scenario, json.loads(_cfg))))
+    _url, _cfg, _out = sys.argv[1:4]
+    Path(_out).write_text(json.dumps(run_client(_url, json.loads(_cfg))))
     sys.exit(0)
 
 
@@ -129,16 +143,18 @@ import pytest  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
-#: Seconds the Connect server gets to answer on its port, and one client run to finish.
+#: Seconds the Connect server gets to answer on its port, and the client to run every scenario.
 SERVER_START_TIMEOUT_S = 120.0
-CLIENT_TIMEOUT_S = 240.0
+CLIENT_TIMEOUT_S = 420.0
 #: Memory and quick-start flags of the server's JVM (tests, not throughput; the machine is shared).
 DRIVER_MEMORY = "1g"
 JVM_FLAGS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
-#: Messages in the source topics (2 brokers x 2 queues) and maxOffsetsPerTrigger of the streams.
-SOURCE_ROWS = 200
-PER_TRIGGER = 80
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+#: Messages in the source topic (2 brokers x 2 queues, 50 each) and maxOffsetsPerTrigger of the streams.
+SOURCE_ROWS = 200
+PER_TRIGGER = 120
+#: Rows of each batch write.
+WRITE_ROWS = 60
 
 
 def _spark_submit() -> str:
@@ -148,7 +164,7 @@ def _spark_submit() -> str:
 
 
 def _kill_process_group(proc: Any) -> None:
-    """SIGKILL what is left of the server's group (its Python workers) after the server stopped."""
+    """SIGKILL the server's whole group (the JVM, its Python workers and streaming runners)."""
     if proc.popen is not None:
         try:
             os.killpg(proc.popen.pid, signal.SIGKILL)
@@ -156,29 +172,9 @@ def _kill_process_group(proc: Any) -> None:
             pass
 
 
-class ConnectServer:
-    def __init__(self, url: str, base: Path, group: Any) -> None:
-        self.url = url
-        self.base = base
-        self.group = group
-
-    def run(self, scenario: str, **cfg: Any) -> dict[str, Any]:
-        """Run the client script for ``scenario``; what it saw."""
-        out = self.base / f"client-{scenario}-{os.getpid()}-{len(list(self.base.glob('client-*')))}.json"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
-        proc = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), self.url, scenario, json.dumps(cfg), str(out)],
-            env=env, cwd=self.base, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=CLIENT_TIMEOUT_S,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            print(self.group.dump())
-            raise AssertionError(f"client {scenario} exited {proc.returncode}:\n{proc.stderr[-8000:]}")
-        return dict(json.loads(out.read_text()))
-
-
 @pytest.fixture(scope="module")
-def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server (local[2]) on a free loopback port; its ``sc://`` URL."""
     from procs import ProcessGroup, free_port, port_answers, wait_for
 
     base = tmp_path_factory.mktemp("spark-connect")
@@ -204,23 +200,59 @@ def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]
         ], env=env)  # fmt: skip
         wait_for(lambda: port_answers(port), timeout_s=SERVER_START_TIMEOUT_S,
                  what="the Spark Connect server to answer", alive=[server])  # fmt: skip
-        yield ConnectServer(f"sc://127.0.0.1:{port}", base, group)
+        yield f"sc://127.0.0.1:{port}"
     except BaseException:
         print(group.dump())
         raise
     finally:
-        group.stop_all()
         if server is not None:
-            _kill_process_group(server)
+            _kill_process_group(server)  # nothing of the server's state is kept: no graceful stop needed
+        group.stop_all()
 
 
-_topic_ids = iter(range(1_000_000))
+class Seen:
+    """What the client saw per scenario, and what the topics hold."""
+
+    def __init__(self, result: dict[str, dict[str, Any]], bodies: list[str], cfg: dict[str, Any]) -> None:
+        self.result = result
+        self.bodies = bodies
+        self.cfg = cfg
+
+    def __getitem__(self, scenario: str) -> dict[str, Any]:
+        got = self.result[scenario]
+        assert "error" not in got, f"{scenario} failed in the Connect client:\n{got['error']}"
+        return got
 
 
-def new_topic(cluster: Any, prefix: str) -> str:
-    topic = f"Connect{prefix}{next(_topic_ids)}"
-    cluster.create_topic(topic)
-    return topic
+@pytest.fixture(scope="module")
+def seen(connect_url: str, cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Seen:
+    """One client process runs every scenario against the server (one client start for the module)."""
+    base = tmp_path_factory.mktemp("spark-connect-client")
+    run = next(_runs)
+    topics = {name: f"Connect{name.title().replace('_', '')}{run}"
+              for name in ("source", "write", "eos_stream", "eos_batch")}  # fmt: skip
+    for topic in topics.values():
+        cluster.create_topic(topic)
+    bodies = cluster.produce(topics["source"], SOURCE_ROWS)
+    cfg = {
+        "ns": cluster.ns_addr, **topics, "per_trigger": PER_TRIGGER, "write_rows": WRITE_ROWS,
+        "starting": {topics["source"]: {"broker-a:0": 10, "broker-b:1": 30}},
+        "ending": {topics["source"]: {"broker-a:0": 20, "broker-a:1": 3, "broker-b:0": 0, "broker-b:1": -1}},
+        "parquet": str(base / "parquet"), "parquet_checkpoint": str(base / "parquet-checkpoint"),
+        "eos_checkpoint": str(base / "eos-checkpoint"),
+    }  # fmt: skip
+    out = base / "seen.json"
+    # the client gets none of the server's Spark settings: it is a plain remote client
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), connect_url, json.dumps(cfg), str(out)],
+        env=env, cwd=base, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"the Connect client exited {proc.returncode}:\n{proc.stderr[-8000:]}"
+    return Seen(json.loads(out.read_text()), bodies, cfg)
+
+
+_runs = iter(range(1_000_000))
 
 
 def per_queue(rows: list[list[Any]]) -> dict[tuple[str, int], list[int]]:
@@ -240,66 +272,42 @@ def assert_exact(rows: list[list[Any]], bodies: list[str]) -> None:
         assert offsets == list(range(len(offsets))), f"gap in {queue}"
 
 
-def test_batch_read_through_connect(connect: ConnectServer, cluster: Any) -> None:
-    topic = new_topic(cluster, "Batch")
-    bodies = cluster.produce(topic, SOURCE_ROWS)
-    starting = {topic: {"broker-a:0": 10, "broker-b:1": 30}}
-    ending = {topic: {"broker-a:0": 20, "broker-a:1": 3, "broker-b:0": 0, "broker-b:1": -1}}
-    seen = connect.run("batch", ns=cluster.ns_addr, topic=topic, starting=starting, ending=ending)
-    assert seen["columns"] == ["key", "value", "topic", "brokerName", "queueId", "queueOffset", "tags", "msgId",
-                               "bornTimestamp", "storeTimestamp", "properties"]  # fmt: skip
-    assert_exact(seen["rows"], bodies)
-    queues = per_queue(seen["rows"])
-    assert len(queues) == 4 and sum(len(o) for o in queues.values()) == SOURCE_ROWS
-    row = next(r for r in seen["rows"] if r[3] == "m7")
+def test_batch_read_through_connect(seen: Seen) -> None:
+    got = seen["batch"]
+    assert got["columns"] == ["key", "value", "topic", "brokerName", "queueId", "queueOffset", "tags", "msgId",
+                              "bornTimestamp", "storeTimestamp", "properties"]  # fmt: skip
+    assert_exact(got["rows"], seen.bodies)
+    queues = per_queue(got["rows"])
+    assert {b for b, _ in queues} == {"broker-a", "broker-b"} and len(queues) == 4
+    row = next(r for r in got["rows"] if r[3] == "m7")
     assert row[4:] == ["k7", "odd", "7"]
-    ranged = per_queue(seen["ranged"])
+    # format "ferrymq" with starting and ending offsets per queue: exactly those ranges
     last_b1 = queues[("broker-b", 1)][-1]
-    assert ranged == {("broker-a", 0): list(range(10, 20)), ("broker-a", 1): [0, 1, 2],
-                      ("broker-b", 1): list(range(30, last_b1 + 1))}  # fmt: skip
+    assert per_queue(got["ranged"]) == {("broker-a", 0): list(range(10, 20)), ("broker-a", 1): [0, 1, 2],
+                                        ("broker-b", 1): list(range(30, last_b1 + 1))}  # fmt: skip
 
 
-def test_available_now_stream_into_parquet_through_connect(
-    connect: ConnectServer, cluster: Any, tmp_path: Path
-) -> None:
-    topic = new_topic(cluster, "Stream")
-    first = cluster.produce(topic, SOURCE_ROWS)
-    cfg = {"ns": cluster.ns_addr, "topic": topic, "per_trigger": PER_TRIGGER,
-           "out": str(tmp_path / "out"), "checkpoint": str(tmp_path / "checkpoint")}  # fmt: skip
-    seen = connect.run("stream", **cfg)
-    assert seen["batches"] == [80, 80, 40]  # maxOffsetsPerTrigger honoured
-    assert_exact(seen["rows"], first)
-
-    second = cluster.produce(topic, 50, start=SOURCE_ROWS)
-    again = connect.run("stream", **cfg)  # a new client, the same checkpoint: only the new messages
-    assert again["batches"] == [50]
-    assert_exact(again["rows"], first + second)
+def test_available_now_stream_into_parquet_through_connect(seen: Seen) -> None:
+    got = seen["parquet_stream"]
+    assert got["batches"] == [120, 80]  # maxOffsetsPerTrigger honoured
+    assert_exact(got["rows"], seen.bodies)
 
 
-def test_write_through_connect(connect: ConnectServer, cluster: Any) -> None:
-    topic = new_topic(cluster, "Write")
-    seen = connect.run("write", ns=cluster.ns_addr, topic=topic, rows=60)
-    assert sorted((r[3], r[4], r[5], r[6]) for r in seen["rows"]) == sorted(
-        (f"w{i}", f"key{i}", "tagW", str(i)) for i in range(60)
+def test_write_through_connect(seen: Seen) -> None:
+    got = seen["write"]
+    assert sorted((r[3], r[4], r[5], r[6]) for r in got["rows"]) == sorted(
+        (f"w{i}", f"key{i}", "tagW", str(i)) for i in range(WRITE_ROWS)
     )
-    per_queue(seen["rows"])
+    per_queue(got["rows"])
 
 
-def test_exactly_once_sink_through_connect(connect: ConnectServer, cluster: Any, tmp_path: Path) -> None:
-    source, sink = new_topic(cluster, "EosSource"), new_topic(cluster, "EosSink")
-    first = cluster.produce(source, SOURCE_ROWS)
-    cfg = {"ns": cluster.ns_addr, "source": source, "sink": sink, "per_trigger": PER_TRIGGER,
-           "checkpoint": str(tmp_path / "checkpoint")}  # fmt: skip
-    seen = connect.run("exactly-once-stream", **cfg)
-    assert seen["batches"] == [80, 80, 40]
-    assert_exact(seen["rows"], [b.upper() for b in first])
+def test_exactly_once_stream_through_connect(seen: Seen) -> None:
+    got = seen["exactly_once_stream"]
+    assert got["batches"] == [120, 80]
+    assert_exact(got["rows"], [b.upper() for b in seen.bodies])
 
-    second = cluster.produce(source, 50, start=SOURCE_ROWS)
-    again = connect.run("exactly-once-stream", **cfg)  # restart from the checkpoint: nothing written twice
-    assert again["batches"] == [50]
-    assert_exact(again["rows"], [b.upper() for b in first + second])
 
-    batch_topic = new_topic(cluster, "EosBatch")
-    written = connect.run("exactly-once-batch", ns=cluster.ns_addr, topic=batch_topic, rows=120)
-    assert sorted(r[3] for r in written["rows"]) == sorted(f"b{i}" for i in range(120))
-    per_queue(written["rows"])
+def test_exactly_once_batch_write_through_connect(seen: Seen) -> None:
+    got = seen["exactly_once_batch"]
+    assert sorted(r[3] for r in got["rows"]) == sorted(f"b{i}" for i in range(WRITE_ROWS))
+    per_queue(got["rows"])
