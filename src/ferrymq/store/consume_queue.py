@@ -323,11 +323,11 @@ class ConsumeQueue:
         its blocks reserved. Raises StoreDiskFullError / StoreOpenFilesError / StoreDirError otherwise (the put
         is refused before anything is stored). Writes nothing but blank units a new queue starts with."""
         expected = queue_offset * CQ_STORE_UNIT_SIZE
-        files = (self._mfq or self._load_now()).files
-        if not files:
+        last = (self._mfq or self._load_now()).last()
+        if last is None:
             self._first_file(expected)
-            files = self.mfq.files
-        last = files[-1]
+            last = self.mfq.last()
+            assert last is not None
         if expected < last.file_from_offset + last.wrote_position:
             return  # present already (a re-dispatch)
         if last.is_full():
@@ -341,9 +341,8 @@ class ConsumeQueue:
     def put_unit(self, phy_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
         """Write the unit for ``queue_offset``; a unit already present is left alone (re-dispatch)."""
         expected = queue_offset * CQ_STORE_UNIT_SIZE
-        files = (self._mfq or self._load_now()).files
-        if files:  # fast path: the unit goes right at the end of a last file with room
-            last = files[-1]
+        last = (self._mfq or self._load_now()).last()
+        if last is not None:  # fast path: the unit goes right at the end of a last file with room
             wrote = last.wrote_position
             end = wrote + CQ_STORE_UNIT_SIZE
             if last.file_from_offset + wrote == expected and end <= last.file_size:
@@ -387,9 +386,8 @@ class ConsumeQueue:
         if n == 1:
             phy, size, tags = units[0]
             return self.put_unit(phy, size, tags, first_queue_offset)
-        files = (self._mfq or self._load_now()).files
-        if files and 0 < n <= _UNITS_PACK_MAX:
-            last = files[-1]
+        last = (self._mfq or self._load_now()).last()
+        if last is not None and 0 < n <= _UNITS_PACK_MAX:
             wrote = last.wrote_position
             end = wrote + n * CQ_STORE_UNIT_SIZE
             if last.file_from_offset + wrote == first_queue_offset * CQ_STORE_UNIT_SIZE and end <= last.file_size:
@@ -416,9 +414,8 @@ class ConsumeQueue:
         ``first_queue_offset``, phy offsets ascending (the native reput's runs). The part that continues the
         end of the last file is copied in one slice; a unit that opens a file, leaves a gap or is already
         present goes through ``put_unit``. True if any unit was written."""
-        files = (self._mfq or self._load_now()).files
-        if files:  # fast path: the whole run continues the last file, which has room for it
-            last = files[-1]
+        last = (self._mfq or self._load_now()).last()
+        if last is not None:  # fast path: the whole run continues the last file, which has room for it
             wrote = last.wrote_position
             n_bytes = len(units)
             end = wrote + n_bytes
@@ -437,9 +434,8 @@ class ConsumeQueue:
         wrote_any = False
         i = 0
         while i < count:
-            files = self.mfq.files
-            if files:
-                last = files[-1]
+            last = self.mfq.last()
+            if last is not None:
                 wrote = last.wrote_position
                 room = (last.file_size - wrote) // CQ_STORE_UNIT_SIZE
                 if room > 0 and last.file_from_offset + wrote == (first_queue_offset + i) * CQ_STORE_UNIT_SIZE:

@@ -22,7 +22,10 @@ Files of an ``OpenFilePool`` (the consume queues: one or more per queue, so an e
 otherwise hold 200,000 descriptors and 100,000 maps) are mapped only while in use: the pool keeps at most
 ``max_open`` of them mapped and releases the least recently used one (unmapped and closed; blocks, positions
 and page-cache data stay) when another must open, or when opening fails for lack of descriptors (EMFILE,
-ENFILE). Their users reach the map through ``mapped()``, which reopens a released file.
+ENFILE). Their users reach the map through ``mapped()``, which reopens a released file. They share one lock, the
+pool's (a file keeps none of its own: one object fewer per queue for the garbage collector's full passes); it
+guards a file's descriptor against a flush on another thread, and a flush holds it only to duplicate the
+descriptor, never across the ``fdatasync``.
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ class OpenFilePool:
 
     def __init__(self, max_open: int) -> None:
         self.max_open = max(MIN_POOLED_OPEN_FILES, max_open)
+        #: the lock of every member (its descriptor and map against a flush on another thread)
+        self.lock = threading.Lock()
         self._lru: OrderedDict[MappedFile, None] = OrderedDict()
         #: files released to make room (LRU), and opens that found no descriptor even after releasing
         self.released_total = 0
@@ -171,7 +176,7 @@ class MappedFile:
         self.pool = pool
         self.mm = _RELEASED
         self._fd = -1
-        self._lock = threading.Lock()
+        self._lock = pool.lock if pool is not None else threading.Lock()
         self._closed = False
         if open_now:
             self._open(create=True, preallocate=preallocate)
@@ -352,23 +357,52 @@ class MappedFile:
         if least_pages > 0 and wrote < self.file_size:
             if wrote // OS_PAGE_SIZE - flushed // OS_PAGE_SIZE < least_pages:
                 return flushed
-        with self._lock:
-            if self._closed:
-                return flushed
-            self._fdatasync()
+        if not self._sync_data():
+            return flushed
         if wrote > self.flushed_position:
             self.flushed_position = wrote
         return self.flushed_position
 
     def sync(self) -> None:
         """fdatasync regardless of positions (files written at random positions, e.g. the index)."""
-        with self._lock:
-            if not self._closed:
+        self._sync_data()
+
+    def _sync_data(self) -> bool:
+        """fdatasync the file; False if it is closed. A file of its own lock holds it across the call. A pooled
+        file (the lock is shared) syncs a duplicate of its descriptor outside the lock, or a transient one when
+        it is released (the page cache is per file, so this persists what was written through the earlier map)."""
+        if self.pool is None:
+            with self._lock:
+                if self._closed:
+                    return False
                 self._fdatasync()
+            return True
+        with self._lock:
+            if self._closed:
+                return False
+            if self._fd >= 0:
+                try:
+                    fd = os.dup(self._fd)
+                except OSError as exc:
+                    if exc.errno not in _NO_DESCRIPTOR:
+                        raise
+                    os.fdatasync(self._fd)  # no descriptor to spare: sync under the lock
+                    return True
+            else:
+                fd = -1
+        if fd < 0:
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:  # destroyed since: nothing left to persist
+                return False
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        return True
 
     def _fdatasync(self) -> None:
-        """fdatasync the file (lock held); a released file through a transient descriptor (the page cache
-        is per file, so this persists what was written through the earlier map)."""
+        """fdatasync the file (lock held); a released file through a transient descriptor."""
         if self._fd >= 0:
             os.fdatasync(self._fd)
             return

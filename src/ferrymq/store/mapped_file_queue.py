@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 
 from ferrymq.store.errors import StoreCorruptError, StoreDirError
 from ferrymq.store.mapped_file import MappedFile, OpenFilePool, offset_to_file_name
@@ -20,11 +21,15 @@ log = logging.getLogger(__name__)
 
 
 class MappedFileQueue:
-    """Segments [files[0] .. files[-1]], contiguous. Only the writer mutates ``files``; it replaces
-    the list rather than editing it in place, so a flush thread can iterate a snapshot."""
+    """Segments [files[0] .. files[-1]], contiguous. Only the writer changes ``files``; it replaces the tuple
+    rather than editing it, so a flush thread can iterate a snapshot.
 
-    __slots__ = ("store_path", "mapped_file_size", "preallocate", "pool", "warm", "_warmer", "files", "flushed_where",
-                 "_flush_lock")
+    The segments are held as the one ``MappedFile`` itself when there is one (most consume queues of an estate),
+    else as a tuple: a queue with one segment adds no container the garbage collector's full passes walk
+    (``files`` returns a tuple either way)."""
+
+    __slots__ = ("store_path", "mapped_file_size", "preallocate", "pool", "warm", "_warmer", "_files",
+                 "flushed_where", "_flush_lock")
 
     def __init__(self, store_path: str, mapped_file_size: int, *, preallocate: bool = False,
                  warm: bool = False, pool: OpenFilePool | None = None,
@@ -39,9 +44,19 @@ class MappedFileQueue:
         #: the next segment is zero-filled ahead of need on a background thread (segment_warmer.py)
         self.warm = warm
         self._warmer: SegmentWarmer | None = None
-        self.files: list[MappedFile] = []
+        self._files: MappedFile | tuple[MappedFile, ...] = ()
         self.flushed_where = 0  # global offset persisted so far
         self._flush_lock = flush_lock if flush_lock is not None else threading.Lock()
+
+    @property
+    def files(self) -> tuple[MappedFile, ...]:
+        """The segments, oldest first."""
+        files = self._files
+        return files if isinstance(files, tuple) else (files,)
+
+    @files.setter
+    def files(self, files: Sequence[MappedFile]) -> None:
+        self._files = files[0] if len(files) == 1 else tuple(files)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -103,37 +118,42 @@ class MappedFileQueue:
         self._stop_warmer()
         for mf in self.files:
             mf.destroy()
-        self.files = []
+        self.files = ()
         self.flushed_where = 0
 
     # --- lookup ------------------------------------------------------------------------------
 
     def first(self) -> MappedFile | None:
-        files = self.files
-        return files[0] if files else None
+        files = self._files
+        if isinstance(files, tuple):
+            return files[0] if files else None
+        return files
 
     def last(self) -> MappedFile | None:
-        files = self.files
-        return files[-1] if files else None
+        files = self._files
+        if isinstance(files, tuple):
+            return files[-1] if files else None
+        return files
 
     @property
     def min_offset(self) -> int:
         """Start of the first segment, -1 if none."""
-        files = self.files
-        return files[0].file_from_offset if files else -1
+        first = self.first()
+        return first.file_from_offset if first is not None else -1
 
     @property
     def max_offset(self) -> int:
         """Global wrote position (next byte to write), 0 if none."""
-        files = self.files
-        if not files:
+        last = self.last()
+        if last is None:
             return 0
-        last = files[-1]
         return last.file_from_offset + last.wrote_position
 
     def find(self, offset: int) -> MappedFile | None:
         """The segment holding global ``offset`` (O(1): segments are contiguous)."""
-        files = self.files
+        files = self._files
+        if not isinstance(files, tuple):
+            return files if 0 <= offset - files.file_from_offset < self.mapped_file_size else None
         if not files or offset < 0:
             return None
         index = offset // self.mapped_file_size - files[0].file_from_offset // self.mapped_file_size
@@ -200,7 +220,7 @@ class MappedFileQueue:
     def flush(self, least_pages: int = 0) -> int:
         """Flush segments from ``flushed_where`` on; returns the new ``flushed_where``."""
         with self._flush_lock:
-            for mf in list(self.files):
+            for mf in self.files:  # a snapshot: the tuple is replaced, never edited
                 if mf.end_offset <= self.flushed_where or mf.closed:
                     continue
                 pos = mf.flush(least_pages)
@@ -238,11 +258,11 @@ class MappedFileQueue:
         files[-1].destroy()
         self.flushed_where = min(self.flushed_where, self.max_offset)
 
-    def delete_first(self, count: int) -> list[MappedFile]:
+    def delete_first(self, count: int) -> tuple[MappedFile, ...]:
         """Remove and destroy the first ``count`` segments (never the last)."""
         count = min(count, len(self.files) - 1)
         if count <= 0:
-            return []
+            return ()
         gone = self.files[:count]
         self.files = self.files[count:]
         for mf in gone:

@@ -85,8 +85,10 @@ class ConsumeQueueTable:
         self.file_size = file_size
         self.pool = OpenFilePool(max_open_files or default_max_open_segment_files())
         self.queues: dict[QueueKey, ConsumeQueue] = {}
-        #: topic -> its queue ids here (queue_count, delete_topic, topic_queue_ids without a walk of every queue)
-        self._topic_ids: dict[str, set[int]] = {}
+        #: topic -> its queue ids here (queue_count, delete_topic, topic_queue_ids without a walk of every queue);
+        #: dicts of ints to None, which the garbage collector does not track (a set would be one more object per
+        #: topic for every full pass to walk)
+        self._topic_ids: dict[str, dict[int, None]] = {}
         #: the commit log start every queue's min offset follows (lazily)
         self.floor = LogFloor()
         self._dirty: set[ConsumeQueue] = set()
@@ -130,8 +132,8 @@ class ConsumeQueueTable:
         self.queues[(topic, queue_id)] = cq
         ids = self._topic_ids.get(topic)
         if ids is None:
-            ids = self._topic_ids[topic] = set()
-        ids.add(queue_id)
+            ids = self._topic_ids[topic] = {}
+        ids[queue_id] = None
 
     def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         return self.queues.get((topic, queue_id))
