@@ -121,6 +121,7 @@ class ControllerCore:
         state = self.raft.snapshot()
         now = self.clock_ms()
         self.liveness.grant_grace([(name, rid) for name, g in state.groups.items() for rid in g.replicas], now)
+        self._cancel_lease_ends()  # due under an earlier leadership; the grace decides now
         self.ready_at_ms = now
         self._ready_generation = generation
         log.info("controller %s is the leader (term %d): %d broker groups, grace %d ms", self.listen_addr,
@@ -147,12 +148,12 @@ class ControllerCore:
                         ha_addr: str, epoch: int, max_phy_offset: int, confirm_offset: int,
                         channel: Any = None, lease_ms: int | None = None) -> tuple[Status, GroupState | None, str]:
         await self.ensure_leader()
-        self.liveness.beat(broker_name, broker_id, self.clock_ms(), max_phy_offset=max_phy_offset, epoch=epoch,
-                           confirm_offset=confirm_offset, channel=channel, lease_ms=lease_ms,
-                           lease_floor_ms=self.lease_floor_ms())
-        timer = self._lease_end_timers.pop((broker_name, broker_id), None)
-        if timer is not None:  # heard again (a new connection): alive, nothing due
-            timer.cancel()
+        dead_at_ms = self.liveness.beat(broker_name, broker_id, self.clock_ms(), max_phy_offset=max_phy_offset,
+                                        epoch=epoch, confirm_offset=confirm_offset, channel=channel,
+                                        lease_ms=lease_ms, lease_floor_ms=self.lease_floor_ms())
+        self._cancel_lease_end(broker_name, broker_id)  # heard again: alive, nothing due
+        if dead_at_ms is not None:  # ... on a connection that has closed meanwhile
+            self._schedule_lease_end(broker_name, broker_id, dead_at_ms)
         group = self.raft.group(broker_name)
         info = group.replicas.get(broker_id) if group is not None else None
         if info is None or info.broker_addr != broker_addr or info.ha_addr != ha_addr:
@@ -184,19 +185,26 @@ class ControllerCore:
         if not self.raft.is_leader:
             self.liveness.forget_channel(channel)
             return
-        now = self.clock_ms()
         for name, rid, dead_at_ms in self.liveness.channel_closed(channel, self.lease_floor_ms()):
-            group = self.raft.group(name)
-            if group is None or group.master_id != rid:
-                continue
-            log.info("broker group %s: master %d's controller connection closed; its lease ends in %d ms",
-                     name, rid, max(0, dead_at_ms - now))
-            old = self._lease_end_timers.pop((name, rid), None)
-            if old is not None:
-                old.cancel()
-            delay_s = (max(0, dead_at_ms - now) + 1) / 1000  # +1: the clock counts whole ms
-            self._lease_end_timers[(name, rid)] = asyncio.get_running_loop().call_later(
-                delay_s, self._lease_ended, name, rid)
+            self._schedule_lease_end(name, rid, dead_at_ms)
+
+    def _schedule_lease_end(self, name: str, rid: int, dead_at_ms: int) -> None:
+        """The master ``rid`` of ``name`` is dead at ``dead_at_ms``: elect then (nothing for other replicas)."""
+        group = self.raft.group(name)
+        if group is None or group.master_id != rid:
+            return
+        now = self.clock_ms()
+        log.info("broker group %s: master %d's controller connection closed; its lease ends in %d ms",
+                 name, rid, max(0, dead_at_ms - now))
+        self._cancel_lease_end(name, rid)
+        delay_s = (max(0, dead_at_ms - now) + 1) / 1000  # +1: the clock counts whole ms
+        self._lease_end_timers[(name, rid)] = asyncio.get_running_loop().call_later(
+            delay_s, self._lease_ended, name, rid)
+
+    def _cancel_lease_end(self, name: str, rid: int) -> None:
+        timer = self._lease_end_timers.pop((name, rid), None)
+        if timer is not None:
+            timer.cancel()
 
     def _lease_ended(self, name: str, rid: int) -> None:
         self._lease_end_timers.pop((name, rid), None)
@@ -219,11 +227,14 @@ class ControllerCore:
 
     def close(self) -> None:
         """Cancel the pending lease-end elections (the server is stopping)."""
+        self._cancel_lease_ends()
+        for task in self._lease_end_tasks:
+            task.cancel()
+
+    def _cancel_lease_ends(self) -> None:
         for timer in self._lease_end_timers.values():
             timer.cancel()
         self._lease_end_timers.clear()
-        for task in self._lease_end_tasks:
-            task.cancel()
 
     # ---- elections -----------------------------------------------------------------------------------
     async def elect(self, broker_name: str, designated: int | None, *,

@@ -81,7 +81,9 @@ class LivenessTable:
     # ---- writes -------------------------------------------------------------------------------------
     def beat(self, broker_name: str, broker_id: int, now_ms: int, *, max_phy_offset: int, epoch: int,
              confirm_offset: int, channel: Any = None, lease_ms: int | None = None,
-             lease_floor_ms: int = 0) -> None:
+             lease_floor_ms: int = 0) -> int | None:
+        """Note a heartbeat; returns when the replica is dead if its connection is already closed (the close
+        event came while the heartbeat waited for the leader), else None."""
         key = (broker_name, broker_id)
         old = self._beats.get(key)
         if old is None and len(self._beats) >= MAX_ENTRIES:
@@ -95,6 +97,8 @@ class LivenessTable:
             self._by_channel.setdefault(channel, set()).add(key)
             if getattr(channel, "closed", False):  # closed while the heartbeat waited: no close event follows
                 beat.dead_at_ms = self._dead_at(beat, lease_floor_ms)
+                return beat.dead_at_ms
+        return None
 
     def grant_grace(self, replicas: Iterable[Key], now_ms: int) -> None:
         """Forget everything and treat ``replicas`` as heard now (see the module docstring)."""
