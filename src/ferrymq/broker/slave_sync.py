@@ -10,7 +10,7 @@ Each table is taken in steps between yields to the event loop (``replace_all`` /
 persisted as a snapshot built in steps and written by a worker thread, so a sync of an estate-size table
 never holds the slave's loop; the master likewise encodes its answers in steps (processors/admin.py).
 | delay offsets       | GET_ALL_DELAY_OFFSET (45)             | slaveSyncInterval (10 s)| body written verbatim to ``delayOffset.json`` |
-| timer checkpoint    | GET_TIMER_CHECK_POINT (60)            | slaveSyncInterval (10 s)| body written verbatim to ``timerCheckpoint.json`` (broker/timer.py) |
+| timer checkpoint    | GET_TIMER_CHECK_POINT (60)            | slaveSyncInterval (10 s)| body written verbatim to ``timerCheckpoint.json`` (broker/timer.py) once the replicated log reaches its ``phyOffset`` |
 
 Topics and groups are asked for with the slave's data version (``knownDataVersion``, a ferrymq extension,
 processors/admin.py): a ferrymq master answers "unchanged" with no body, so a change reaches the slave within
@@ -266,8 +266,15 @@ class SlaveSynchronize:
         body = resp.body
         if not body:
             return
-        if not isinstance(jsonx.loads(body), dict):  # only write something that parses
+        obj = jsonx.loads(body)
+        if not isinstance(obj, dict):  # only write something that parses
             raise ValueError("timer checkpoint is not a JSON object")
+        store = _attr(self.controller, "store")
+        if store is not None and int(store.max_phy_offset) < int(obj.get("phyOffset") or 0):
+            # the messages it counts as delivered may not be replicated here yet: the next round takes it
+            log.debug("slave sync: timer checkpoint at %s ahead of the replicated log, not taken yet",
+                      obj.get("phyOffset"))
+            return
         await asyncio.to_thread(timer.write_raw, bytes(body))  # tmp + fsync + rename: off the event loop
 
     async def sync_subscription_group_config(self, addr: str) -> None:

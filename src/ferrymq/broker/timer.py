@@ -12,12 +12,14 @@ TIMER_OUT_MS = the recalled message's delivery time). A message whose key has a 
 the marker is done when it is due itself (after the message: same time, higher queue offset).
 
 Progress checkpoint, ``config/timerCheckpoint.json`` (persisted every flushDelayOffsetInterval and at stop;
-a slave copies its master's with GET_TIMER_CHECK_POINT, broker/slave_sync.py):
+a slave copies its master's with GET_TIMER_CHECK_POINT, broker/slave_sync.py, once its own commit log reaches
+phyOffset, so a promoted slave never counts as done a message whose re-stored copy it does not hold):
 
 | field        | meaning                                                                        |
 |--------------|--------------------------------------------------------------------------------|
 | queueOffset  | every unit of the timer queue below it is done (delivered, recalled or bad)    |
 | doneOffsets  | units at or above queueOffset already done (at most CHECKPOINT_DONE_MAX kept)  |
+| phyOffset    | the commit log's end when it was taken: the re-stored messages it counts as done lie below |
 
 At start the heap is rebuilt from queueOffset (skipping doneOffsets); nothing is delivered before the rebuild
 reached the queue's end, so every marker is known before its message is due. A message delivered after the
@@ -141,7 +143,10 @@ class TimerMessageService(JsonPersisted):
     def encode(self) -> dict[str, Any]:
         done = self._done
         kept = sorted(done) if len(done) <= CHECKPOINT_DONE_MAX else heapq.nsmallest(CHECKPOINT_DONE_MAX, done)
-        return {"queueOffset": self.committed_offset, "doneOffsets": kept}
+        return {"queueOffset": self.committed_offset, "doneOffsets": kept, "phyOffset": self._phy_end()}
+
+    def _phy_end(self) -> int:
+        return int(getattr(self._store, "max_phy_offset", 0) or 0)
 
     def write_raw(self, data: bytes) -> None:
         """Slave sync: the master's checkpoint verbatim (read again by ``start`` when this broker becomes master)."""
@@ -153,12 +158,13 @@ class TimerMessageService(JsonPersisted):
         if not self._dirty:
             return
         self._dirty = False
-        committed, done = self.committed_offset, set(self._done)
+        committed, done, phy_end = self.committed_offset, set(self._done), self._phy_end()
         gen = self._next_generation()
 
         def write() -> None:
             kept = sorted(done) if len(done) <= CHECKPOINT_DONE_MAX else heapq.nsmallest(CHECKPOINT_DONE_MAX, done)
-            self._file.write_raw(jsonx.dumps_pretty({"queueOffset": committed, "doneOffsets": kept}), gen)
+            obj = {"queueOffset": committed, "doneOffsets": kept, "phyOffset": phy_end}
+            self._file.write_raw(jsonx.dumps_pretty(obj), gen)
 
         await asyncio.to_thread(write)
 
