@@ -247,7 +247,7 @@ class BrokerConfig:
         "controllerLeaseMs", "Controller mode: a master answers SEND_OK only this long after sending its last "
         "heartbeat the controller answered (must stay below the controller's "
         "controllerBrokerHeartbeatTimeoutMs, 3000 by default, so a deposed master is silent before a new one "
-        "is elected)"))
+        "is elected; every heartbeat declares it and the controller refuses one that is not below)"))
     max_connections: int = field(default=DEFAULT_MAX_CONNECTIONS, metadata=_meta(
         "maxConnections", "Most client connections open at once, per port; more are closed at once"))
     max_connections_per_address: int = field(default=DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, metadata=_meta(
