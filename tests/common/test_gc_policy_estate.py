@@ -77,8 +77,8 @@ def test_passes_stay_within_the_frozen_count_while_an_estate_is_built() -> None:
     assert 2 <= r["freezes"] <= math.log2(r["final_frozen"] / r["first_frozen"]) + 2
     sizes = [r["first_frozen"], *r["frozen_after"]]
     assert all(b >= 2 * a for a, b in zip(sizes, sizes[1:], strict=False))
-    # one exact count per freeze (the start's included): the estimates were right, no count was wasted
-    assert r["exact_counts"] == r["freezes"]
+    # an exact count confirms each freeze (the start's included); others only when a pass doubled since a count
+    assert r["freezes"] <= r["exact_counts"] <= 2 * r["freezes"]
     # no pass left more unfrozen survivors than the frozen count before it and a quarter (CPython starts a full
     # pass when the survivors of younger passes exceed a quarter of the last one's), or than CPython lets
     # through between two full passes anyway (it considers one only every threshold0 x threshold1 x threshold2

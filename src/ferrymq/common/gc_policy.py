@@ -22,10 +22,13 @@ monitor keeps the time per walked object measured at the last exact count (``rat
 pass / (survivors + collected)). After a pass of at least ``GC_FREEZE_MIN_PAUSE_S`` whose estimate of unfrozen
 survivors (duration / rate - collected) reaches (factor - 1) x the frozen count (O(1) to read), it confirms with
 one exact count (``len(gc.get_objects(2))``: after a full pass every survivor is in the oldest generation; a
-listing costs about a third of the pass) and freezes when the count confirms. The exact count also renews the
-rate. A server's start measures the first rate (``freeze_now``: one timed collection, one count). An estimate
-that is too high costs one exact count (and corrects the rate); one that is too low delays the freeze until the
-passes grow. Before the first rate is known, every pass that is long enough is counted exactly.
+listing costs a fifth to a third of the pass) and freezes when the count confirms. The exact count also renews
+the rate. A server's start measures the first rate (``freeze_now``: one timed collection, one count). An
+estimate that is too high costs one exact count (and corrects the rate). One that is too low (a rate measured
+while the process waited for a CPU, or on the start's small heap) would delay the freeze for good, so a pass
+``GC_RECOUNT_PAUSE_FACTOR`` times as long as the pass of the last exact count is counted too: the passes of a
+growing heap renew the rate at least every doubling of their duration. Before the first rate is known, every
+pass that is long enough is counted exactly.
 
 **The bounds.** Let F be the frozen count and U the unfrozen survivors at a freeze. A freeze needs U >= (g - 1) F
 (g = ``GC_FREEZE_GROWTH_FACTOR``, 2 by default), so the frozen count grows at least g-fold per freeze: at most
@@ -61,6 +64,9 @@ GC_FREEZE_MIN_PAUSE_S = 0.005
 #: g: freeze when the unfrozen survivors of a full pass are at least (g - 1) x the frozen count, i.e. when freezing
 #: them makes the frozen count g times what it was (at most log_g(growth) freezes; frozen <= g / (g - 1) x live)
 GC_FREEZE_GROWTH_FACTOR = 2.0
+#: a long pass at least this many times as long as the pass of the last exact count is counted exactly even when
+#: its estimate is below the freeze's need: renews a rate that no longer holds (one measured slow, on a small heap)
+GC_RECOUNT_PAUSE_FACTOR = 2.0
 #: help texts of the metrics both servers export from the monitor
 GC_PAUSE_DOC = ("Full (generation 2) garbage-collection passes of the process: how long each held its thread "
                 "(the event loop), freeze included")
@@ -82,7 +88,7 @@ class GcMonitor:
     interpreter's by default (tests drive ``__call__`` with their own)."""
 
     def __init__(self, *, freeze_enable: bool = True, min_pause_s: float = GC_FREEZE_MIN_PAUSE_S,
-                 growth_factor: float = GC_FREEZE_GROWTH_FACTOR,
+                 growth_factor: float = GC_FREEZE_GROWTH_FACTOR, recount_factor: float = GC_RECOUNT_PAUSE_FACTOR,
                  clock: Callable[[], float] = time.perf_counter,
                  unfrozen_count: Callable[[], int] = _unfrozen_survivors,
                  freeze: Callable[[], None] = gc.freeze,
@@ -92,6 +98,7 @@ class GcMonitor:
         self.freeze_enable = freeze_enable
         self.min_pause_s = min_pause_s
         self.growth_factor = growth_factor
+        self.recount_factor = recount_factor
         self._clock = clock
         self._unfrozen_count = unfrozen_count
         self._freeze = freeze
@@ -105,6 +112,8 @@ class GcMonitor:
         self.max_pause_s = 0.0
         #: seconds a full pass took per object it walked, at the last exact count (0.0: not measured yet)
         self.rate_s_per_object = 0.0
+        #: the duration of the pass the last exact count followed
+        self.pause_at_count_s = 0.0
         #: freezes done (at start and after passes), exact counts of the unfrozen objects taken, and the frozen
         #: count right after the last freeze (0: none yet)
         self.freezes = 0
@@ -145,7 +154,7 @@ class GcMonitor:
     def _after_long_pass(self, pause_s: float, collected: int) -> None:
         needed = self.needed_to_freeze()
         estimate = self.estimate_unfrozen(pause_s, collected)
-        if estimate is not None and estimate < needed:
+        if estimate is not None and estimate < needed and pause_s < self.recount_factor * self.pause_at_count_s:
             return
         unfrozen = self._unfrozen_count()
         self.exact_counts += 1
@@ -156,6 +165,7 @@ class GcMonitor:
                                    f"objects ({est}; {needed:.0f} needed)")
 
     def _measure_rate(self, pause_s: float, walked: int) -> None:
+        self.pause_at_count_s = pause_s
         if walked > 0 and pause_s > 0.0:
             self.rate_s_per_object = pause_s / walked
 
