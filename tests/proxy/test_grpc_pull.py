@@ -21,6 +21,8 @@ from ferrymq.proxy.v2 import service_pb2 as spb
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
 from support.aio import wait_for
 
+#: deadline of one call (generous: the CI machine is shared)
+RPC_TIMEOUT_S = 60
 #: a long poll that finds nothing answers after this long
 SHORT_POLL_MS = 300
 #: a long poll woken by a message answers well before this long
@@ -45,7 +47,7 @@ async def create_topic(namesrv: Any, broker: Any, proxy: Any, topic: str, queues
             return False
         return True
 
-    await wait_for(routed, timeout_s=10, what=f"route of {topic}")
+    await wait_for(routed, timeout_s=30, what=f"route of {topic}")
 
 
 @pytest.fixture
@@ -66,12 +68,12 @@ async def send(stub: sgrpc.MessagingServiceStub, topic: str, bodies: list[str], 
                meta: Any = None) -> None:
     for body in bodies:
         answer = await stub.SendMessage(spb.SendMessageRequest(messages=[message(topic, body, tag)]),
-                                        metadata=meta, timeout=10)
+                                        metadata=meta, timeout=RPC_TIMEOUT_S)
         assert answer.status.code == pb.OK, answer.status
 
 
 async def queues_of(stub: sgrpc.MessagingServiceStub, topic: str, meta: Any = None) -> list[pb.MessageQueue]:
-    route = await stub.QueryRoute(spb.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=meta, timeout=10)
+    route = await stub.QueryRoute(spb.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=meta, timeout=RPC_TIMEOUT_S)
     assert route.status.code == pb.OK, route.status
     return [q for q in route.message_queues if q.permission in (pb.READ, pb.READ_WRITE)]
 
@@ -83,7 +85,7 @@ async def pull(stub: sgrpc.MessagingServiceStub, group: str, mq: pb.MessageQueue
                                      batch_size=batch, filter_expression=expression)
     if poll_ms:
         request.long_polling_timeout.FromMilliseconds(poll_ms)
-    return [r async for r in stub.PullMessage(request, metadata=meta, timeout=30)]
+    return [r async for r in stub.PullMessage(request, metadata=meta, timeout=RPC_TIMEOUT_S)]
 
 
 async def query_offset(stub: sgrpc.MessagingServiceStub, mq: pb.MessageQueue, policy: int,
@@ -91,7 +93,7 @@ async def query_offset(stub: sgrpc.MessagingServiceStub, mq: pb.MessageQueue, po
     request = spb.QueryOffsetRequest(message_queue=mq, query_offset_policy=policy)  # type: ignore[arg-type]
     if timestamp_ms is not None:
         request.timestamp.FromMilliseconds(timestamp_ms)
-    return await stub.QueryOffset(request, metadata=meta, timeout=10)
+    return await stub.QueryOffset(request, metadata=meta, timeout=RPC_TIMEOUT_S)
 
 
 def split(answers: list[spb.PullMessageResponse]) -> tuple[pb.Status, list[pb.Message], int | None]:
@@ -114,7 +116,13 @@ async def test_pull_consumer_reads_every_queue_from_the_beginning_with_filters_a
     await send(stub, topic, [f"b-{i}" for i in range(6)], tag="B")
     got: list[str] = []
     tagged_a: list[str] = []
-    for mq in await queues_of(stub, topic):
+    mqs = await queues_of(stub, topic)
+
+    async def all_dispatched() -> bool:  # the broker makes stored messages pullable asynchronously
+        return sum([(await query_offset(stub, mq, pb.END)).offset for mq in mqs]) == 12
+
+    await wait_for(all_dispatched, timeout_s=30, what="every message in its queue")
+    for mq in mqs:
         begin = await query_offset(stub, mq, pb.BEGINNING)
         end = await query_offset(stub, mq, pb.END)
         assert begin.status.code == end.status.code == pb.OK
@@ -138,12 +146,12 @@ async def test_pull_consumer_reads_every_queue_from_the_beginning_with_filters_a
         # offsets of the group on this queue: none yet (the broker answers 0 while the queue's first message
         # is in memory, as RocketMQ's does), then what UpdateOffset wrote
         req = spb.GetOffsetRequest(group=pb.Resource(name=group), message_queue=mq)
-        before = await stub.GetOffset(req, timeout=10)
+        before = await stub.GetOffset(req, timeout=RPC_TIMEOUT_S)
         assert (before.status.code, before.offset) in ((pb.OK, 0), (pb.OFFSET_NOT_FOUND, 0)), before
         update = await stub.UpdateOffset(spb.UpdateOffsetRequest(group=pb.Resource(name=group), message_queue=mq,
-                                                                 offset=end.offset), timeout=10)
+                                                                 offset=end.offset), timeout=RPC_TIMEOUT_S)
         assert update.status.code == pb.OK, update.status
-        answer = await stub.GetOffset(req, timeout=10)
+        answer = await stub.GetOffset(req, timeout=RPC_TIMEOUT_S)
         assert answer.status.code == pb.OK and answer.offset == end.offset
         # the same offset as 4.x clients see it
         from ferrymq.common.route import MessageQueue
@@ -165,6 +173,11 @@ async def test_pull_batches_are_bounded(stub: sgrpc.MessagingServiceStub, namesr
     await create_topic(namesrv, broker, proxy_server, topic, queues=1)
     await send(stub, topic, [f"m-{i}" for i in range(MAX_PULL_BATCH + 8)])
     [mq] = await queues_of(stub, topic)
+
+    async def all_dispatched() -> bool:
+        return (await query_offset(stub, mq, pb.END)).offset == MAX_PULL_BATCH + 8
+
+    await wait_for(all_dispatched, timeout_s=30, what="every message in the queue")
     st, messages, next_offset = split(await pull(stub, group, mq, 0, batch=5))
     assert st.code == pb.OK and len(messages) == 5 and next_offset == 5
     st, messages, next_offset = split(await pull(stub, group, mq, 5, batch=10_000))
@@ -183,7 +196,7 @@ async def test_pull_long_polls_until_a_message_comes(stub: sgrpc.MessagingServic
     assert time.monotonic() - started >= SHORT_POLL_MS / 1000 * 0.9
     # a message sent while the pull waits ends the wait
     waiting = asyncio.create_task(pull(stub, group, mq, 0, poll_ms=LONG_POLL_MS))
-    await wait_for(lambda: broker.long_polling.parked_count == 1, timeout_s=10, what="the broker to hold the pull")
+    await wait_for(lambda: broker.long_polling.parked_count == 1, timeout_s=30, what="the broker to hold the pull")
     await send(stub, topic, ["late"])
     sent = time.monotonic()
     st, messages, next_offset = split(await asyncio.wait_for(waiting, 30))
@@ -198,6 +211,11 @@ async def test_bad_pull_and_offset_requests_get_their_status(stub: sgrpc.Messagi
     await create_topic(namesrv, broker, proxy_server, topic, queues=1)
     await send(stub, topic, ["x-0", "x-1"])
     [mq] = await queues_of(stub, topic)
+
+    async def all_dispatched() -> bool:
+        return (await query_offset(stub, mq, pb.END)).offset == 2
+
+    await wait_for(all_dispatched, timeout_s=30, what="every message in the queue")
     # beyond the end of the queue: ILLEGAL_OFFSET and where to go on (the broker's rule, RocketMQ's: the
     # queue's first offset while nothing of it was deleted yet)
     st, messages, next_offset = split(await pull(stub, group, mq, 50))
@@ -224,16 +242,16 @@ async def test_bad_pull_and_offset_requests_get_their_status(stub: sgrpc.Messagi
     assert (await query_offset(stub, mq, 99)).status.code == pb.BAD_REQUEST
     assert (await query_offset(stub, missing, pb.END)).status.code == pb.TOPIC_NOT_FOUND
     update = await stub.UpdateOffset(spb.UpdateOffsetRequest(group=pb.Resource(name=group), message_queue=mq,
-                                                             offset=-5), timeout=10)
+                                                             offset=-5), timeout=RPC_TIMEOUT_S)
     assert update.status.code == pb.ILLEGAL_OFFSET
-    get = await stub.GetOffset(spb.GetOffsetRequest(message_queue=mq), timeout=10)
+    get = await stub.GetOffset(spb.GetOffsetRequest(message_queue=mq), timeout=RPC_TIMEOUT_S)
     assert get.status.code == pb.ILLEGAL_CONSUMER_GROUP
 
 
 async def test_sync_lite_subscription_is_declined_with_a_status(stub: sgrpc.MessagingServiceStub) -> None:
     answer = await stub.SyncLiteSubscription(spb.SyncLiteSubscriptionRequest(
         action=pb.COMPLETE_ADD, topic=pb.Resource(name="Parent"), group=pb.Resource(name="g"),
-        lite_topic_set=["a"]), timeout=10)
+        lite_topic_set=["a"]), timeout=RPC_TIMEOUT_S)
     assert answer.status.code == pb.NOT_IMPLEMENTED
     assert answer.status.message == LITE_TOPICS_UNSUPPORTED
 
@@ -251,7 +269,7 @@ class TestPullAcl:
         await send(stub, TOPIC, ["acl-0"], meta=metadata(*PRODUCER))
         [mq] = await queues_of(stub, TOPIC, meta=metadata(*CONSUMER))
         consumer, producer = metadata(*CONSUMER), metadata(*PRODUCER)
-        st, messages, _ = split(await pull(stub, GROUP, mq, 0, meta=consumer))
+        st, messages, _ = split(await pull(stub, GROUP, mq, 0, poll_ms=LONG_POLL_MS, meta=consumer))
         assert st.code == pb.OK and [m.body for m in messages] == [b"acl-0"]
         assert split(await pull(stub, GROUP, mq, 0))[0].code == pb.UNAUTHORIZED
         assert split(await pull(stub, GROUP, mq, 0, meta=producer))[0].code == pb.FORBIDDEN
@@ -260,11 +278,11 @@ class TestPullAcl:
         group = pb.Resource(name=GROUP)
         for meta, code in ((consumer, pb.OK), (producer, pb.FORBIDDEN), (None, pb.UNAUTHORIZED)):
             update = await stub.UpdateOffset(spb.UpdateOffsetRequest(group=group, message_queue=mq, offset=1),
-                                             metadata=meta, timeout=10)
+                                             metadata=meta, timeout=RPC_TIMEOUT_S)
             assert update.status.code == code, (meta, update.status)
-            get = await stub.GetOffset(spb.GetOffsetRequest(group=group, message_queue=mq), metadata=meta, timeout=10)
+            get = await stub.GetOffset(spb.GetOffsetRequest(group=group, message_queue=mq), metadata=meta, timeout=RPC_TIMEOUT_S)
             assert get.status.code == code, (meta, get.status)
             assert (await query_offset(stub, mq, pb.END, meta=meta)).status.code == code
             lite = await stub.SyncLiteSubscription(spb.SyncLiteSubscriptionRequest(
-                topic=pb.Resource(name=TOPIC), group=group), metadata=meta, timeout=10)
+                topic=pb.Resource(name=TOPIC), group=group), metadata=meta, timeout=RPC_TIMEOUT_S)
             assert lite.status.code == (pb.NOT_IMPLEMENTED if code == pb.OK else code)
