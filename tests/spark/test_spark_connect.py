@@ -78,8 +78,8 @@ def run_client(url: str, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     result: dict[str, dict[str, Any]] = {"session": {"seconds": round(time.monotonic() - started, 1)}}
     ns = cfg["ns"]
 
-    def read(topic: str) -> Any:
-        return spark.read.format("rocketmq").option("nameServer", ns).option("subscribe", topic).load()
+    def read(topic: str, fmt: str = "rocketmq") -> Any:
+        return spark.read.format(fmt).option("nameServer", ns).option("subscribe", topic).load()
 
     def stream(topic: str) -> Any:
         return (spark.readStream.format("rocketmq").option("nameServer", ns).option("subscribe", topic)
@@ -88,10 +88,7 @@ def run_client(url: str, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
     def batch() -> dict[str, Any]:
         df = read(cfg["source"])
-        ranged = (spark.read.format("ferrymq").option("nameServer", ns).option("subscribe", cfg["source"])
-                  .option("startingOffsets", json.dumps(cfg["starting"]))
-                  .option("endingOffsets", json.dumps(cfg["ending"])).load())  # fmt: skip
-        return {"columns": df.columns, "rows": _rows(df), "ranged": _rows(ranged)}
+        return {"columns": df.columns, "rows": _rows(df)}
 
     def parquet_stream() -> dict[str, Any]:
         query = (stream(cfg["source"]).writeStream.format("parquet").option("path", cfg["parquet"])
@@ -103,7 +100,7 @@ def run_client(url: str, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
         data = [(f"w{i}", f"key{i}", "tagW", {"i": str(i)}) for i in range(cfg["write_rows"])]
         df = spark.createDataFrame(data, "value string, key string, tags string, properties map<string,string>")
         df.write.format("rocketmq").mode("append").option("nameServer", ns).option("topic", cfg["write"]).save()
-        return {"rows": _rows(read(cfg["write"]))}
+        return {"rows": _rows(read(cfg["write"], "ferrymq"))}  # the other format name
 
     def exactly_once_stream() -> dict[str, Any]:
         query = (stream(cfg["source"]).selectExpr("upper(CAST(value AS STRING)) AS value", "key")
@@ -150,7 +147,9 @@ CLIENT_TIMEOUT_S = 420.0
 DRIVER_MEMORY = "1g"
 JVM_FLAGS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-#: Messages in the source topic (2 brokers x 2 queues, 50 each) and maxOffsetsPerTrigger of the streams.
+#: Queues per broker of each topic (two brokers), messages in the source topic, maxOffsetsPerTrigger of the
+#: streams (two micro-batches).
+QUEUES_PER_BROKER = 2
 SOURCE_ROWS = 200
 PER_TRIGGER = 120
 #: Rows of each batch write.
@@ -213,10 +212,12 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 class Seen:
     """What the client saw per scenario, and what the topics hold."""
 
-    def __init__(self, result: dict[str, dict[str, Any]], bodies: list[str], cfg: dict[str, Any]) -> None:
+    def __init__(self, result: dict[str, dict[str, Any]], bodies: list[str],
+                 queue_ends: dict[tuple[str, int], int]) -> None:  # fmt: skip
         self.result = result
+        #: the source topic's bodies and every queue's max offset (GET_MAX_OFFSET on its broker)
         self.bodies = bodies
-        self.cfg = cfg
+        self.queue_ends = queue_ends
 
     def __getitem__(self, scenario: str) -> dict[str, Any]:
         got = self.result[scenario]
@@ -227,17 +228,19 @@ class Seen:
 @pytest.fixture(scope="module")
 def seen(connect_url: str, cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Seen:
     """One client process runs every scenario against the server (one client start for the module)."""
+    from procs import max_offset
+
     base = tmp_path_factory.mktemp("spark-connect-client")
     run = next(_runs)
     topics = {name: f"Connect{name.title().replace('_', '')}{run}"
               for name in ("source", "write", "eos_stream", "eos_batch")}  # fmt: skip
     for topic in topics.values():
-        cluster.create_topic(topic)
+        cluster.create_topic(topic, queues=QUEUES_PER_BROKER)
     bodies = cluster.produce(topics["source"], SOURCE_ROWS)
+    queue_ends = {(b.broker_name, q): max_offset(b.addr, topics["source"], q)
+                  for b in cluster.brokers for q in range(QUEUES_PER_BROKER)}  # fmt: skip
     cfg = {
         "ns": cluster.ns_addr, **topics, "per_trigger": PER_TRIGGER, "write_rows": WRITE_ROWS,
-        "starting": {topics["source"]: {"broker-a:0": 10, "broker-b:1": 30}},
-        "ending": {topics["source"]: {"broker-a:0": 20, "broker-a:1": 3, "broker-b:0": 0, "broker-b:1": -1}},
         "parquet": str(base / "parquet"), "parquet_checkpoint": str(base / "parquet-checkpoint"),
         "eos_checkpoint": str(base / "eos-checkpoint"),
     }  # fmt: skip
@@ -249,7 +252,7 @@ def seen(connect_url: str, cluster: Any, tmp_path_factory: pytest.TempPathFactor
         env=env, cwd=base, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
     )  # fmt: skip
     assert proc.returncode == 0, f"the Connect client exited {proc.returncode}:\n{proc.stderr[-8000:]}"
-    return Seen(json.loads(out.read_text()), bodies, cfg)
+    return Seen(json.loads(out.read_text()), bodies, queue_ends)
 
 
 _runs = iter(range(1_000_000))
@@ -272,25 +275,27 @@ def assert_exact(rows: list[list[Any]], bodies: list[str]) -> None:
         assert offsets == list(range(len(offsets))), f"gap in {queue}"
 
 
+def assert_whole_queues(rows: list[list[Any]], seen: Seen) -> None:
+    """Every queue of the source topic read from offset 0 to its max offset, nothing else."""
+    assert {queue: offsets[-1] + 1 for queue, offsets in per_queue(rows).items()} == seen.queue_ends
+
+
 def test_batch_read_through_connect(seen: Seen) -> None:
     got = seen["batch"]
     assert got["columns"] == ["key", "value", "topic", "brokerName", "queueId", "queueOffset", "tags", "msgId",
                               "bornTimestamp", "storeTimestamp", "properties"]  # fmt: skip
     assert_exact(got["rows"], seen.bodies)
-    queues = per_queue(got["rows"])
-    assert {b for b, _ in queues} == {"broker-a", "broker-b"} and len(queues) == 4
+    assert_whole_queues(got["rows"], seen)
+    assert {b for b, _ in seen.queue_ends} == {"broker-a", "broker-b"} and len(seen.queue_ends) == 4
     row = next(r for r in got["rows"] if r[3] == "m7")
     assert row[4:] == ["k7", "odd", "7"]
-    # format "ferrymq" with starting and ending offsets per queue: exactly those ranges
-    last_b1 = queues[("broker-b", 1)][-1]
-    assert per_queue(got["ranged"]) == {("broker-a", 0): list(range(10, 20)), ("broker-a", 1): [0, 1, 2],
-                                        ("broker-b", 1): list(range(30, last_b1 + 1))}  # fmt: skip
 
 
 def test_available_now_stream_into_parquet_through_connect(seen: Seen) -> None:
     got = seen["parquet_stream"]
     assert got["batches"] == [120, 80]  # maxOffsetsPerTrigger honoured
     assert_exact(got["rows"], seen.bodies)
+    assert_whole_queues(got["rows"], seen)
 
 
 def test_write_through_connect(seen: Seen) -> None:
