@@ -16,6 +16,12 @@ Client facts that shape the tests (rocketmq-client-cpp tag 2.1.0):
   scripts therefore run with trace on (the trace producer then sends to ``RMQ_SYS_TRACE_TOPIC``).
 * A batch send's SendResult carries no msg id: the client takes the batch wrapper's own unique key, which it
   never sets (``MQClientAPIImpl::processSendResponse``, src/MQClientAPIImpl.cpp:539); the messages have theirs.
+* The first send of a new producer can fail and be retried when the client's heartbeat thread is connecting to
+  the same broker at that moment: a second caller gets no connection while one is being made
+  (``TcpRemotingClient::CreateTransport``, src/transport/TcpRemotingClient.cpp:305-314).
+* The unlock of an orderly consumer's shutdown leaves out the first queue of each broker
+  (``Rebalance::unlockAll``, src/consumer/Rebalance.cpp:273-278); ferrymq releases it on the client's
+  UNREGISTER_CLIENT (docs/protocol-remoting.md).
 * Consumer offsets are committed every 5 s and on shutdown; routes are re-read every 30 s.
 """
 
