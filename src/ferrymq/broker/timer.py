@@ -62,9 +62,9 @@ from ferrymq.remoting import jsonx
 log = logging.getLogger(__name__)
 
 #: timer queue units read into the heap per loop turn (a rebuild after a restart yields between steps)
-SCAN_UNITS_PER_STEP = 1_000
+SCAN_UNITS_PER_STEP = 400
 #: due messages re-stored per loop turn
-DELIVER_PER_STEP = 256
+DELIVER_PER_STEP = 64
 #: back-off after a failed re-store (full disk, no descriptor): the message stays pending
 ERROR_BACKOFF_MS = 1_000
 #: done units at or above the checkpoint's queueOffset kept in the file (beyond: delivered again after a crash)
