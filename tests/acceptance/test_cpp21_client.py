@@ -5,7 +5,8 @@ The client runs unchanged in subprocess scripts (cpp21_scripts/), installed into
 (``cpp21_dir``: its module is named ``rocketmq`` like the 1.x client's). Each script checks it loaded the 2.1
 library. What the binding offers and the tests use: send_sync, send_async, send_oneway, send_orderly (a queue
 selector over a sharding key), send_batch; PushConsumer (clustering, concurrent and orderly, tag filter);
-PullConsumer.
+PullConsumer; and through the C API it does not wrap: SendMessageOrderlyByShardingKey and the transaction
+producer.
 
 Client facts that shape the tests (rocketmq-client-cpp tag 2.1.0):
 
@@ -69,6 +70,8 @@ BIG_BODY_PAD = 6000
 DELAY_LEVEL_2_MS = 5000
 #: a restarted orderly consumer gets every queue within this (the broker keeps an unrenewed lock 60 s)
 ORDERLY_RESUME_BOUND_S = 30.0
+#: broker.conf: a half message without a decision is checked back 0.5 s after its send, rounds every 0.3 s
+FAST_TRANSACTION_CHECKS = {"transactionTimeOut": 500, "transactionCheckInterval": 300, "transactionCheckMax": 5}
 #: the name server routes a created topic within a registration (plus slack)
 ROUTE_TIMEOUT_S = 30.0
 #: the name server drops a SIGKILLed master when its connection closes
@@ -84,7 +87,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory, cpp21_dir: Path) -> Iterator[
     """One name server + SYNC_MASTER + SLAVE shared by the tests that do not kill anything."""
     group = ProcessGroup(tmp_path_factory.mktemp("cpp21-pair"))
     try:
-        yield start_ha_pair(group)
+        yield start_ha_pair(group, **FAST_TRANSACTION_CHECKS)
     finally:
         group.stop_all()
 
@@ -268,6 +271,33 @@ def test_compressed_bodies_and_delay_level_round_trip(
         else:
             exp = expected_message("z", rec["seq"], tags, BIG_BODY_PAD)
             assert {k: rec[k] for k in exp} == exp, f"compressed message {rec['seq']} differs"
+
+
+@pytest.mark.timeout(240)
+def test_transactions_commit_roll_back_and_settle_unknown_ones_through_the_check_back(
+        pair_logs: HAPair, run_script: RunScript, tmp_path: Path) -> None:
+    """The C API's transaction producer (the binding wraps none of it): a committed message is delivered, a
+    rolled-back one never, and one left UNKNOWN is checked back by the broker and delivered after the
+    producer's check answers commit."""
+    p = pair_logs
+    topic = routed_topic(p, "Cpp21Tx")
+    tags = ["TagA"]
+    count = 30
+    out = tmp_path / "transact.jsonl"
+    summary = run_script("cpp21", "transact", {
+        "namesrv": p.ns_addr, "topic": topic, "group": uniq("txg"), "count": count, "prefix": "t", "tags": tags,
+        "out": str(out), "linger_s": 60}, timeout_s=120)
+    assert summary["attempted"] == count and summary["failed"] == 0, summary
+    lines = read_jsonl(out)
+    unknown = {s for s in range(count) if s % 3 == 2}
+    checked = {r["check"] for r in lines if "check" in r}
+    assert checked == unknown, f"checked back {sorted(checked)}, left UNKNOWN {sorted(unknown)}"
+
+    committed = {s for s in range(count) if s % 3 != 1}
+    recs = pull(run_script, p.ns_addr, tmp_path, topic=topic, expect=committed)
+    assert_once_each(recs, committed)
+    for rec in recs:
+        assert_exact(rec, "t", tags, topic)
 
 
 @pytest.mark.timeout(300)
