@@ -128,6 +128,31 @@ def test_cpp_client_right_and_wrong_secret(acl_cluster: Cluster, run_script: Cal
         (PUB[0], "notTheSecret")).remark
 
 
+def test_cpp21_client_right_and_wrong_secret(acl_cluster: Cluster, run_script: Callable[..., dict[str, Any]],
+                                             tmp_path: Path) -> None:
+    """The Apache C++ client 2.1 signs like 1.x: its sends with the right secret are stored, with a wrong one or
+    to a topic without PUB refused; its pull consumer with SUB credentials reads them."""
+    base = {"namesrv": acl_cluster.ns_addr, "topic": TOPIC, "group": "acl_cpp21_pg", "count": 3,
+            "tags": ["TagA"], "deadline_s": 60, "timeout_ms": 3000}
+    good = run_script("cpp21", "send", dict(base, prefix="good21", access_key=PUB[0], secret_key=PUB[1],
+                                            out=str(tmp_path / "good.jsonl")), timeout_s=120)
+    assert good["sent_ok"] == 3, good
+    bad = run_script("cpp21", "send", dict(base, prefix="bad21", access_key=PUB[0], secret_key="notTheSecret",
+                                           out=str(tmp_path / "bad.jsonl")), timeout_s=120)
+    assert bad["sent_ok"] == 0 and bad["failed"] == 3, bad
+    denied_topic = run_script("cpp21", "send", dict(base, topic=OTHER_TOPIC, prefix="other21", access_key=PUB[0],
+                                                    secret_key=PUB[1], out=str(tmp_path / "other.jsonl")),
+                              timeout_s=120)
+    assert denied_topic["sent_ok"] == 0, denied_topic
+    out = tmp_path / "pull.jsonl"
+    pulled = run_script("cpp21", "pull", {"namesrv": acl_cluster.ns_addr, "topic": TOPIC, "group": GROUP,
+                                          "expect_seqs": [0, 1, 2], "out": str(out), "timeout_s": 30,
+                                          "access_key": SUB[0], "secret_key": SUB[1]}, timeout_s=90)
+    assert pulled["met"], pulled
+    assert {json.loads(line)["body"] for line in out.read_text().splitlines()} >= {
+        f"good21-body-{i}-" for i in range(3)}
+
+
 async def _client_session(ns_addr: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with Producer(ns_addr, "acl_py_pg", access_key=PUB[0], secret_key=PUB[1]) as producer:

@@ -2,7 +2,7 @@
 in memory and commits none) and record every message.
 
 argv[1] JSON: namesrv, group, topic, expression (default "*"), out (JSON-lines path), expect_seqs (stop once
-every one of these seqs was seen), timeout_s (give up).
+every one of these seqs was seen), timeout_s (give up), access_key/secret_key (ACL credentials; optional).
 Each line: the fields of cpp_scripts/consume.py's delivery lines; the summary: {"met", "deliveries",
 "distinct", "missing_count", "missing_head", "rounds"}.
 """
@@ -28,6 +28,8 @@ def main() -> None:
     consumer = PullConsumer(a["group"])
     consumer.set_log_root_path(log_dir())
     consumer.set_namesrv_addr(a["namesrv"])
+    if a.get("access_key"):
+        consumer.set_session_credentials(a["access_key"], a["secret_key"], "ALIYUN")
     consumer.start()
     deadline = time.monotonic() + float(a.get("timeout_s", 120))
     while time.monotonic() < deadline and not expect <= seen:

@@ -4,7 +4,7 @@ argv[1] JSON: namesrv, topic, group, count, prefix, tags (list), start (first se
 (default 0), delay_level (default 0), mode, batch (messages per batch send, mode "batch"), shards (mode
 "orderly": the sharding key of seq is seq % shards, and the client's hashing selector puts it on queue
 key % queue count), max_inflight (mode "async", default 64), out (JSON-lines path), deadline_s (stop sending
-after this), timeout_ms (client send timeout).
+after this), timeout_ms (client send timeout), access_key/secret_key (ACL credentials; optional).
 
 mode: "sync" (send_sync, default), "async" (send_async: the outcome comes from a callback), "oneway"
 (send_oneway: nothing comes back, the line says ok when the call returned), "orderly" (send_orderly with a
@@ -69,6 +69,8 @@ def main() -> None:
     producer.set_namesrv_addr(a["namesrv"])
     if a.get("timeout_ms"):
         producer.set_timeout(int(a["timeout_ms"]))
+    if a.get("access_key"):
+        producer.set_session_credentials(a["access_key"], a["secret_key"], "ALIYUN")
     producer.start()
     counts = {"ok": 0, "failed": 0}
     lock = threading.Lock()
