@@ -23,7 +23,7 @@ pass / (survivors + collected)). After a pass of at least ``GC_FREEZE_MIN_PAUSE_
 survivors (duration / rate - collected) reaches (factor - 1) x the frozen count (O(1) to read), it confirms with
 one exact count (``len(gc.get_objects(2))``: after a full pass every survivor is in the oldest generation; a
 listing costs a fifth to a third of the pass) and freezes when the count confirms. The exact count also renews
-the rate. A server's start measures the first rate (``freeze_now``: one timed collection, one count). An
+the rate. A server's start measures the first rate (``freeze_now``: a second collection timed, one count). An
 estimate that is too high costs one exact count (and corrects the rate). One that is too low (a rate measured
 while the process waited for a CPU, or on the start's small heap) would delay the freeze for good, so a pass
 ``GC_RECOUNT_PAUSE_FACTOR`` times as long as the pass of the last exact count is counted too: the passes of a
@@ -186,16 +186,17 @@ class GcMonitor:
 
     # ---- server start ---------------------------------------------------------------------------------
     def freeze_now(self) -> None:
-        """Collect once (timed like any full pass while installed), count the survivors to measure the rate of a
-        pass per object, and freeze them: a server's start with gcFreezeEnable, before it serves, so the loaded
+        """Collect twice (timed like any full pass while installed), count the survivors to measure the rate of
+        the second pass per object, and freeze them: a server's start with gcFreezeEnable, before it serves, so the loaded
         estate and the interpreter's own objects stay out of later passes."""
+        gc.collect()  # the first pass of a process also faults its heap in: too slow to measure the rate on
         started_s = self._clock()
         collected = gc.collect()
         pause_s = self._clock() - started_s
         unfrozen = self._unfrozen_count()
         self.exact_counts += 1
         self._measure_rate(pause_s, unfrozen + collected)
-        self._freeze_survivors("server start")
+        self._freeze_survivors(f"server start (a full collection of {pause_s * 1000:.1f} ms left {unfrozen} objects)")
 
     # ---- reading ----------------------------------------------------------------------------------------
     def cumulative(self) -> list[tuple[str, int]]:
