@@ -16,7 +16,9 @@ pulled and has not seen acknowledged (``PopQueue.entries``, in queue-offset orde
   the maximum it is handed back as dead (the caller moves it to ``%DLQ%<group>``) instead.
 * Committed offset = the first entry's queue offset, or the next pull offset when nothing is held: every
   message below it was acknowledged (or filtered out by the broker), so the broker's consumer offset can
-  move there. A proxy that restarts re-reads from that offset: messages acked above a still-unacked one
+  move there. After a pull from its broker failed it is written again even when unchanged (``recommit``): a
+  broker that was SIGKILLed lost the offsets it had not written to disk yet, a replica that took over may
+  hold an older copy. A proxy that restarts re-reads from that offset: messages acked above a still-unacked one
   are delivered again (at least once; attempts start again at 1).
 * FIFO groups: a queue delivers nothing while one of its entries is invisible (delivered, not yet acked),
   so messages of one queue, hence of one message group, are processed one batch at a time, in order.
@@ -38,6 +40,8 @@ from ferrymq.common.message import MessageExt
 
 #: pulled-but-unacknowledged messages held per queue at most (memory bound of the pop state)
 MAX_HELD_PER_QUEUE = 1024
+#: ``committed_offset`` when the broker's copy is not known to hold it (written again at the next round)
+COMMITTED_UNKNOWN = -1
 
 
 @dataclass(slots=True)
@@ -58,7 +62,7 @@ class Delivery:
 class PopQueue:
     """Pop state of one queue for one consumer group."""
 
-    __slots__ = ("pull_offset", "entries", "committed_offset", "fifo", "fresh")
+    __slots__ = ("pull_offset", "entries", "committed_offset", "fifo", "fresh", "failures_seen")
 
     def __init__(self, start_offset: int, *, fifo: bool = False) -> None:
         #: next queue offset to pull from the broker
@@ -70,6 +74,9 @@ class PopQueue:
         self.fifo = fifo
         #: entries pulled and never delivered (always ready): the prefetch watermark reads it
         self.fresh = 0
+        #: failed pulls of the queue's broker counted when the offset was last marked to be written again
+        #: (the caller's count; see ``recommit``)
+        self.failures_seen = 0
 
     # ---- pulling -----------------------------------------------------------------------------------
     def room(self) -> int:
@@ -169,6 +176,11 @@ class PopQueue:
             self.fresh -= 1
 
     # ---- offsets -------------------------------------------------------------------------------------
+    def recommit(self) -> None:
+        """The broker may have lost the offset written last (a pull failed: it may be restarting, having
+        written its offsets to disk only now and then, or another broker is taking over): write it again."""
+        self.committed_offset = COMMITTED_UNKNOWN
+
     def commit_offset(self) -> int:
         """Every message below this offset is acknowledged (or was filtered out)."""
         for first in self.entries:

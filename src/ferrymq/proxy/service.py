@@ -163,6 +163,9 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                                          on_check_transaction=self._on_check_transaction)
         #: (topic, broker name) -> (the route they were worked out from, readable queue ids)
         self._queue_ids: dict[tuple[str, str], tuple[TopicRouteData, list[int]]] = {}
+        #: broker name -> pulls from it that failed: each pop queue of that broker writes its offset again
+        #: (``_fill``), as the broker may have restarted or been replaced and lost the last ones
+        self._pull_failures: dict[str, int] = {}
         #: queues with a background pull under way (``_prefetch``)
         self._prefetching: set[PopKey] = set()
         #: set when this proxy stored a message of the topic (wakes waiting receives)
@@ -641,6 +644,11 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                     prefetch: bool = False) -> None:
         """Pull more of the queue when nothing held is ready (``block_ms``: a broker long poll); ``prefetch``:
         when fewer than PREFETCH_LOW_WATERMARK never-delivered messages are held."""
+        failures = self._pull_failures.get(key[2], 0)
+        if pq.failures_seen != failures:  # a pull from the queue's broker failed since its offset was written
+            pq.failures_seen = failures
+            pq.recommit()
+            self._dirty.add(key)
         lock = self._lock(key)
         if lock.locked() and block_ms == 0:
             return  # another receive is pulling this queue
@@ -650,10 +658,14 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                                                      else pq.has_ready(now)):
                 return
             mq = RemotingQueue(key[1], key[2], key[3])
-            result = await self._core(key[0]).pull(
-                mq, pq.pull_offset, min(PULL_BATCH, pq.room()), sub_expression=expression[0],
-                expression_type=expression[1], block=block_ms > 0, suspend_timeout_ms=block_ms,
-                timeout_ms=block_ms + REMOTING_TIMEOUT_MS)
+            try:
+                result = await self._core(key[0]).pull(
+                    mq, pq.pull_offset, min(PULL_BATCH, pq.room()), sub_expression=expression[0],
+                    expression_type=expression[1], block=block_ms > 0, suspend_timeout_ms=block_ms,
+                    timeout_ms=block_ms + REMOTING_TIMEOUT_MS)
+            except Exception:  # the broker may be restarting or failing over: it may lose the last offsets
+                self._pull_failures[key[2]] = self._pull_failures.get(key[2], 0) + 1
+                raise
             if result.status is PullStatus.FOUND:
                 pq.add_pulled(result.messages, result.next_begin_offset)
                 self._arrival(key[1]).set()  # a receive waiting while this pull ran looks again
