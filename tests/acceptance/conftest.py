@@ -28,13 +28,7 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from cpp21_support import (  # noqa: E402
-    CPP21_SCRIPTS_DIR,
-    Cpp21InstallError,
-    cpp21_env,
-    cpp21_install_dir,
-    cpp21_script_argv,
-)
+from cpp21_support import CPP21_SCRIPTS_DIR, cpp21_env, cpp21_install_dir, cpp21_script_argv  # noqa: E402
 from procs import (  # noqa: E402
     CPP_SCRIPTS_DIR,
     NODE_DIR,
@@ -46,6 +40,8 @@ from procs import (  # noqa: E402
     start_namesrv,
 )
 
+from support.pip_target import PipTargetError  # noqa: E402
+
 
 def _failed(request: pytest.FixtureRequest) -> bool:
     node = request.node
@@ -56,7 +52,7 @@ def _failed(request: pytest.FixtureRequest) -> bool:
 def cpp21_dir() -> Path:
     try:
         return cpp21_install_dir()
-    except Cpp21InstallError as exc:
+    except PipTargetError as exc:
         if os.environ.get("CI"):
             pytest.fail(str(exc))
         pytest.skip(str(exc))

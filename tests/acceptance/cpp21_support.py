@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,36 +17,18 @@ from typing import Any
 
 from procs import ManagedProcess, ProcessGroup, cpp_env
 
+from support.pip_target import pip_target_dir
+
 CPP21_REQUIREMENT = "rocketmq-python-cvs==2.1.0.3"
 CPP21_SCRIPTS_DIR = Path(__file__).resolve().parent / "cpp21_scripts"
 #: pip's time to download and unpack the package (an sdist holding the 2.1 librocketmq.so)
 CPP21_INSTALL_TIMEOUT_S = 600
 
 
-class Cpp21InstallError(RuntimeError):
-    """pip could not install the 2.1 client (no registry access, say)."""
-
-
 def cpp21_install_dir() -> Path:
     """Directory holding the 2.1 client, installed on the first call and reused afterwards (also across runs:
-    under ``$XDG_CACHE_HOME/ferrymq-tests``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    target = Path(base) / "ferrymq-tests" / CPP21_REQUIREMENT.replace("==", "-")
-    if (target / ".complete").exists():
-        return target
-    tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                           "--no-deps", "--target", str(tmp), CPP21_REQUIREMENT], capture_output=True, text=True,
-                          timeout=CPP21_INSTALL_TIMEOUT_S)
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise Cpp21InstallError(f"cannot install {CPP21_REQUIREMENT}: {proc.stderr.strip()[-500:]}")
-    (tmp / ".complete").write_text(CPP21_REQUIREMENT)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return target
+    support/pip_target.py); raises PipTargetError when pip cannot install it."""
+    return pip_target_dir(CPP21_REQUIREMENT, timeout_s=CPP21_INSTALL_TIMEOUT_S, no_deps=True)
 
 
 def cpp21_env(tmp_path: Path, install_dir: Path) -> dict[str, str]:

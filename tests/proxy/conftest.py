@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -24,39 +22,22 @@ import pytest
 from sdk5_support import DRIVER, SDK_EXIT_GRACE_S
 
 from support.aio import wait_for
+from support.pip_target import PipTargetError, pip_target_dir
 
 SDK_REQUIREMENT = "rocketmq-python-client==5.1.2"
 #: pip's time to install the SDK and its dependencies
 SDK_INSTALL_TIMEOUT_S = 600
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ferrymq-tests"
-
-
 @pytest.fixture(scope="session")
 def sdk5_path() -> Path:
-    """Directory holding the 5.x SDK and its dependencies (installed once, then reused)."""
-    target = _cache_root() / SDK_REQUIREMENT.replace("==", "-")
-    if (target / ".complete").exists():
-        return target
-    tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                           "--target", str(tmp), SDK_REQUIREMENT], capture_output=True, text=True,
-                          timeout=SDK_INSTALL_TIMEOUT_S)
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        message = f"cannot install {SDK_REQUIREMENT}: {proc.stderr.strip()[-500:]}"
+    """Directory holding the 5.x SDK and its dependencies (installed once, then reused: support/pip_target.py)."""
+    try:
+        return pip_target_dir(SDK_REQUIREMENT, timeout_s=SDK_INSTALL_TIMEOUT_S)
+    except PipTargetError as exc:
         if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    (tmp / ".complete").write_text(SDK_REQUIREMENT)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return target
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
 
 
 @pytest.fixture
