@@ -147,6 +147,8 @@ CLIENT_TIMEOUT_S = 420.0
 DRIVER_MEMORY = "1g"
 JVM_FLAGS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+#: Characters of the server's log (and of the client's stderr) shown when a scenario fails.
+SERVER_LOG_TAIL_CHARS = 8000
 #: Queues per broker of each topic (two brokers), messages in the source topic, maxOffsetsPerTrigger of the
 #: streams (two micro-batches).
 QUEUES_PER_BROKER = 2
@@ -171,9 +173,18 @@ def _kill_process_group(proc: Any) -> None:
             pass
 
 
+class ConnectServer:
+    def __init__(self, url: str, proc: Any) -> None:
+        self.url = url
+        self.proc = proc
+
+    def log_tail(self) -> str:
+        return str(self.proc.tail(SERVER_LOG_TAIL_CHARS))
+
+
 @pytest.fixture(scope="module")
-def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server (local[2]) on a free loopback port; its ``sc://`` URL."""
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """A Spark Connect server (local[2]) on a free loopback port."""
     from procs import ProcessGroup, free_port, port_answers, wait_for
 
     base = tmp_path_factory.mktemp("spark-connect")
@@ -199,7 +210,7 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ], env=env)  # fmt: skip
         wait_for(lambda: port_answers(port), timeout_s=SERVER_START_TIMEOUT_S,
                  what="the Spark Connect server to answer", alive=[server])  # fmt: skip
-        yield f"sc://127.0.0.1:{port}"
+        yield ConnectServer(f"sc://127.0.0.1:{port}", server)
     except BaseException:
         print(group.dump())
         raise
@@ -212,8 +223,9 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 class Seen:
     """What the client saw per scenario, and what the topics hold."""
 
-    def __init__(self, result: dict[str, dict[str, Any]], bodies: list[str],
+    def __init__(self, server: ConnectServer, result: dict[str, dict[str, Any]], bodies: list[str],
                  queue_ends: dict[tuple[str, int], int]) -> None:  # fmt: skip
+        self.server = server
         self.result = result
         #: the source topic's bodies and every queue's max offset (GET_MAX_OFFSET on its broker)
         self.bodies = bodies
@@ -221,12 +233,14 @@ class Seen:
 
     def __getitem__(self, scenario: str) -> dict[str, Any]:
         got = self.result[scenario]
-        assert "error" not in got, f"{scenario} failed in the Connect client:\n{got['error']}"
+        if "error" in got:
+            pytest.fail(f"{scenario} failed in the Connect client:\n{got['error']}\n"
+                        f"----- the server's log -----\n{self.server.log_tail()}")  # fmt: skip
         return got
 
 
 @pytest.fixture(scope="module")
-def seen(connect_url: str, cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Seen:
+def seen(connect_server: ConnectServer, cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Seen:
     """One client process runs every scenario against the server (one client start for the module)."""
     from procs import max_offset
 
@@ -248,11 +262,13 @@ def seen(connect_url: str, cluster: Any, tmp_path_factory: pytest.TempPathFactor
     # the client gets none of the server's Spark settings: it is a plain remote client
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), connect_url, json.dumps(cfg), str(out)],
+        [sys.executable, os.path.abspath(__file__), connect_server.url, json.dumps(cfg), str(out)],
         env=env, cwd=base, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
     )  # fmt: skip
-    assert proc.returncode == 0, f"the Connect client exited {proc.returncode}:\n{proc.stderr[-8000:]}"
-    return Seen(json.loads(out.read_text()), bodies, queue_ends)
+    if proc.returncode != 0:
+        pytest.fail(f"the Connect client exited {proc.returncode}:\n{proc.stderr[-SERVER_LOG_TAIL_CHARS:]}\n"
+                    f"----- the server's log -----\n{connect_server.log_tail()}")  # fmt: skip
+    return Seen(connect_server, json.loads(out.read_text()), bodies, queue_ends)
 
 
 _runs = iter(range(1_000_000))
