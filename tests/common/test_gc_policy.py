@@ -107,29 +107,29 @@ def test_a_short_pass_is_not_worth_a_count() -> None:
     assert w.counts == 0 and w.freezes == 0
 
 
-def test_an_estimate_too_high_costs_one_count_and_corrects_the_rate() -> None:
-    """A pass slowed down (the process descheduled) looks like many objects: the count says otherwise, nothing is
-    frozen, and the rate it measures keeps passes of the same speed from being counted again."""
+def test_an_estimate_too_high_costs_a_count_per_long_pass_and_never_a_freeze_too_early() -> None:
+    """Passes slowed down (the process waits for a CPU) look like many objects: each long pass is counted, the
+    counts say otherwise and nothing is frozen until the objects are there; the rate stays the least measured."""
     w = World()
     m = calibrated(w)
     w.unfrozen = 50_000
     w.full_pass(m, 0.300)  # 300,000 estimated
     assert w.counts == 1 and w.freezes == 0
-    assert m.rate_s_per_object == pytest.approx(6e-6)
+    assert m.rate_s_per_object == pytest.approx(1e-6)
     w.unfrozen = 60_000
     w.full_pass(m, 0.360)
-    assert w.counts == 1 and w.freezes == 0
+    assert w.counts == 2 and w.freezes == 0
     w.unfrozen = 100_000
     w.full_pass(m, 0.600)
-    assert w.counts == 2 and w.freezes == 1
+    assert w.counts == 3 and w.freezes == 1 and w.frozen == 200_000
 
 
 def test_a_rate_too_slow_is_renewed_once_passes_have_doubled_since_the_last_count() -> None:
-    """The rate was measured while the process waited for a CPU (10 x the real cost): estimates are a tenth of
-    the real count, and without a recount the frozen count would never be reached."""
+    """The rate was measured on objects 10 x as costly as the estate's: estimates are a tenth of the real count,
+    and without a recount the frozen count would never be reached."""
     w = World()
-    m = calibrated(w, rate_s_per_object=10e-6, frozen=100_000)  # pause_at_count_s: 1.0 s
-    m.pause_at_count_s = 0.050
+    m = calibrated(w, rate_s_per_object=10e-6, frozen=100_000)
+    m.pause_at_count_s = 0.050  # counted on a small heap
     w.unfrozen = 90_000
     w.full_pass(m, 0.090)  # estimate 9,000 (real 90,000): but the pass is 1.8 x the counted one's
     assert w.counts == 0 and w.freezes == 0

@@ -18,14 +18,15 @@ share it) as a ``gc.callbacks`` entry:
 |                       | count (``gc.get_freeze_count()``)           |                                              |
 
 **The trigger.** A full pass walks the unfrozen tracked objects, so its duration estimates their number: the
-monitor keeps the time per walked object measured at the last exact count (``rate_s_per_object``; seconds of the
-pass / (survivors + collected)). After a pass of at least ``GC_FREEZE_MIN_PAUSE_S`` whose estimate of unfrozen
+monitor keeps the time per walked object measured at the exact counts (``rate_s_per_object``; seconds of the
+pass / (survivors + collected)), the least of them: a process that waits for a CPU makes a pass slower, never
+faster, so the least is the nearest to the cost of the walk itself and errs towards estimates too high. After a pass of at least ``GC_FREEZE_MIN_PAUSE_S`` whose estimate of unfrozen
 survivors (duration / rate - collected) reaches (factor - 1) x the frozen count (O(1) to read), it confirms with
 one exact count (``len(gc.get_objects(2))``: after a full pass every survivor is in the oldest generation; a
-listing costs a fifth to a third of the pass) and freezes when the count confirms. The exact count also renews
-the rate. A server's start measures the first rate (``freeze_now``: a second collection timed, one count). An
-estimate that is too high costs one exact count (and corrects the rate). One that is too low (a rate measured
-while the process waited for a CPU, or on the start's small heap) would delay the freeze for good, so a pass
+listing costs a fifth to a third of the pass) and freezes when the count confirms. The exact count also measures
+the rate again. A server's start measures the first rate (``freeze_now``: a second collection timed, one count). An
+estimate that is too high (a busy machine) costs an exact count per long pass until the freeze. One that is
+too low (the objects of the estate cost more per object than those measured) would delay the freeze, so a pass
 ``GC_RECOUNT_PAUSE_FACTOR`` times as long as the pass of the last exact count is counted too: the passes of a
 growing heap renew the rate at least every doubling of their duration. Before the first rate is known, every
 pass that is long enough is counted exactly.
@@ -110,7 +111,7 @@ class GcMonitor:
         self.count = 0
         #: the longest pass since ``reset_max`` (seconds)
         self.max_pause_s = 0.0
-        #: seconds a full pass took per object it walked, at the last exact count (0.0: not measured yet)
+        #: seconds a full pass took per object it walked: the least of the exact counts' (0.0: not measured yet)
         self.rate_s_per_object = 0.0
         #: the duration of the pass the last exact count followed
         self.pause_at_count_s = 0.0
@@ -167,7 +168,9 @@ class GcMonitor:
     def _measure_rate(self, pause_s: float, walked: int) -> None:
         self.pause_at_count_s = pause_s
         if walked > 0 and pause_s > 0.0:
-            self.rate_s_per_object = pause_s / walked
+            rate = pause_s / walked
+            if self.rate_s_per_object <= 0.0 or rate < self.rate_s_per_object:
+                self.rate_s_per_object = rate
 
     def _observe(self, pause_s: float) -> None:
         self.counts[bisect.bisect_left(GC_PAUSE_BUCKETS_S, pause_s)] += 1
