@@ -14,7 +14,7 @@ from broker_helpers import Client, make_config, pull, records, send_v1, wait_for
 
 from ferrymq.broker.app import BrokerController
 from ferrymq.broker.slave_sync import SlaveSynchronize
-from ferrymq.broker.timer import CHECKPOINT_FILE, TimerMessageService
+from ferrymq.broker.timer import CHECKPOINT_DONE_SPAN, CHECKPOINT_FILE, TimerMessageService
 from ferrymq.common.message import decode_offset_msg_id
 from ferrymq.common.message_codec import encode_batch_body
 from ferrymq.common.timer import TIMER_TOPIC, RecallHandle
@@ -163,7 +163,7 @@ async def test_a_recalled_message_is_never_delivered_even_after_a_restart(tmp_pa
         client.close()
         await ctl.stop()
     saved = json.loads((tmp_path / "store" / "config" / CHECKPOINT_FILE).read_text())
-    assert saved["queueOffset"] == 1 and saved["doneOffsets"] == [] and saved["phyOffset"] > 0
+    assert saved["queueOffset"] == 1 and saved["doneBitmap"] == "" and saved["phyOffset"] > 0
 
     ctl = BrokerController(make_config(str(tmp_path / "store"), listen_port=0), clock_ms=clock)
     await ctl.start()
@@ -207,15 +207,51 @@ def test_checkpoint_keeps_done_offsets_above_the_oldest_pending_one(tmp_path: Pa
     svc = TimerMessageService(store=None, put=lambda inner: None, config_dir=str(tmp_path), clock_ms=lambda: 0)
     for qo in (1, 3, 4):
         svc._mark_done(qo)
-    assert svc.encode() == {"queueOffset": 0, "doneOffsets": [1, 3, 4], "phyOffset": 0}
+    assert svc.encode() == {"queueOffset": 0, "doneFrom": 0, "doneBitmap": "Gg==", "phyOffset": 0}  # 0b11010
+    assert svc.done_offsets() == [1, 3, 4]
     svc._mark_done(0)
-    assert svc.encode() == {"queueOffset": 2, "doneOffsets": [3, 4], "phyOffset": 0}
+    assert svc.committed_offset == 2 and svc.done_offsets() == [3, 4]
     svc._mark_done(2)
-    assert svc.encode() == {"queueOffset": 5, "doneOffsets": [], "phyOffset": 0}
+    assert svc.encode() == {"queueOffset": 5, "doneFrom": 0, "doneBitmap": "", "phyOffset": 0}
     svc.persist()
     again = TimerMessageService(store=None, put=lambda inner: None, config_dir=str(tmp_path), clock_ms=lambda: 0)
     again.load()
     assert again.committed_offset == 5
+
+
+def test_the_done_bitmap_survives_a_reload_and_reads_the_earlier_list_format(tmp_path: Path) -> None:
+    svc = TimerMessageService(store=None, put=lambda inner: None, config_dir=str(tmp_path), clock_ms=lambda: 0)
+    for qo in range(0, 40_000):
+        if qo not in (17, 20_003):
+            svc._mark_done(qo)
+    assert svc.committed_offset == 17 and len(svc.done_offsets()) == 40_000 - 18 - 1
+    svc._mark_done(17)
+    assert svc.committed_offset == 20_003 and svc._done_from == 20_000  # the bytes below were dropped
+    svc._mark_done(70_000)
+    svc.persist()
+    again = TimerMessageService(store=None, put=lambda inner: None, config_dir=str(tmp_path), clock_ms=lambda: 0)
+    again.load()
+    assert again.committed_offset == 20_003 and again.done_offsets() == svc.done_offsets()
+    again._mark_done(20_003)
+    assert again.committed_offset == 40_000 and again.done_offsets() == [70_000]
+    (tmp_path / CHECKPOINT_FILE).write_text(json.dumps({"queueOffset": 3, "doneOffsets": [4, 6], "phyOffset": 9}))
+    older = TimerMessageService(store=None, put=lambda inner: None, config_dir=str(tmp_path), clock_ms=lambda: 0)
+    older.load()
+    assert older.committed_offset == 3 and older.done_offsets() == [4, 6]
+    older._mark_done(3)
+    assert older.committed_offset == 5
+
+
+def test_saving_the_checkpoint_copies_a_bounded_bitmap(tmp_path: Path) -> None:
+    """The save's copy on the loop is CHECKPOINT_DONE_SPAN bits at most, however far above the oldest pending unit
+    done units lie (beyond: delivered again after a crash, at least once)."""
+    svc = TimerMessageService(store=None, put=lambda inner: None, config_dir=str(tmp_path), clock_ms=lambda: 0)
+    svc._mark_done(1)
+    svc._mark_done(CHECKPOINT_DONE_SPAN * 4)
+    done_from, bits = svc._done_bitmap()
+    assert done_from == 0 and bits == b"\x02" and len(svc._done_bits) > CHECKPOINT_DONE_SPAN // 2
+    svc._mark_done(CHECKPOINT_DONE_SPAN - 1)
+    assert len(svc._done_bitmap()[1]) == CHECKPOINT_DONE_SPAN // 8
 
 
 async def test_the_slave_copies_the_timer_checkpoint(manual, tmp_path: Path) -> None:

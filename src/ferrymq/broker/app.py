@@ -66,7 +66,7 @@ from ferrymq.broker.registration import NameServerRegistrar
 from ferrymq.broker.schedule import ScheduleMessageService
 from ferrymq.broker.stats import SAMPLE_INTERVAL_MS, BrokerStats
 from ferrymq.broker.subscription_manager import SubscriptionGroupManager
-from ferrymq.broker.timer import TimerMessageService
+from ferrymq.broker.timer import TimerMessageService, retention_warning
 from ferrymq.broker.topic_manager import TopicManager
 from ferrymq.broker.transaction import TransactionConfig, TransactionService
 from ferrymq.broker.unconsumed_floor import UnconsumedFloor
@@ -170,7 +170,12 @@ class BrokerController:
         self.stats = self.writer.stats = BrokerStats(clock_ms)
         self.delay_levels_ms = parse_delay_levels(config.message_delay_level)
         self.schedule = ScheduleMessageService(self.store, self.writer.put, cdir, self.delay_levels_ms, clock_ms)
-        self.timer = TimerMessageService(self.store, self.writer.put, cdir, clock_ms)
+        self.timer = TimerMessageService(self.store, self.writer.put, cdir, clock_ms,
+                                         roll_window_ms=config.timer_roll_window_sec * 1000)
+        #: pending timer messages' records outlive retention and forced cleanups (docs/timers.md)
+        self.store.retained_phy_floor = self.timer.retained_phy_floor
+        if (warning := retention_warning(config.timer_roll_window_sec, config.file_reserved_time_hours)) is not None:
+            log.warning("%s", warning)
         self.transactions = TransactionService(self, TransactionConfig(
             config.transaction_timeout_ms, config.transaction_check_interval_ms, config.transaction_check_max),
             clock_ms)

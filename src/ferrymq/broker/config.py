@@ -195,6 +195,10 @@ class BrokerConfig:
     timer_max_delay_sec: int = field(default=3 * 24 * 3600, metadata=_meta(
         "timerMaxDelaySec", "Longest delay a timer message may ask for, in seconds (a later delivery time is "
         "refused)"))
+    timer_roll_window_sec: int = field(default=24 * 3600, metadata=_meta(
+        "timerRollWindowSec", "A pending timer message whose record in the commit log is older than this many "
+        "seconds is re-written at the log's end (rolled), so retention can delete the old segment; keep it below "
+        "fileReservedTime"))
     channel_expired_timeout_ms: int = field(default=120_000, metadata=_meta(
         "channelExpiredTimeout", "Client channels without heartbeat are dropped after this"))
     delete_when: str = field(default="04", metadata=_meta("deleteWhen", "Accepted for compatibility; ignored"))
@@ -376,6 +380,7 @@ class BrokerConfig:
                            ("flushConsumerOffsetInterval", self.flush_consumer_offset_interval_ms),
                            ("flushDelayOffsetInterval", self.flush_delay_offset_interval_ms),
                            ("timerMaxDelaySec", self.timer_max_delay_sec),
+                           ("timerRollWindowSec", self.timer_roll_window_sec),
                            ("channelExpiredTimeout", self.channel_expired_timeout_ms),
                            ("slaveSyncInterval", self.slave_sync_interval_ms),
                            ("defaultTopicQueueNums", self.default_topic_queue_nums),

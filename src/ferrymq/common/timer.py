@@ -18,6 +18,8 @@ Properties the broker writes on the record it keeps in the timer topic (``rmq_sy
 | TIMER_OUT_MS         | the delivery time, ms since the epoch                              |
 | REAL_TOPIC, REAL_QID | where the message goes when due                                    |
 | TIMER_DEL_UNIQKEY    | recall marker only: ``<topic>+<UNIQ_KEY>`` of the recalled message |
+| TIMER_ROLL_FROM      | a rolled record only: the timer queue offset of the record it replaces (broker/timer.py) |
+| TIMER_ROLL_TIMES     | a rolled record only: how many times it was rolled (RocketMQ 5's name) |
 
 Recall handle (RocketMQ's ``RecallMessageHandle`` v1): URL-safe base64 (with padding) of five fields
 joined by one space:
@@ -53,6 +55,8 @@ PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_START_DELIVER_TIME = "__STARTDELIVERTIME"
 PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
 PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
+PROPERTY_TIMER_ROLL_FROM = "TIMER_ROLL_FROM"
+PROPERTY_TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
 
 #: the properties that make a message a timer message, in the order they are looked at
 TIMER_REQUEST_PROPERTIES = (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS,

@@ -151,6 +151,11 @@ class MessageStore:
         self._put_refused_logged_at_s = -PUT_REFUSED_LOG_INTERVAL_S
         #: where subscribed groups stand (the broker's offsets); None: no group protects any segment
         self.unconsumed_phy_floor: UnconsumedFloorProvider | None = None
+        #: records that must be kept whatever retention and disk pressure say (the broker's pending timer
+        #: messages): no segment at or above this phy offset is deleted; None: nothing is held
+        self.retained_phy_floor: UnconsumedFloorProvider | None = None
+        #: a segment retention would delete is held by ``retained_phy_floor`` (logged once per episode)
+        self.retention_held = False
         #: percent of the store's file system in use at the last check_disk_space (-1: not measured yet)
         self.disk_used_pct = -1.0
         #: the forced cleanup found nothing it may delete (logged once per episode)
@@ -725,7 +730,8 @@ class MessageStore:
         """Delete commit log segments (never the newest, never undispatched ones) last modified
         more than ``file_reserved_time_hours`` before ``now_ms`` (with ``force_oldest``: the oldest one
         whatever its age; with ``only_consumed``: only those below ``unconsumed_phy_floor``, i.e. every subscribed
-        group has consumed them); then trim the derived files."""
+        group has consumed them), and in every case none at or above ``retained_phy_floor`` (records the broker
+        still needs: pending timer messages); then trim the derived files."""
         if self.queues.expire_pending:
             self.queues.expire_step()
         now = self.clock_ms() if now_ms is None else now_ms
@@ -733,13 +739,13 @@ class MessageStore:
         count = 0
         floor: int | None = None
         floor_known = False
+        kept_from: int | None = None
+        kept_known = False
+        held = False
         for mf in self.commit_log.mfq.files[:-1]:
             if mf.end_offset > self.dispatcher.reput_phy_offset:
                 break
-            if force_oldest:
-                count = 1
-                break
-            if mf.last_modified_ms() + reserved_ms > now:
+            if not force_oldest and mf.last_modified_ms() + reserved_ms > now:
                 break
             if only_consumed:
                 if not floor_known:  # asked once, and only when an expired segment is a candidate
@@ -748,7 +754,24 @@ class MessageStore:
                     floor = provider() if provider is not None else None
                 if floor is not None and mf.end_offset > floor:
                     break
+            if not kept_known:  # asked once, and only when a segment is a candidate
+                kept_known = True
+                keep = self.retained_phy_floor
+                kept_from = keep() if keep is not None else None
+            if kept_from is not None and mf.end_offset > kept_from:
+                held = True
+                break
             count += 1
+            if force_oldest:
+                break
+        if kept_known and held != self.retention_held:
+            self.retention_held = held
+            if held:
+                log.warning("commit log segments from phy offset %d on are kept past retention: pending timer "
+                            "messages are stored there (they are re-written to the log's end as they age, see "
+                            "timerRollWindowSec)", kept_from)
+            else:
+                log.info("retention no longer held by pending timer messages")
         if count == 0:
             return 0
         self.commit_log.mfq.delete_first(count)
