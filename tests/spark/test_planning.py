@@ -36,17 +36,31 @@ class FakeMeta:
         self.bounds = dict(bounds)
         self.topic_names = list(topics)
         self.searched: list[int] = []
+        #: look-ups made (each is one round of requests in ClusterMetadata)
+        self.calls: list[str] = []
 
     def topics(self) -> list[str]:
+        self.calls.append("topics")
         return self.topic_names
 
     def queues(self, topic: str) -> list[MessageQueue]:
+        self.calls.append("queues")
         return sorted(mq for mq in self.bounds if mq.topic == topic)
 
+    def queues_of(self, topics: Sequence[str]) -> dict[str, list[MessageQueue]]:
+        self.calls.append("queues_of")
+        return {t: sorted(mq for mq in self.bounds if mq.topic == t) for t in topics}
+
+    def offset_bounds(self, queues: Sequence[MessageQueue]) -> tuple[OffsetMap, OffsetMap]:
+        self.calls.append("offset_bounds")
+        return {mq: self.bounds[mq][0] for mq in queues}, {mq: self.bounds[mq][1] for mq in queues}
+
     def min_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
+        self.calls.append("min_offsets")
         return {mq: self.bounds[mq][0] for mq in queues}
 
     def max_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
+        self.calls.append("max_offsets")
         return {mq: self.bounds[mq][1] for mq in queues}
 
     def search_offsets(self, queues: Sequence[MessageQueue], timestamp_ms: int) -> OffsetMap:
@@ -187,6 +201,28 @@ def test_stream_max_rows_and_new_queue_from_earliest() -> None:
         QueueRange("T", "broker-a", 0, 25, 100), QueueRange("T", "broker-a", 1, 7, 27),
         QueueRange("T", "broker-b", 0, 25, 100),
     ]  # fmt: skip
+
+
+def test_stream_start_asks_one_round_per_look_up() -> None:
+    """A query's start (the runner's prepare, initialOffset, latestOffset, partitions) fetches the routes of
+    all topics in one call and the min and max offsets of all queues together, never queue by queue."""
+    users = MessageQueue("Users", "broker-a", 0)
+    meta = FakeMeta({A0: (0, 30), B0: (2, 9), users: (0, 5)}, topics=("T", "Users"))
+    planner = StreamPlanner(opts(True, subscribe="T,Users", startingOffsets="earliest"), meta)
+    planner.prepare_available_now()
+    assert meta.calls == ["queues_of", "max_offsets"]
+    meta.calls.clear()
+    start = planner.initial_offsets()
+    assert meta.calls == ["queues_of", "offset_bounds"]
+    meta.calls.clear()
+    end = planner.latest_offsets(start, ReadAllAvailable())
+    assert meta.calls == ["queues_of", "offset_bounds"]
+    meta.calls.clear()
+    assert len(planner.plan(start, end)) == 3
+    assert meta.calls == ["min_offsets"]
+    meta.calls.clear()
+    assert len(plan_batch(meta, opts(subscribe="T,Users"))) == 3
+    assert meta.calls == ["queues_of", "offset_bounds"]
 
 
 def test_stream_available_now_target_is_fixed() -> None:

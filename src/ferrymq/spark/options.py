@@ -60,8 +60,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ferrymq.common.sql92 import EXPRESSION_TYPE_SQL92, EXPRESSION_TYPE_TAG, SqlParseError, compile_selector
-from ferrymq.common.tls import TlsClientSettings
+from ferrymq.common.sql92 import EXPRESSION_TYPE_SQL92, EXPRESSION_TYPE_TAG
 from ferrymq.errors import ConfigError
 
 EARLIEST = -2
@@ -322,6 +321,8 @@ class ClientSecurity:
         """Keyword arguments of a ferrymq client (Producer, PullConsumer)."""
         tls = None
         if self.tls:
+            from ferrymq.common.tls import TlsClientSettings
+
             tls = TlsClientSettings(trust_cert_path=self.tls_trust_cert_path, cert_path=self.tls_cert_path,
                                     key_path=self.tls_key_path)
         return {"access_key": self.access_key, "secret_key": self.secret_key, "tls": tls}
@@ -581,6 +582,8 @@ def _expression_type(options: Mapping[str, str]) -> str:
     if value not in (EXPRESSION_TYPE_TAG, EXPRESSION_TYPE_SQL92):
         raise ConfigError("expressionType", f"must be TAG or SQL92, not {value!r}")
     if value == EXPRESSION_TYPE_SQL92:
+        from ferrymq.common.sql92 import SqlParseError, compile_selector
+
         try:
             compile_selector((_get(options, "subExpression") or "").strip())
         except SqlParseError as exc:

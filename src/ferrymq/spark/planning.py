@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,11 +46,18 @@ def report_data_loss(fail_on_data_loss: bool, message: str) -> None:
 
 
 class Metadata(Protocol):
-    """The driver's view of the cluster (bulk calls, so an implementation can run them concurrently)."""
+    """The driver's view of the cluster (bulk calls, so an implementation can run them concurrently: each
+    call is one round of requests; the planner asks for what it needs in as few calls as it can)."""
 
     def topics(self) -> list[str]: ...
 
     def queues(self, topic: str) -> list[MessageQueue]: ...
+
+    def queues_of(self, topics: Sequence[str]) -> dict[str, list[MessageQueue]]: ...
+
+    def offset_bounds(self, queues: Sequence[MessageQueue]) -> tuple[OffsetMap, OffsetMap]:
+        """(min offsets, max offsets) of ``queues`` in one round."""
+        ...
 
     def min_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap: ...
 
@@ -87,19 +94,19 @@ def discover_queues(meta: Metadata, opts: SourceOptions) -> list[MessageQueue]:
     """The queues the options select, sorted. Unknown subscribed topics simply have no queues yet."""
     if opts.assignment is not None:
         selected: list[MessageQueue] = []
-        for topic in opts.assignment.queues:
+        for topic, queues in meta.queues_of(list(opts.assignment.queues)).items():
             selected.extend(
-                mq for mq in meta.queues(topic) if opts.assignment.selects(topic, mq.broker_name, mq.queue_id)
+                mq for mq in queues if opts.assignment.selects(topic, mq.broker_name, mq.queue_id)
             )
         return sorted(set(selected))
     if opts.pattern is not None:
         regex = re.compile(opts.pattern)
-        topics: Iterable[str] = [t for t in meta.topics() if regex.fullmatch(t) and not _is_system_topic(t)]
+        topics = [t for t in meta.topics() if regex.fullmatch(t) and not _is_system_topic(t)]
     else:
-        topics = opts.topics
+        topics = list(opts.topics)
     found: set[MessageQueue] = set()
-    for topic in topics:
-        found.update(meta.queues(topic))
+    for queues in meta.queues_of(topics).values():
+        found.update(queues)
     return sorted(found)
 
 
@@ -230,7 +237,7 @@ def resolve_starting(meta: Metadata, opts: SourceOptions, queues: Sequence[Messa
     """Starting offsets of a new query (batch, or the first micro-batch of a stream)."""
     if not queues:
         return {}
-    return resolve_starting_offsets(meta, opts, queues, meta.min_offsets(queues), meta.max_offsets(queues))
+    return resolve_starting_offsets(meta, opts, queues, *meta.offset_bounds(queues))
 
 
 def clamp_to_available(

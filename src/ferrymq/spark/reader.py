@@ -34,7 +34,6 @@ from pyspark.sql.streaming.datasource import (
 
 from ferrymq.common.route import MessageQueue
 from ferrymq.errors import ConfigError
-from ferrymq.spark import fetch
 from ferrymq.spark.options import ExecutorOptions, SourceOptions
 from ferrymq.spark.planning import (
     Metadata,
@@ -84,6 +83,8 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if getattr(partition, "value", None) is None:
             return iter(())
         raise TypeError(f"not a rocketmq partition: {partition!r}")
+    from ferrymq.spark import fetch  # executors only: the driver-side runner never imports the pull path
+
     return fetch.read_range(partition.rng, partition.opts)
 
 
@@ -110,8 +111,7 @@ def plan_batch(meta: Metadata, opts: SourceOptions, pushed: PushedFilters | None
     if not queues:
         log.warning("rocketmq source: no queue matches the subscription; the result is empty")
         return []
-    mins = meta.min_offsets(queues)
-    maxs = meta.max_offsets(queues)
+    mins, maxs = meta.offset_bounds(queues)
     start = resolve_starting_offsets(meta, opts, queues, mins, maxs)
     end = resolve_ending_offsets(meta, opts, queues, mins, maxs)
     for mq in queues:
@@ -214,8 +214,7 @@ class StreamPlanner:
         self, start: OffsetMap, queues: Sequence[MessageQueue]
     ) -> tuple[OffsetMap, OffsetMap]:
         """(start with new queues at their minimum and data loss resolved, latest offsets)."""
-        mins = self.meta.min_offsets(queues) if queues else {}
-        maxs = self.meta.max_offsets(queues) if queues else {}
+        mins, maxs = self.meta.offset_bounds(queues) if queues else ({}, {})
         full = dict(start)
         for mq in queues:
             if mq not in full:
@@ -254,12 +253,11 @@ class StreamPlanner:
 
     def plan(self, start: OffsetMap, end: OffsetMap) -> list[QueueRange]:
         """Ranges of one micro-batch. Queues missing from ``start`` begin at their current minimum."""
-        new = [mq for mq in end if mq not in start]
-        full = dict(start)
-        if new:
-            full.update(self.meta.min_offsets(new))
         queues = sorted(mq for mq in end)
         mins = self.meta.min_offsets(queues) if queues else {}
+        full = dict(start)
+        for mq in queues:
+            full.setdefault(mq, mins[mq])
         ranges: list[QueueRange] = []
         for mq in queues:
             s, e = full[mq], end[mq]

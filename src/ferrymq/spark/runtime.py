@@ -11,6 +11,15 @@ Python process: the driver-side planner, the streaming source runner, or an exec
 | ``pull_consumer(opts)`` | started ``PullConsumer`` cached by (nameServer, group, readFromSlave)  |
 | ``producer(opts)``      | started ``Producer`` cached by (nameServer, group, sendTimeoutMs)      |
 | ``ClusterMetadata``     | the driver's ``planning.Metadata``: topics, queues, min/max/search     |
+
+The driver's metadata look-ups and the requests they send (all of a look-up's requests are concurrent, so each
+look-up is one round trip):
+
+| look-up                         | requests                                                                 |
+|---------------------------------|--------------------------------------------------------------------------|
+| ``queues_of(topics)``           | GET_ROUTEINFO_BY_TOPIC per topic, to the name server                    |
+| ``offset_bounds`` / ``min_offsets`` / ``max_offsets`` | GET_TOPIC_STATS_INFO per (topic, broker group): every queue's min and max offset; per queue GET_MIN_OFFSET + GET_MAX_OFFSET for queues the answer lacks, or when the broker refuses the code |
+| ``search_offsets(queues, ms)``  | SEARCH_OFFSET_BY_TIMESTAMP per queue                                     |
 """
 
 from __future__ import annotations
@@ -23,19 +32,23 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ferrymq.client import api
 from ferrymq.client.consumer.pull import PullConsumer
-from ferrymq.client.producer import Producer
+from ferrymq.client.jsonmq import mq_keyed_map
 from ferrymq.common import aio
 from ferrymq.common.route import MessageQueue
-from ferrymq.errors import BrokerError, ClientError, FerryError
+from ferrymq.errors import BrokerError, ClientError, FerryError, ProtocolError
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.spark import allocator
 from ferrymq.spark.options import ExecutorOptions, SinkOptions
 from ferrymq.spark.planning import OffsetMap
+
+if TYPE_CHECKING:  # the producer is the sink's: a source's processes do not import it
+    from ferrymq.client.producer import Producer
 
 log = logging.getLogger("ferrymq.spark")
 
@@ -107,6 +120,8 @@ async def started_producer(opts: SinkOptions) -> Producer:
     key = opts.producer_key
     producer = _producers.get(key)
     if producer is None:
+        from ferrymq.client.producer import Producer
+
         producer = Producer(opts.name_server, opts.group, send_timeout_ms=opts.send_timeout_ms,
                             **opts.security.client_kwargs())
         await producer.start()
@@ -194,9 +209,12 @@ class ClusterMetadata:
 
     def queues(self, topic: str) -> list[MessageQueue]:
         """Readable queues of ``topic``; [] when the topic does not exist (yet)."""
+        return self.queues_of([topic])[topic]
 
-        async def go() -> list[MessageQueue]:
-            consumer = await self._consumer()
+    def queues_of(self, topics: Sequence[str]) -> dict[str, list[MessageQueue]]:
+        """Readable queues of each topic (routes fetched concurrently); [] for a topic that does not exist."""
+
+        async def one(consumer: PullConsumer, topic: str) -> list[MessageQueue]:
             try:
                 return sorted(await consumer.fetch_subscribe_message_queues(topic))
             except FerryError as exc:
@@ -204,27 +222,72 @@ class ClusterMetadata:
                     return []
                 raise
 
+        async def go() -> dict[str, list[MessageQueue]]:
+            consumer = await self._consumer()
+            found = await _gather_limited([one(consumer, t) for t in topics])
+            return dict(zip(topics, found, strict=True))
+
         return self._run(go)
 
-    def _offsets(self, queues: Sequence[MessageQueue], kind: str, timestamp_ms: int = 0) -> OffsetMap:
+    def offset_bounds(self, queues: Sequence[MessageQueue]) -> tuple[OffsetMap, OffsetMap]:
+        """(min offsets, max offsets) of ``queues``: one GET_TOPIC_STATS_INFO per (topic, broker group)."""
+
+        async def go() -> tuple[OffsetMap, OffsetMap]:
+            consumer = await self._consumer()
+            groups: dict[tuple[str, str], list[MessageQueue]] = {}
+            for mq in queues:
+                groups.setdefault((mq.topic, mq.broker_name), []).append(mq)
+            mins: OffsetMap = {}
+            maxs: OffsetMap = {}
+            for lo, hi in await _gather_limited([self._group_bounds(consumer, g) for g in groups.values()]):
+                mins.update(lo)
+                maxs.update(hi)
+            return mins, maxs
+
+        return self._run(go)
+
+    async def _group_bounds(self, consumer: PullConsumer, queues: list[MessageQueue]) -> tuple[OffsetMap, OffsetMap]:
+        """Bounds of queues of one topic on one broker group, from its topic stats; the queues the answer
+        lacks (more read than write queues) or all of them when the broker refuses it, queue by queue."""
+        topic, broker_name = queues[0].topic, queues[0].broker_name
+        if broker_name not in consumer.instance.broker_addrs:  # not routed yet (planning from a checkpoint)
+            await consumer.instance.update_route(topic)
+        addr = await consumer.core.admin_addr(broker_name)
+        cmd = RemotingCommand.request(RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic})
+        stats: dict[MessageQueue, Any] = {}
+        try:
+            resp = api.check(await consumer.instance.invoke(addr, cmd, self.opts.pull_timeout_ms))
+            stats = {mq: value for mq, value in mq_keyed_map(resp.body or b"{}", "offsetTable")
+                     if isinstance(value, dict)}  # fmt: skip
+        except (BrokerError, ProtocolError) as exc:  # e.g. a broker that does not serve the code
+            log.info("rocketmq source: topic stats of %s from %s unavailable (%s); asking queue by queue",
+                     topic, addr, exc)  # fmt: skip
+        mins: OffsetMap = {}
+        maxs: OffsetMap = {}
+        rest: list[MessageQueue] = []
+        for mq in queues:
+            value = stats.get(mq)
+            if value is not None and "minOffset" in value and "maxOffset" in value:
+                mins[mq], maxs[mq] = int(value["minOffset"]), int(value["maxOffset"])
+            else:
+                rest.append(mq)
+        if rest:
+            found = await _gather_limited([*(consumer.min_offset(mq) for mq in rest),
+                                           *(consumer.max_offset(mq) for mq in rest)])  # fmt: skip
+            mins.update(zip(rest, found[: len(rest)], strict=True))
+            maxs.update(zip(rest, found[len(rest):], strict=True))
+        return mins, maxs
+
+    def min_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
+        return self.offset_bounds(queues)[0]
+
+    def max_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
+        return self.offset_bounds(queues)[1]
+
+    def search_offsets(self, queues: Sequence[MessageQueue], timestamp_ms: int) -> OffsetMap:
         async def go() -> OffsetMap:
             consumer = await self._consumer()
-            if kind == "min":
-                coros = [consumer.min_offset(mq) for mq in queues]
-            elif kind == "max":
-                coros = [consumer.max_offset(mq) for mq in queues]
-            else:
-                coros = [consumer.search_offset(mq, timestamp_ms) for mq in queues]
-            values = await _gather_limited(coros)
+            values = await _gather_limited([consumer.search_offset(mq, timestamp_ms) for mq in queues])
             return dict(zip(queues, values, strict=True))
 
         return self._run(go)
-
-    def min_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
-        return self._offsets(queues, "min")
-
-    def max_offsets(self, queues: Sequence[MessageQueue]) -> OffsetMap:
-        return self._offsets(queues, "max")
-
-    def search_offsets(self, queues: Sequence[MessageQueue], timestamp_ms: int) -> OffsetMap:
-        return self._offsets(queues, "search", timestamp_ms)

@@ -25,7 +25,6 @@ from pyspark.sql.types import (
 )
 
 from ferrymq.errors import ConfigError
-from ferrymq.spark.arrow import SOURCE_SCHEMA_DDL
 from ferrymq.spark.options import parse_sink_options, parse_source_options
 
 
@@ -73,6 +72,8 @@ def _check_user_schema(schema: StructType) -> None:
     if schema is not None and [(f.name, f.dataType) for f in schema.fields] != [
         (f.name, f.dataType) for f in source_schema().fields
     ]:
+        from ferrymq.spark.arrow import SOURCE_SCHEMA_DDL  # imports pyarrow.compute: only on this error
+
         raise ConfigError(
             "schema", f"the rocketmq source has a fixed schema ({SOURCE_SCHEMA_DDL}); do not set one"
         )
