@@ -276,6 +276,10 @@ class BrokerController:
         self.timer.load()
         self.store.load()
         self.writer.bind(loop)
+        if cfg.enable_controller_mode and not cfg.read_uncommitted:
+            # consumers see only records every SyncStateSet member holds (docs/failover.md)
+            self.store.dispatcher.reput_end = self._controller_reput_end
+            self.writer.hold_keys = True
         self.writer.reput_now()
         self.start_ms = self.clock_ms()
         if cfg.gc_freeze_enable:
@@ -454,6 +458,11 @@ class BrokerController:
                 log.debug("notify %s failed: %s", ch.client_id, exc)
 
     # ---- controller mode --------------------------------------------------------------------------
+    def _controller_reput_end(self) -> int:
+        """The dispatch bound in controller mode: the confirm offset; nothing new before the role is known."""
+        role = self.controller_role
+        return role.reput_end_phy_offset() if role is not None else int(self.store.reput_phy_offset)
+
     def set_store_writable(self, writable: bool) -> None:
         role = BrokerRole.SLAVE
         if writable:

@@ -236,6 +236,9 @@ class BrokerConfig:
         "controllerAddr", "Controllers, ';'-separated host:port list (controller mode)"))
     all_ack_in_sync_state_set: bool = field(default=True, metadata=_meta(
         "allAckInSyncStateSet", "Controller mode, SYNC: a send waits for every SyncStateSet member's ack"))
+    read_uncommitted: bool = field(default=False, metadata=_meta(
+        "readUnCommitted", "Controller mode: also serve consumers records the SyncStateSet has not confirmed yet "
+        "(a failover may take them back; false: only records every SyncStateSet member holds)"))
     in_sync_replicas: int = field(default=1, metadata=_meta(
         "inSyncReplicas", "Controller mode, SYNC without allAckInSyncStateSet: replicas (master included) "
         "that must hold a message before SEND_OK"))

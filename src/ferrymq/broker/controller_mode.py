@@ -34,6 +34,13 @@ This module is the broker's side of that bargain:
   addition counts for acks at once (the union of the old and new sets is waited for until the controller
   answers); a removal only once the controller has accepted it, so a send is never acknowledged without
   every member the controller may elect from.
+* **Confirmed reads** (unless ``readUnCommitted=true``): the store dispatches, and so consumers see, only
+  records that end at or below the confirm offset (``reput_end_phy_offset``): on the master the end of what
+  every SyncStateSet member acked, on a slave the confirm offset its master last sent. A record the master
+  holds alone may vanish at a failover (the new master stores other records at the same queue offsets), so a
+  consumer must never be shown it. Each change of the master's confirm offset schedules a reput, which wakes
+  the long polls of the queues it dispatched. Before the role is known (start-up) nothing new is dispatched; a
+  new master dispatches everything it holds before it takes sends (its log is the group's from then on).
 
 GroupState (answer body of 904 / 1001, JSON):
 
@@ -118,7 +125,8 @@ class ControllerRole:
             ha_max_time_slave_not_catchup_ms=cfg.ha_max_time_slave_not_catchup_ms,
             transfer_batch_size=cfg.ha_transfer_batch_size, heartbeat_interval_ms=cfg.ha_send_heartbeat_interval_ms,
             housekeeping_interval_ms=cfg.ha_housekeeping_interval_ms,
-            on_slave_caught_up=self._on_caught_up, on_slave_lagging=self._on_lagging, tls=broker.tls_server)
+            on_slave_caught_up=self._on_caught_up, on_slave_lagging=self._on_lagging,
+            on_confirm_changed=broker.writer.schedule_reput, tls=broker.tls_server)
         self.ha_master.active = False
         self.ha_client = AutoSwitchHAClient(
             broker.store, self.epoch_file, self.replica_id, cfg.broker_name, ha_secret=cfg.ha_secret or None,
@@ -130,6 +138,8 @@ class ControllerRole:
         self.elections_seen = 0
         self.last_error = ""
         self._sss_pending = False
+        #: True while a new master dispatches everything it holds (``reput_end_phy_offset`` is unbounded)
+        self._taking_over = False
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -224,6 +234,12 @@ class ControllerRole:
     def confirm_offset(self) -> int:
         return int(self.ha_master.confirm_offset if self.is_master else self.ha_client.confirm_offset)
 
+    def reput_end_phy_offset(self) -> int:
+        """The store's dispatch bound (``Dispatcher.reput_end``) unless readUnCommitted: the confirm offset."""
+        if self._taking_over:
+            return int(self.broker.store.max_phy_offset)
+        return self.confirm_offset
+
     async def invoke_controller(self, make: Any, timeout_ms: int) -> RemotingCommand:
         """Send ``make()`` to the leading controller: follows CONTROLLER_NOT_LEADER once per address and
         moves on after a connection error; the last answer or error wins."""
@@ -288,7 +304,11 @@ class ControllerRole:
             log.warning("cutting a half-copied record tail [%d, %d) before taking over", cl.replica_verified_phy,
                         cl.max_offset)
             store.truncate_to(cl.replica_verified_phy)
-        broker.writer.reput_now()
+        self._taking_over = True  # the new master's log is the group's: all of it is dispatched (queue offsets)
+        try:
+            broker.writer.reput_now()
+        finally:
+            self._taking_over = False
         start = int(store.max_phy_offset)
         if self.epoch_file.last_epoch() < state.master_epoch:
             self.epoch_file.truncate_after(start + 1)

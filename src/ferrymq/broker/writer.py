@@ -11,6 +11,10 @@ is mapped and has its blocks reserved), so a send is acknowledged only when its 
 refusal (no descriptor left, a full disk) is answered with its status. A dispatch that still stops short
 of the log's end (e.g. a batch beyond the reserved chunk on a full disk) is retried every
 ``DISPATCH_RETRY_INTERVAL_MS`` until it succeeds, without waiting for another send.
+
+With ``hold_keys`` (controller mode without readUnCommitted: the store dispatches only what the SyncStateSet
+confirmed) a put's queue is remembered with the phy offset its record ends at, and long polling is told about
+it by the reput that dispatches it (after the replicas' acks), not by the first reput after the put.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +56,9 @@ class MessageWriter:
         self._flush = flush
         self._on_dispatched = on_dispatched
         self._pending_keys: set[QueueKey] = set()
+        #: dispatch bounded by a confirm offset: (phy offset the put's records end at, queue), in put order
+        self.hold_keys = False
+        self._held_keys: deque[tuple[int, QueueKey]] = deque()
         self._wake_all = False
         self._reput_scheduled = False
         self._retry_handle: asyncio.TimerHandle | None = None
@@ -149,7 +157,10 @@ class MessageWriter:
         return res
 
     def _appended(self, key: QueueKey, ar: Any) -> None:
-        self._pending_keys.add(key)
+        if self.hold_keys:
+            self._held_keys.append((ar.wrote_offset + ar.wrote_bytes, key))
+        else:
+            self._pending_keys.add(key)
         stats = self.stats
         if stats is not None:
             stats.on_put(key[0], ar.msg_num, ar.wrote_bytes)
@@ -203,6 +214,12 @@ class MessageWriter:
             self.schedule_reput()
         elif getattr(self._store, "dispatch_behind_bytes", 0) > 0:
             self._schedule_retry()  # stopped short (a file could not be had): again by itself, no send needed
+        held = self._held_keys
+        if held:  # the queues whose puts this reput (or an earlier one) dispatched
+            dispatched_to = self._store.reput_phy_offset
+            pending = self._pending_keys
+            while held and held[0][0] <= dispatched_to:
+                pending.add(held.popleft()[1])
         keys, self._pending_keys = self._pending_keys, set()
         wake_all, self._wake_all = self._wake_all, False
         if wake_all:

@@ -255,6 +255,7 @@ class _TransferProtocol(asyncio.Protocol):
         client = self.client
         head = codec.TRANSFER_HEADER_SIZE
         pos, end, answered, appended = 0, len(buffer), False, False
+        confirm_before = client.confirm_offset
         try:
             while end - pos >= head:
                 header = codec.decode_transfer_header(bytes(buffer[pos:pos + head]))
@@ -272,7 +273,7 @@ class _TransferProtocol(asyncio.Protocol):
                 del buffer[:pos]
         if answered:  # one report per receive: the new max (an idle master's heartbeat gets one too)
             self.transport.write(codec.encode_report(int(client.store.max_phy_offset)))
-        if appended and client.on_appended is not None:
+        if (appended or client.confirm_offset != confirm_before) and client.on_appended is not None:
             result = client.on_appended()
             if asyncio.iscoroutine(result):
                 asyncio.ensure_future(result)

@@ -11,6 +11,8 @@ transfers, per-replica acks, SYNC waits and the SyncStateSet's caught-up / laggi
   ``min_in_sync_replicas - 1``). A SyncStateSet smaller than ``min_in_sync_replicas`` answers False at once.
   Waiters are a heap on ``end`` released by the ack level (the needed-th highest ack).
 * ``confirm_offset`` = min(the master's max phy offset, every other SyncStateSet member's ack).
+  ``on_confirm_changed()`` runs whenever it may have moved (a member's ack, a change of the set): the broker
+  dispatches up to it (controller mode serves consumers only confirmed records).
 * A slave whose ack reached the master's max phy offset is caught up at that moment. A SyncStateSet member
   not caught up for ``ha_max_time_slave_not_catchup_ms`` -> ``on_slave_lagging(id)``; a connected slave outside
   the set that catches up -> ``on_slave_caught_up(id)``. Each fires once until the set changes.
@@ -141,6 +143,7 @@ class AutoSwitchHAMaster:
                  housekeeping_interval_ms: int = DEFAULT_HOUSEKEEPING_INTERVAL_MS,
                  on_slave_caught_up: Callable[[int], None] | None = None,
                  on_slave_lagging: Callable[[int], None] | None = None,
+                 on_confirm_changed: Callable[[], None] | None = None,
                  tls: TlsServerSettings | None = None) -> None:
         #: TLS of the HA port (tlsServerMode and tls.server.*, common/tls.py)
         self.tls = tls
@@ -160,6 +163,7 @@ class AutoSwitchHAMaster:
         self.housekeeping_interval_ms = housekeeping_interval_ms
         self.on_slave_caught_up = on_slave_caught_up
         self.on_slave_lagging = on_slave_lagging
+        self.on_confirm_changed = on_confirm_changed
         self.sync_state_set: set[int] = {replica_id}
         self.sync_state_set_epoch = 0
         self._slaves: dict[int, _Slave] = {}
@@ -273,6 +277,8 @@ class AutoSwitchHAMaster:
         else:
             level = others[needed - 1] if len(others) >= needed else -1
         self._ack_level = level
+        if self.on_confirm_changed is not None:
+            self.on_confirm_changed()
         waiters = self._waiters
         while waiters and waiters[0][0] <= level:
             _end, _seq, waiter = heapq.heappop(waiters)

@@ -8,12 +8,18 @@ hands every record the scan does not handle (transactions, SCHEDULE_TOPIC_XXXX, 
 text, BLANK/END/INCOMPLETE/CORRUPT) to the Python code below, one at a time, so the rules live in one
 place. Without it, on the master ``CommitLog.pending`` already holds each record's ``RecordMeta``; the
 parser is the fallback (slave, start-up re-dispatch, or an overflowed pending queue).
+
+``reput_end`` bounds the dispatch (controller mode without ``readUnCommitted``: the commit log's confirm
+offset, the end of what every SyncStateSet member holds): only records that end at or below it are dispatched,
+so consume queues, the index and everything derived from them (pulls, max offsets, lag, long polling) never
+show a record a failover may take back. The rest is dispatched by a later reput, once the bound has passed it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from types import ModuleType
 
 from ferrymq.common.message import (
@@ -107,6 +113,32 @@ class Dispatcher:
         self._stall_logged_at_s = 0.0
         #: the C extension, or None for the pure-Python path (read once: tests switch it per store)
         self.native = speedups.NATIVE
+        #: the phy offset records must end at or below to be dispatched (None: the commit log's end)
+        self.reput_end: Callable[[], int] | None = None
+
+    def reput_end_phy_offset(self) -> int:
+        """Where this reput may dispatch up to: the log's end, or ``reput_end`` when that is lower."""
+        max_phy = self.commit_log.max_offset
+        bound = self.reput_end
+        return max_phy if bound is None else min(max_phy, bound())
+
+    def behind_bytes(self) -> int:
+        """Bytes the dispatch could have reached and has not; 0 while the next record ends beyond
+        ``reput_end`` (it waits for the bound: it is not behind)."""
+        cl = self.commit_log
+        end = self.reput_end_phy_offset()
+        r = self.reput_phy_offset
+        if r >= end:
+            return 0
+        if self.reput_end is not None and end < cl.max_offset:
+            mf = cl.mfq.find(r)
+            if mf is not None:
+                pos = r - mf.file_from_offset
+                if pos + 4 <= mf.wrote_position:
+                    size = int.from_bytes(mf.mm[pos:pos + 4], "big", signed=True)
+                    if size > 0 and r + size > end:
+                        return 0
+        return end - r
 
     def tags_code(self, topic: str, properties: str, store_timestamp: int) -> int:
         if topic == SCHEDULE_TOPIC:
@@ -248,7 +280,7 @@ class Dispatcher:
             return self._reput_native(limit)
         cl = self.commit_log
         pending = cl.pending
-        max_phy = cl.max_offset
+        max_phy = self.reput_end_phy_offset()
         if self.reput_phy_offset < cl.min_offset:
             self.reput_phy_offset = cl.min_offset
         count = 0
@@ -260,13 +292,15 @@ class Dispatcher:
                     pending.popleft()
                     continue
                 if head.phy_offset == r:
+                    if r + head.size > max_phy:
+                        break  # beyond reput_end: not confirmed yet
                     # the run of pending metas that continue each other, dispatched together
                     run = [pending.popleft()]
                     r += head.size
                     n = 1
                     while pending and n < limit - count and r < max_phy:
                         head = pending[0]
-                        if head.phy_offset != r:
+                        if head.phy_offset != r or r + head.size > max_phy:
                             break
                         run.append(pending.popleft())
                         r += head.size
@@ -282,13 +316,13 @@ class Dispatcher:
             if mf is None:
                 break
             pos = r - mf.file_from_offset
-            status, size, meta = check_record_meta(mf.mm, pos, mf.wrote_position)
+            wrote = min(mf.wrote_position, max_phy - mf.file_from_offset)  # (records end at reput_end at most)
+            status, size, meta = check_record_meta(mf.mm, pos, wrote)
             if meta is not None:  # RecordCheck.OK
                 self.dispatch(meta, r)
                 count += 1
                 # the records right behind it in this segment: no per-record segment lookup
                 mm = mf.mm
-                wrote = mf.wrote_position
                 r += size
                 pos += size
                 self.reput_phy_offset = r
@@ -329,7 +363,7 @@ class Dispatcher:
         cl = self.commit_log
         if cl.pending:
             cl.pending.clear()  # metas queued before the switch: the bytes say the same
-        max_phy = cl.max_offset
+        max_phy = self.reput_end_phy_offset()
         if self.reput_phy_offset < cl.min_offset:
             self.reput_phy_offset = cl.min_offset
         want_index = self.index is not None
@@ -353,7 +387,7 @@ class Dispatcher:
                 if stop != speedups.SCAN_STOP_RECORD or count >= limit:
                     continue  # a full window (or the end): scan on
             # the record at end_pos is not for the scan (or nothing was readable): the parse path decides
-            done = self._reput_one(mf, base + end_pos)
+            done = self._reput_one(mf, base + end_pos, end)
             if done < 0:
                 break
             count += done
@@ -376,10 +410,10 @@ class Dispatcher:
         if entries and self.index is not None:
             self.index.build_index_packed(native, entries)
 
-    def _reput_one(self, mf: MappedFile, r: int) -> int:
-        """The parse path for the one record at ``r`` in ``mf``: 1 if dispatched, 0 if skipped (BLANK: on
-        to the next segment), -1 to stop (END, INCOMPLETE, CORRUPT)."""
-        status, size, meta = check_record_meta(mf.mm, r - mf.file_from_offset, mf.wrote_position)
+    def _reput_one(self, mf: MappedFile, r: int, end: int) -> int:
+        """The parse path for the one record at ``r`` in ``mf`` (readable up to position ``end``): 1 if
+        dispatched, 0 if skipped (BLANK: on to the next segment), -1 to stop (END, INCOMPLETE, CORRUPT)."""
+        status, size, meta = check_record_meta(mf.mm, r - mf.file_from_offset, end)
         if meta is not None:  # RecordCheck.OK
             self.dispatch(meta, r)
             self.reput_phy_offset = r + size

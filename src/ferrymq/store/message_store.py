@@ -372,7 +372,9 @@ class MessageStore:
 
     @property
     def dispatch_behind_bytes(self) -> int:
-        return max(0, self.max_phy_offset - self.reput_phy_offset)
+        """Bytes the dispatch could have reached and has not (records beyond ``Dispatcher.reput_end``, not
+        confirmed yet, are not behind: they wait for the bound)."""
+        return self.dispatcher.behind_bytes()
 
     def flush(self, least_pages: int = 0) -> int:
         """Persist the commit log up to the wrote position (or only if ≥ ``least_pages`` dirty
