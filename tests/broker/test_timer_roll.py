@@ -207,3 +207,31 @@ def test_a_roll_window_not_below_file_reserved_time_is_warned_about() -> None:
     assert retention_warning(24 * 3600, 72) is None
     text = retention_warning(72 * 3600, 72)
     assert text is not None and "timerRollWindowSec" in text and "fileReservedTime" in text
+
+
+async def test_a_full_disk_held_by_pending_messages_refuses_new_timer_messages(tmp_path: Path) -> None:
+    """diskSpaceCleanForciblyRatio 1% with cleanFileForciblyEnable (every real disk is above): the disk check's
+    forced cleanup (every second) deletes the oldest segment up to the pending record's and is held there; new
+    timer messages are refused with a clear answer (plain sends are not: the disk is below the warning level) until
+    the pending one is delivered."""
+    run = Run(tmp_path / "store", ManualClock(START_MS), timer_roll_window_sec=3600, disk_space_clean_forcibly_ratio=1,
+              disk_max_used_space_ratio=1, clean_file_forcibly_enable=True)
+    try:
+        ctl = await run.start()
+        await run.send_timer("P0", 30)
+        await run.fill(12)
+        await wait_for(lambda: ctl.store.retention_held, timeout_s=10)
+        assert run.client is not None
+        refused = await run.client.call(10, send_v1(TOPIC, 0, _props(UNIQ_KEY="P1", TIMER_DELAY_SEC=5)), b"x")
+        assert refused.code == R.SERVICE_NOT_AVAILABLE, refused.remark
+        assert "timer message refused" in refused.remark and "diskSpaceCleanForciblyRatio" in refused.remark
+        assert (await run.client.call(10, send_v1(FILLER), b"plain")).code == R.SUCCESS
+        run.clock.advance(30_000)
+        await _tick(ctl)
+        await run.pull_delivered()
+        assert run.delivered == Counter({"P0": 1})
+        ctl.timer.persist()
+        await wait_for(lambda: not ctl.store.retention_held, timeout_s=10)
+        await run.send_timer("P2", 5)
+    finally:
+        await run.stop()

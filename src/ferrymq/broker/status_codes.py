@@ -38,6 +38,7 @@ TimerStatus → SEND response (a message asking for a delivery time; broker/time
 |-----------------------|------|------------------------------------------------------|
 | ILLEGAL_DELIVERY_TIME | 13   | timer message refused: bad delivery time ...         |
 | DELAY_TOO_LONG        | 13   | timer message refused: delivery time beyond timerMaxDelaySec ... |
+| RETENTION_HELD        | 14   | timer message refused: the disk is above diskSpaceCleanForciblyRatio and pending timer messages hold ... |
 
 RecallStatus → RECALL_MESSAGE (370) response (processors/recall.py):
 
@@ -101,6 +102,9 @@ PUT_STATUS_TABLE: dict[str, SendOutcome] = {
 class TimerStatus(Enum):
     ILLEGAL_DELIVERY_TIME = "ILLEGAL_DELIVERY_TIME"
     DELAY_TOO_LONG = "DELAY_TOO_LONG"
+    #: the disk is above diskSpaceCleanForciblyRatio and the cleanup would delete segments pending timer messages
+    #: still need (they are kept): no more pending messages until space returns
+    RETENTION_HELD = "RETENTION_HELD"
 
 
 class Outcome(NamedTuple):
@@ -112,6 +116,9 @@ TIMER_STATUS_TABLE: dict[TimerStatus, Outcome] = {
     TimerStatus.ILLEGAL_DELIVERY_TIME: Outcome(R.MESSAGE_ILLEGAL, f"{TIMER_REFUSED_REMARK}: bad delivery time"),
     TimerStatus.DELAY_TOO_LONG: Outcome(R.MESSAGE_ILLEGAL,
                                         f"{TIMER_REFUSED_REMARK}: delivery time beyond timerMaxDelaySec"),
+    TimerStatus.RETENTION_HELD: Outcome(R.SERVICE_NOT_AVAILABLE,
+                                        f"{TIMER_REFUSED_REMARK}: the disk is above diskSpaceCleanForciblyRatio and "
+                                        "pending timer messages hold commit log segments the cleanup would delete"),
 }
 
 

@@ -366,6 +366,12 @@ class SendProcessor:
             outcome = TIMER_STATUS_TABLE[TimerStatus.DELAY_TOO_LONG]
             return cmd.response(outcome.code, remark=f"{outcome.remark}: {deliver_ms - now_ms} ms ahead, at most "
                                                      f"{max_delay_ms} ms (timerMaxDelaySec)")
+        store = ctx.store
+        if store.retention_held and store.disk_used_pct >= ctx.config.disk_space_clean_forcibly_ratio:
+            outcome = TIMER_STATUS_TABLE[TimerStatus.RETENTION_HELD]
+            return cmd.response(outcome.code, remark=f"{outcome.remark} (disk {store.disk_used_pct:.1f}% used, "
+                                                     f"diskSpaceCleanForciblyRatio "
+                                                     f"{ctx.config.disk_space_clean_forcibly_ratio}%)")
         props[PROPERTY_TIMER_OUT_MS] = str(deliver_ms)
         props[PROPERTY_REAL_TOPIC] = topic
         props[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
