@@ -56,9 +56,15 @@ def new_producer(group: str) -> Producer:
 TRACE_OPEN = 0
 
 
-def new_push_consumer(group: str, *, orderly: bool = False, trace: bool = False) -> Any:
+def new_push_consumer(group: str, *, orderly: bool = False, trace: bool = False, max_cache: int = 0) -> Any:
+    """A PushConsumer logging under HOME; ``trace`` turns message trace on, ``max_cache`` (> 0) caps the messages
+    it prefetches per queue (the client's default is 1000)."""
     consumer = PushConsumer(group, orderly=orderly)
     consumer.set_log_root_path(log_dir())
+    if max_cache > 0:
+        dll.SetPushConsumerMaxCacheMessageSize.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        if dll.SetPushConsumerMaxCacheMessageSize(consumer._handle, max_cache) != 0:
+            raise SystemExit("SetPushConsumerMaxCacheMessageSize failed")
     if trace:
         dll.SetPushConsumerMessageTrace.argtypes = [ctypes.c_void_p, ctypes.c_int]
         if dll.SetPushConsumerMessageTrace(consumer._handle, TRACE_OPEN) != 0:
