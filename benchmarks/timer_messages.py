@@ -5,11 +5,13 @@ messages (100,000 by default), in a temporary directory, in process (a manual cl
 |------------------|---------------------------------------------------------------------------------------|
 | put              | storing the timer messages (send path's rewrite and put, per message)                 |
 | rebuild          | a restart's rebuild of the pending set from the timer queue: the whole, and its loop turns |
+| roll             | every pending record older than the roll window written again: the whole, and its loop turns |
+| checkpoint copy  | what a checkpoint save copies on the loop: the done-units bitmap, at its cap           |
 | deliver          | every message due at once: the whole, and its loop turns                             |
 | heap per pending | Python heap the pending set holds per message (``tracemalloc``)                       |
 
 The event loop's budget is 50 ms per turn (CONTRIBUTING.md); each turn reads SCAN_UNITS_PER_STEP units or
-re-stores DELIVER_PER_STEP messages.
+re-stores DELIVER_PER_STEP messages or rolls ROLL_PER_STEP records.
 
     python benchmarks/timer_messages.py [--messages 100000]
 """
@@ -25,6 +27,7 @@ from typing import Any
 
 from ferrymq.broker.app import BrokerController
 from ferrymq.broker.config import BrokerConfig
+from ferrymq.broker.timer import CHECKPOINT_DONE_SPAN, TimerMessageService
 from ferrymq.common.message import MessageExtBrokerInner, properties_to_string
 from ferrymq.common.timer import TIMER_QUEUE_ID, TIMER_TOPIC
 
@@ -39,9 +42,29 @@ class Clock:
         return self.now_ms
 
 
+#: the roll window here: the messages (due 60 s after the start) are rolled once when the clock moves 40 s
+ROLL_WINDOW_SEC = 30
+
+
 def _config(root: str) -> BrokerConfig:
     return BrokerConfig(listen_port=0, listen_host="127.0.0.1", broker_ip1="127.0.0.1", store_path_root_dir=root,
-                        namesrv_addr=[], fast_listen_enable=False, metrics_port=-1)
+                        namesrv_addr=[], fast_listen_enable=False, metrics_port=-1,
+                        timer_roll_window_sec=ROLL_WINDOW_SEC)
+
+
+def checkpoint_copy() -> None:
+    """The bounded copy a save makes on the loop, with done units every other offset over twice the cap."""
+    svc = TimerMessageService(store=None, put=lambda inner: None, config_dir=tempfile.gettempdir(), clock_ms=Clock())
+    for queue_offset in range(1, 2 * CHECKPOINT_DONE_SPAN, 2):
+        svc._mark_done(queue_offset)
+    runs = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        _, bits = svc._done_bitmap()
+        runs.append(time.perf_counter() - t0)
+    runs.sort()
+    print(f"checkpoint copy  {runs[len(runs) // 2] * 1e6:8.1f} us median, max {runs[-1] * 1e6:.1f} us "
+          f"({len(bits)} bytes: {CHECKPOINT_DONE_SPAN} units, {CHECKPOINT_DONE_SPAN // 2} of them done)")
 
 
 def _turns_text(turns: list[float]) -> str:
@@ -95,6 +118,13 @@ async def run(messages: int) -> None:
         total, turns = await _timed_steps(ctl)
         assert ctl.timer.pending_count == messages, ctl.timer.pending_count
         print(f"rebuild          {total * 1000:8.1f} ms in {_turns_text(turns)}")
+        clock.now_ms += 40_000
+        total, turns = await _timed_steps(ctl)
+        ctl.writer.reput_now()
+        await _timed_steps(ctl)
+        assert ctl.timer.rolled_total == messages and ctl.timer.pending_count == messages, (
+            ctl.timer.rolled_total, ctl.timer.pending_count)
+        print(f"roll             {total * 1000:8.1f} ms ({total * 1e6 / messages:.1f} us each) in {_turns_text(turns)}")
         await ctl.stop()
 
         ctl = BrokerController(_config(root), clock_ms=clock)
@@ -122,6 +152,7 @@ def main(argv: Any = None) -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     args = parser.parse_args(argv)
     asyncio.run(run(args.messages))
+    checkpoint_copy()
 
 
 if __name__ == "__main__":
