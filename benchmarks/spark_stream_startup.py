@@ -135,9 +135,12 @@ def run_replay(pickled: Path, schema_json: str, ns_addr: str, count: bool) -> di
 
 
 def spark_queries(ns_addr: str, topics: list[str], runs: int, base: Path) -> tuple[list[float], list[float]]:
-    from spark_read import spark_session
+    from pyspark.sql import SparkSession
 
-    spark = spark_session("local[2]")
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+             .getOrCreate())  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
     try:
         rows = spark.read.format("rocketmq").option("nameServer", ns_addr).option("subscribe", ",".join(topics))
         rows.load().write.parquet(str(base / "rows"))
