@@ -22,6 +22,7 @@ from broker_helpers import Client, make_config, pull, records, send_v1, wait_for
 from ferrymq.broker.app import BrokerController
 from ferrymq.broker.timer import CHECKPOINT_FILE, retention_warning
 from ferrymq.common.message import decode_offset_msg_id
+from ferrymq.errors import ConfigError
 from ferrymq.remoting.codes import ResponseCode as R
 from support.clock import ManualClock
 
@@ -235,3 +236,8 @@ async def test_a_full_disk_held_by_pending_messages_refuses_new_timer_messages(t
         await run.send_timer("P2", 5)
     finally:
         await run.stop()
+
+
+def test_a_roll_window_of_zero_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="timerRollWindowSec"):
+        _config(tmp_path / "store", timer_roll_window_sec=0).validate()
