@@ -84,19 +84,22 @@ def test_a_stop_without_its_start_is_ignored() -> None:
 def test_freezes_when_the_estimated_unfrozen_count_reaches_the_frozen_count_and_the_count_confirms() -> None:
     w = World()
     m = calibrated(w, min_pause_s=0.005, growth_factor=2.0)
-    w.unfrozen = 99_000
-    w.full_pass(m, 0.099)  # 99,000 estimated < 100,000 frozen: no count, no freeze
+    w.unfrozen = 40_000
+    w.full_pass(m, 0.040)  # 40,000 estimated: below half the 100,000 needed, no count
     assert w.counts == 0 and w.freezes == 0
+    w.unfrozen = 99_000
+    w.full_pass(m, 0.099)  # estimated near the need: counted, 99,000 < 100,000: no freeze
+    assert w.counts == 1 and w.freezes == 0
     w.unfrozen = 100_000
     w.full_pass(m, 0.100)
-    assert w.counts == 1 and w.freezes == 1 and m.freezes == 1
+    assert w.counts == 2 and w.freezes == 1 and m.freezes == 1
     assert w.frozen == 200_000 and m.frozen_at_freeze == 200_000
-    w.unfrozen = 150_000
-    w.full_pass(m, 0.150)  # the next freeze needs 200,000 unfrozen
-    assert w.counts == 1 and w.freezes == 1
+    w.unfrozen = 90_000
+    w.full_pass(m, 0.090)  # the next freeze needs 200,000 unfrozen; no count below 100,000 estimated
+    assert w.counts == 2 and w.freezes == 1
     w.unfrozen = 200_000
     w.full_pass(m, 0.200)
-    assert w.counts == 2 and w.freezes == 2 and w.frozen == 400_000
+    assert w.counts == 3 and w.freezes == 2 and w.frozen == 400_000
 
 
 def test_a_short_pass_is_not_worth_a_count() -> None:
@@ -138,15 +141,15 @@ def test_a_rate_too_slow_is_renewed_once_passes_have_doubled_since_the_last_coun
     assert w.counts == 1 and w.freezes == 1
     assert m.rate_s_per_object == pytest.approx(1e-6) and m.pause_at_count_s == pytest.approx(0.110)
     w.unfrozen = 200_000
-    w.full_pass(m, 0.200)  # estimate right now: 200,000 < 210,000 needed, and not 2 x the counted pass
-    assert w.counts == 1 and w.freezes == 1
+    w.full_pass(m, 0.200)  # estimate right now: counted, 200,000 < 210,000 needed
+    assert w.counts == 2 and w.freezes == 1
 
 
 def test_collected_objects_count_as_walked_not_as_survivors() -> None:
     w = World()
     m = calibrated(w)
-    w.unfrozen = 90_000
-    w.full_pass(m, 0.120, {**FULL, "collected": 30_000})  # 120,000 walked, 90,000 survived: below 100,000
+    w.unfrozen = 40_000
+    w.full_pass(m, 0.100, {**FULL, "collected": 60_000})  # 100,000 walked, 40,000 survived: no count
     assert w.counts == 0 and w.freezes == 0
     w.unfrozen = 100_000
     w.full_pass(m, 0.120, {**FULL, "collected": 20_000})
@@ -174,17 +177,17 @@ def test_growth_factor_sets_how_far_the_unfrozen_part_may_grow() -> None:
 
 
 def test_freezes_are_logarithmic_and_passes_stay_within_the_frozen_count() -> None:
-    """An estate growing from 1,000 to 1,000,000 tracked objects, a full pass at every 1 % of growth taking 1 µs
-    per object it walks: at most log2(1000) + 1 freezes, each at least doubling the frozen count, one exact count
-    per freeze (or per doubling of the passes' duration), and no pass leaves more unfrozen survivors than the frozen
-    count and one step of growth."""
+    """An estate growing from 1,000 to 1,000,000 tracked objects, a full pass at every quarter of growth (CPython's
+    own trigger) taking 1 µs per object it walks: at most log2(1000) + 1 freezes, each at least doubling the frozen
+    count, a few exact counts per freeze, and no pass leaves more unfrozen survivors than the frozen count and one
+    step of growth."""
     w = World()
     m = w.monitor(growth_factor=2.0)
     live = 1_000
     frozen_at: list[int] = []
     largest_ratio = 0.0
     while live < 1_000_000:
-        live = int(live * 1.01) + 1
+        live = int(live * 1.25) + 1
         w.unfrozen = live - w.frozen
         if w.frozen:
             largest_ratio = max(largest_ratio, w.unfrozen / w.frozen)
@@ -195,8 +198,8 @@ def test_freezes_are_logarithmic_and_passes_stay_within_the_frozen_count() -> No
         assert w.frozen <= 2 * live
     assert 1 <= len(frozen_at) <= 11
     assert all(b >= 2 * a for a, b in zip(frozen_at, frozen_at[1:], strict=False))
-    assert len(frozen_at) <= w.counts <= 2 * len(frozen_at)
-    assert largest_ratio <= 1.03  # 1 % of a live heap of up to 2 x the frozen count
+    assert len(frozen_at) <= w.counts <= 3 * len(frozen_at)
+    assert largest_ratio <= 1.5  # a quarter of a live heap of up to 2 x the frozen count
 
 
 def test_disabled_policy_never_freezes_but_still_measures() -> None:

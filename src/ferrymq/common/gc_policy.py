@@ -20,16 +20,18 @@ share it) as a ``gc.callbacks`` entry:
 **The trigger.** A full pass walks the unfrozen tracked objects, so its duration estimates their number: the
 monitor keeps the time per walked object measured at the exact counts (``rate_s_per_object``; seconds of the
 pass / (survivors + collected)), the least of them: a process that waits for a CPU makes a pass slower, never
-faster, so the least is the nearest to the cost of the walk itself and errs towards estimates too high. After a pass of at least ``GC_FREEZE_MIN_PAUSE_S`` whose estimate of unfrozen
-survivors (duration / rate - collected) reaches (factor - 1) x the frozen count (O(1) to read), it confirms with
-one exact count (``len(gc.get_objects(2))``: after a full pass every survivor is in the oldest generation; a
-listing costs a fifth to a third of the pass) and freezes when the count confirms. The exact count also measures
-the rate again. A server's start measures the first rate (``freeze_now``: a second collection timed, one count). An
-estimate that is too high (a busy machine) costs an exact count per long pass until the freeze. One that is
-too low (the objects of the estate cost more per object than those measured) would delay the freeze, so a pass
-``GC_RECOUNT_PAUSE_FACTOR`` times as long as the pass of the last exact count is counted too: the passes of a
-growing heap renew the rate at least every doubling of their duration. Before the first rate is known, every
-pass that is long enough is counted exactly.
+faster, so the least is the nearest to the cost of the walk itself. After a pass of at least
+``GC_FREEZE_MIN_PAUSE_S`` whose estimate of unfrozen survivors (duration / rate - collected) reaches
+``GC_COUNT_AT_ESTIMATE_SHARE`` of (factor - 1) x the frozen count (O(1) to read), it confirms with one exact
+count (``len(gc.get_objects(2))``: after a full pass every survivor is in the oldest generation; a listing costs
+a fifth to a third of the pass) and freezes when the count reaches (factor - 1) x the frozen count. The exact
+count also measures the rate again. A server's start measures the first rate (``freeze_now``: a second
+collection timed, one count). An estimate too high (a busy machine) costs an exact count per long pass until
+the freeze. One too low delays the freeze: the objects of an estate (slotted instances with a few references)
+cost less to walk than the interpreter's own (modules, classes, functions) the start measured, by up to about
+half, hence the share; and a pass ``GC_RECOUNT_PAUSE_FACTOR`` times as long as the pass of the last exact count
+is counted whatever its estimate, so the passes of a growing heap measure the rate again at least every
+doubling of their duration. Before the first rate is known, every pass that is long enough is counted.
 
 **The bounds.** Let F be the frozen count and U the unfrozen survivors at a freeze. A freeze needs U >= (g - 1) F
 (g = ``GC_FREEZE_GROWTH_FACTOR``, 2 by default), so the frozen count grows at least g-fold per freeze: at most
@@ -65,6 +67,9 @@ GC_FREEZE_MIN_PAUSE_S = 0.005
 #: g: freeze when the unfrozen survivors of a full pass are at least (g - 1) x the frozen count, i.e. when freezing
 #: them makes the frozen count g times what it was (at most log_g(growth) freezes; frozen <= g / (g - 1) x live)
 GC_FREEZE_GROWTH_FACTOR = 2.0
+#: share of the freeze's need an estimate must reach for an exact count: estimates err low by up to its inverse
+#: (the objects of an estate cost less per object to walk than the interpreter's own the start measured)
+GC_COUNT_AT_ESTIMATE_SHARE = 0.5
 #: a long pass at least this many times as long as the pass of the last exact count is counted exactly even when
 #: its estimate is below the freeze's need: renews a rate that no longer holds (one measured slow, on a small heap)
 GC_RECOUNT_PAUSE_FACTOR = 2.0
@@ -155,7 +160,8 @@ class GcMonitor:
     def _after_long_pass(self, pause_s: float, collected: int) -> None:
         needed = self.needed_to_freeze()
         estimate = self.estimate_unfrozen(pause_s, collected)
-        if estimate is not None and estimate < needed and pause_s < self.recount_factor * self.pause_at_count_s:
+        if (estimate is not None and estimate < GC_COUNT_AT_ESTIMATE_SHARE * needed
+                and pause_s < self.recount_factor * self.pause_at_count_s):
             return
         unfrozen = self._unfrozen_count()
         self.exact_counts += 1
