@@ -148,6 +148,15 @@ class BrokerConfig:
         "grpcFifoGroups", "Comma-separated consumer groups the gRPC endpoint delivers in FIFO order"))
     grpc_max_delivery_attempts: int = field(default=17, metadata=_meta(
         "grpcMaxDeliveryAttempts", "Deliveries of a message to a gRPC consumer before it moves to %DLQ%<group>"))
+    grpc_auto_renew_invisible_time_ms: int = field(default=60_000, metadata=_meta(
+        "grpcAutoRenewInvisibleTimeMillis", "Invisible time of a message a 5.x PushConsumer receives (auto_renew), "
+        "renewed by the same step while the client works on it (RocketMQ's defaultInvisibleTimeMills)"))
+    grpc_renew_ahead_time_ms: int = field(default=10_000, metadata=_meta(
+        "grpcRenewAheadTimeMillis", "An auto-renewed message is renewed this long before it would become visible "
+        "(RocketMQ's renewAheadTimeMillis); below grpcAutoRenewInvisibleTimeMillis"))
+    grpc_renew_max_time_ms: int = field(default=10_800_000, metadata=_meta(
+        "grpcRenewMaxTimeMillis", "An auto-renewed message is renewed for at most this long after its delivery, "
+        "then delivered again (RocketMQ's renewMaxTimeMillis, 3 h)"))
     ha_listen_port: int = field(default=-1, metadata=_meta(
         "haListenPort", "HA port (default listenPort+1)"))
     ha_master_address: str = field(default="", metadata=_meta(
@@ -349,6 +358,11 @@ class BrokerConfig:
             raise ConfigError("grpcServerPort", f"port out of range: {self.grpc_server_port}")
         if self.grpc_max_delivery_attempts < 1:
             raise ConfigError("grpcMaxDeliveryAttempts", f"must be >= 1, got {self.grpc_max_delivery_attempts}")
+        if not 0 < self.grpc_renew_ahead_time_ms < self.grpc_auto_renew_invisible_time_ms:
+            raise ConfigError("grpcRenewAheadTimeMillis", f"must be > 0 and < grpcAutoRenewInvisibleTimeMillis "
+                              f"({self.grpc_auto_renew_invisible_time_ms}), got {self.grpc_renew_ahead_time_ms}")
+        if self.grpc_renew_max_time_ms < 0:
+            raise ConfigError("grpcRenewMaxTimeMillis", f"must be >= 0, got {self.grpc_renew_max_time_ms}")
         if self.max_open_segment_files < 0:
             raise ConfigError("maxOpenSegmentFiles", f"must be >= 0 (0: derived from the descriptor limit), "
                               f"got {self.max_open_segment_files}")

@@ -86,7 +86,9 @@ async def _start_grpc(ctl: Any) -> Any:
         ";".join(cfg.namesrv_addr), listen_host=cfg.listen_host, listen_port=cfg.grpc_server_port,
         delay_levels_ms=tuple(ctl.delay_levels_ms), max_delivery_attempts=cfg.grpc_max_delivery_attempts,
         fifo_groups=frozenset(g.strip() for g in cfg.grpc_fifo_groups.split(",") if g.strip()),
-        tls=cfg.tls_client, tls_server=cfg.tls_server, access_key=access_key, secret_key=secret_key),
+        tls=cfg.tls_client, tls_server=cfg.tls_server, access_key=access_key, secret_key=secret_key,
+        auto_renew_invisible_ms=cfg.grpc_auto_renew_invisible_time_ms, renew_ahead_ms=cfg.grpc_renew_ahead_time_ms,
+        renew_max_ms=cfg.grpc_renew_max_time_ms),
         acl_source=guard_source(guard) if guard is not None else None)
     await server.start()
     click.echo(f"ferrymq gRPC endpoint serving on {cfg.listen_host}:{server.port}")

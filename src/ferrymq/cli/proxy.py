@@ -63,11 +63,25 @@ async def _run(config: object) -> None:
 @click.option("--tls-config", default="",
               help="properties file with the remoting TLS keys (tlsServerMode, tls.server.*: the gRPC port; "
                    "tlsEnable, tls.client.*: the proxy's calls to name servers and brokers)")
+@click.option("--auto-renew-invisible-ms", type=int, default=None,
+              help="invisible time of a message a PushConsumer receives (auto_renew), renewed by the same step "
+                   "while the client works on it (default 60000)")
+@click.option("--renew-ahead-ms", type=int, default=None,
+              help="renew an auto-renewed message this long before it would become visible (default 10000)")
+@click.option("--renew-max-ms", type=int, default=None,
+              help="renew an auto-renewed message for at most this long after its delivery (default 10800000: 3 h)")
 @click.option("--log-level", default="INFO", show_default=True)
 def command(namesrv: str, listen: str, fifo_groups: tuple[str, ...], max_delivery_attempts: int | None,
-            access_key: str, secret_key: str, acl_file: str, tls_config: str, log_level: str) -> None:
+            access_key: str, secret_key: str, acl_file: str, tls_config: str, auto_renew_invisible_ms: int | None,
+            renew_ahead_ms: int | None, renew_max_ms: int | None, log_level: str) -> None:
     """Serve RocketMQ 5 clients (gRPC, apache.rocketmq.v2) in front of the brokers the name servers know."""
-    from ferrymq.proxy.config import DEFAULT_MAX_DELIVERY_ATTEMPTS, ProxyConfig
+    from ferrymq.proxy.config import (
+        DEFAULT_AUTO_RENEW_INVISIBLE_MS,
+        DEFAULT_MAX_DELIVERY_ATTEMPTS,
+        DEFAULT_RENEW_AHEAD_MS,
+        DEFAULT_RENEW_MAX_MS,
+        ProxyConfig,
+    )
 
     host, port = parse_listen(listen)
     if log_level.upper() not in LOG_LEVELS:
@@ -78,7 +92,11 @@ def command(namesrv: str, listen: str, fifo_groups: tuple[str, ...], max_deliver
         config = ProxyConfig(namesrv, listen_host=host, listen_port=port, fifo_groups=frozenset(fifo_groups),
                              max_delivery_attempts=max_delivery_attempts or DEFAULT_MAX_DELIVERY_ATTEMPTS,
                              access_key=access_key, secret_key=secret_key, acl_path=acl_file,
-                             tls_server=tls_server, tls=tls_client)
+                             tls_server=tls_server, tls=tls_client,
+                             auto_renew_invisible_ms=(DEFAULT_AUTO_RENEW_INVISIBLE_MS if auto_renew_invisible_ms is None
+                                                      else auto_renew_invisible_ms),
+                             renew_ahead_ms=DEFAULT_RENEW_AHEAD_MS if renew_ahead_ms is None else renew_ahead_ms,
+                             renew_max_ms=DEFAULT_RENEW_MAX_MS if renew_max_ms is None else renew_max_ms)
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(_run(config))
     except ConfigError as exc:

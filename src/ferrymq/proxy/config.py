@@ -17,6 +17,13 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_OFFSET_COMMIT_INTERVAL_MS = 1_000
 #: producer group the proxy sends under (5.x messages carry none)
 DEFAULT_PRODUCER_GROUP = "FERRYMQ_GRPC_PROXY"
+#: invisible time of a message received with auto_renew (PushConsumers), and the step of each renewal
+#: (RocketMQ's defaultInvisibleTimeMills)
+DEFAULT_AUTO_RENEW_INVISIBLE_MS = 60_000
+#: an auto-renewed message is renewed this long before it would become visible (renewAheadTimeMillis)
+DEFAULT_RENEW_AHEAD_MS = 10_000
+#: an auto-renewed message is renewed for at most this long after its delivery (renewMaxTimeMillis: 3 h)
+DEFAULT_RENEW_MAX_MS = 3 * 3_600_000
 
 
 @dataclass(slots=True)
@@ -42,6 +49,10 @@ class ProxyConfig:
     #: plain_acl.yml checked against 5.x clients' signatures (""; no check, unless the broker hands its own
     #: ACL to local mode)
     acl_path: str = ""
+    #: auto-renewal of PushConsumers' messages (proxy/renew.py)
+    auto_renew_invisible_ms: int = DEFAULT_AUTO_RENEW_INVISIBLE_MS
+    renew_ahead_ms: int = DEFAULT_RENEW_AHEAD_MS
+    renew_max_ms: int = DEFAULT_RENEW_MAX_MS
 
     def validate(self) -> None:
         from ferrymq.errors import ConfigError
@@ -54,3 +65,10 @@ class ProxyConfig:
             raise ConfigError("grpcMaxDeliveryAttempts", "must be at least 1")
         if self.offset_commit_interval_ms < 1:
             raise ConfigError("grpcOffsetCommitIntervalMs", "must be at least 1")
+        if self.auto_renew_invisible_ms < 2:
+            raise ConfigError("grpcAutoRenewInvisibleTimeMillis", "must be at least 2")
+        if not 0 < self.renew_ahead_ms < self.auto_renew_invisible_ms:
+            raise ConfigError("grpcRenewAheadTimeMillis", "must be above 0 and below the auto-renew invisible time "
+                                                      f"({self.auto_renew_invisible_ms} ms)")
+        if self.renew_max_ms < 0:
+            raise ConfigError("grpcRenewMaxTimeMillis", "must be at least 0")

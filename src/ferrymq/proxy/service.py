@@ -40,9 +40,10 @@ from ferrymq.errors import FerryError, TopicNotExistError
 from ferrymq.proxy import translate as tr
 from ferrymq.proxy.auth import GrpcAuth
 from ferrymq.proxy.config import ProxyConfig
-from ferrymq.proxy.pop import PopQueue, SerialSource
+from ferrymq.proxy.pop import PopEntry, PopQueue, SerialSource
 from ferrymq.proxy.presence import Presence, PresenceRegistry
 from ferrymq.proxy.pull import PullRpcs
+from ferrymq.proxy.renew import RenewRegistry
 from ferrymq.proxy.v2 import definition_pb2 as pb
 from ferrymq.proxy.v2 import service_pb2 as spb
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
@@ -58,8 +59,10 @@ PULL_BATCH = 32
 PREFETCH_LOW_WATERMARK = PULL_BATCH
 #: the largest ReceiveMessage batch (RocketMQ's proxy: 32)
 MAX_RECEIVE_BATCH = 32
-#: invisible duration when a ReceiveMessage names none (auto-renewing push consumers)
+#: invisible duration when a ReceiveMessage names none and asks for no auto-renewal
 DEFAULT_INVISIBLE_MS = 30_000
+#: the auto-renewal task looks for due messages at least this often (it sleeps until the earliest is due)
+RENEW_LOOP_MAX_SLEEP_MS = 1_000
 #: long-polling time when a ReceiveMessage names none
 DEFAULT_LONG_POLLING_MS = 20_000
 #: the part of the gRPC deadline kept free for the answer to travel back
@@ -99,6 +102,8 @@ class _ClientInfo:
     topics: frozenset[str] = frozenset()
     #: commands for the client's open Telemetry stream (None: no stream open)
     outbox: asyncio.Queue[spb.TelemetryCommand | None] | None = None
+    #: the client opened a Telemetry stream once: from then on it is alive only while one is open
+    telemetry_opened: bool = False
 
 
 class _GroupHooks:
@@ -157,6 +162,9 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
         #: (visible_at_ms, serial, key, queue_offset) of deliveries that were the last attempt: once due they
         #: move to the dead-letter queue even when no receive comes (``_sweep_dead``)
         self._last_attempts: list[tuple[int, int, PopKey, int]] = []
+        #: messages received with auto_renew, kept invisible while their client lives (renew.py)
+        self.renewals = RenewRegistry(invisible_ms=config.auto_renew_invisible_ms, ahead_ms=config.renew_ahead_ms,
+                                      max_ms=config.renew_max_ms)
         self._clients: dict[str, _ClientInfo] = {}
         #: each 5.x client as a client of the brokers (ferry verbs and metrics list it)
         self.presence = PresenceRegistry(self.instance, config.producer_group, clock_ms=self.clock_ms,
@@ -181,6 +189,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
         await self.instance.start()
         self.instance.pool.dispatcher.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction)
         self._tasks.append(asyncio.create_task(self._commit_loop(), name="ferrymq-grpc-commit"))
+        self._tasks.append(asyncio.create_task(self._renew_loop(), name="ferrymq-grpc-renew"))
 
     async def close(self) -> None:
         self._closing = True
@@ -303,6 +312,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
             return spb.NotifyClientTerminationResponse(status=denied)
         client_id = self._client_id(context)
         self._clients.pop(client_id, None)
+        self._release(client_id)
         await self.presence.forget(client_id)
         return spb.NotifyClientTerminationResponse(status=tr.status())
 
@@ -315,6 +325,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
         outbox: asyncio.Queue[spb.TelemetryCommand | None] = asyncio.Queue(maxsize=TELEMETRY_OUTBOX_MAX)
         info = self._clients.setdefault(client_id, _ClientInfo())
         info.outbox = outbox
+        info.telemetry_opened = True
 
         async def read() -> None:
             try:
@@ -572,8 +583,14 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
         if not group:
             yield spb.ReceiveMessageResponse(status=tr.status(pb.ILLEGAL_CONSUMER_GROUP, "consumer group is empty"))
             return
-        invisible_ms = (tr.duration_ms(request.invisible_duration) if request.HasField("invisible_duration")
-                        else DEFAULT_INVISIBLE_MS)
+        client_id = self._client_id(context)
+        auto_renew = request.auto_renew and bool(client_id)
+        if auto_renew:  # as RocketMQ's proxy: the requested duration is replaced by the auto-renew one
+            invisible_ms = self.config.auto_renew_invisible_ms
+        elif request.HasField("invisible_duration"):
+            invisible_ms = tr.duration_ms(request.invisible_duration)
+        else:
+            invisible_ms = DEFAULT_INVISIBLE_MS
         if invisible_ms <= 0:
             yield spb.ReceiveMessageResponse(status=tr.status(pb.ILLEGAL_INVISIBLE_TIME, "invisible duration <= 0"))
             return
@@ -595,15 +612,27 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
         if not deliveries:
             yield spb.ReceiveMessageResponse(status=tr.status(pb.MESSAGE_NOT_FOUND, "no new message"))
             return
-        yield spb.ReceiveMessageResponse(status=tr.status())
-        yield spb.ReceiveMessageResponse(delivery_timestamp=tr.to_timestamp(self.clock_ms()))
-        for key, delivery in deliveries:
-            handle = tr.ReceiptHandle(self.epoch, delivery.serial, key[3], delivery.entry.message.queue_offset,
-                                      key[2]).encode()
-            response = spb.ReceiveMessageResponse()
-            tr.to_grpc_message(delivery.entry.message, receipt_handle=handle, invisible_ms=invisible_ms,
-                               delivery_attempt=delivery.attempt, into=response.message)
-            yield response
+        if auto_renew:
+            now = self.clock_ms()
+            for key, delivery in deliveries:
+                self.renewals.add(client_id, key, delivery.entry.message.queue_offset, delivery.serial, now_ms=now,
+                                  visible_at_ms=delivery.entry.visible_at_ms)
+        answered = False
+        try:
+            yield spb.ReceiveMessageResponse(status=tr.status())
+            yield spb.ReceiveMessageResponse(delivery_timestamp=tr.to_timestamp(self.clock_ms()))
+            for key, delivery in deliveries:
+                handle = tr.ReceiptHandle(self.epoch, delivery.serial, key[3], delivery.entry.message.queue_offset,
+                                          key[2]).encode()
+                response = spb.ReceiveMessageResponse()
+                tr.to_grpc_message(delivery.entry.message, receipt_handle=handle, invisible_ms=invisible_ms,
+                                   delivery_attempt=delivery.attempt, into=response.message)
+                yield response
+            answered = True
+        finally:
+            if auto_renew and not answered:  # the call broke off: the client may not hold these messages
+                for key, delivery in deliveries:
+                    self.renewals.discard(key, delivery.entry.message.queue_offset)
 
     async def _readable_queue_ids(self, topic: str, broker_name: str) -> list[int]:
         """The readable queue ids of ``topic`` on ``broker_name``, worked out once per route the client
@@ -774,6 +803,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                 if not pq.ack(handle.queue_offset, handle.serial):
                     raise tr.TranslateError(pb.INVALID_RECEIPT_HANDLE,
                                             "receipt handle expired (acknowledged already or delivered again)")
+                self.renewals.discard(key, handle.queue_offset)
                 self._dirty.add(key)
                 st = tr.status()
             except tr.TranslateError as exc:
@@ -796,7 +826,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
         if denied is not None:
             return spb.ChangeInvisibleDurationResponse(status=denied)
         try:
-            _, pq, handle = self._held(request.group.name, request.topic.name, request.receipt_handle)
+            key, pq, handle = self._held(request.group.name, request.topic.name, request.receipt_handle)
             duration = tr.duration_ms(request.invisible_duration)
             if duration < 0:
                 raise tr.TranslateError(pb.ILLEGAL_INVISIBLE_TIME, "invisible duration < 0")
@@ -806,9 +836,9 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                                         "receipt handle expired (acknowledged already or delivered again)")
         except tr.TranslateError as exc:
             return spb.ChangeInvisibleDurationResponse(status=tr.status_of_error(exc))
+        self.renewals.discard(key, handle.queue_offset)  # the client decides its invisible time from now on
         entry = pq.entries[handle.queue_offset]
         if entry.attempt >= self.config.max_delivery_attempts:
-            key = (request.group.name, request.topic.name, handle.broker_name, handle.queue_id)
             heapq.heappush(self._last_attempts, (entry.visible_at_ms, serial, key, handle.queue_offset))
         new_handle = tr.ReceiptHandle(self.epoch, serial, handle.queue_id, handle.queue_offset, handle.broker_name)
         return spb.ChangeInvisibleDurationResponse(status=tr.status(), receipt_handle=new_handle.encode())
@@ -851,6 +881,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                 raise
             return
         pq.remove(queue_offset)
+        self.renewals.discard(key, queue_offset)
         self._dirty.add(key)
 
     # ---- offsets ---------------------------------------------------------------------------------------------
@@ -883,6 +914,9 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
             entry = pq.entries.get(queue_offset) if pq is not None else None
             if entry is None or entry.serial != serial:
                 continue  # acknowledged, or its invisible time changed since
+            if entry.visible_at_ms > now:  # renewed (auto_renew) since: due later
+                heapq.heappush(heap, (entry.visible_at_ms, serial, key, queue_offset))
+                continue
             entry.visible_at_ms = now + DEAD_LETTER_RETRY_MS  # not offered again while it moves
             self._tasks.append(asyncio.create_task(self._to_dead_letter(key, queue_offset)))
 
@@ -894,8 +928,40 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                 info = self._clients.get(client_id)
                 if info is not None and info.outbox is None:
                     del self._clients[client_id]
+                    self._release(client_id)
             try:
                 await self.commit_offsets()
             except Exception as exc:
                 log.warning("offset commit round failed: %s", exc)
             self._tasks = [t for t in self._tasks if not t.done()]
+
+    # ---- auto-renewal (ReceiveMessage auto_renew) ----------------------------------------------------------------
+    def _entry(self, key: PopKey, queue_offset: int) -> PopEntry | None:
+        pq = self.pop_queues.get(key)
+        return pq.entries.get(queue_offset) if pq is not None else None
+
+    def _client_alive(self, client_id: str) -> bool:
+        """Known (not terminated, not expired) and, once it opened a Telemetry stream, holding one open: a live
+        5.x client keeps its stream open, a killed one's closes with its connection."""
+        info = self._clients.get(client_id)
+        return info is not None and (info.outbox is not None or not info.telemetry_opened)
+
+    def _release(self, client_id: str) -> None:
+        """The client ended or went silent: its auto-renewed messages become visible again shortly."""
+        released = self.renewals.release_client(client_id, self.clock_ms(), self._entry)
+        if released:
+            log.info("%d auto-renewed messages of 5.x client %s released", released, client_id)
+
+    def renew_due(self) -> bool:
+        """Renew the auto-renewed messages due now, one bounded round; True when more are due."""
+        return self.renewals.run_due(self.clock_ms(), self._entry, self._client_alive).more
+
+    async def _renew_loop(self) -> None:
+        while not self._closing:
+            if self.renew_due():
+                await asyncio.sleep(0)  # more are due: let other work run between rounds
+                continue
+            due = self.renewals.next_due_ms()
+            wait_ms = RENEW_LOOP_MAX_SLEEP_MS if due is None else max(1, min(RENEW_LOOP_MAX_SLEEP_MS,
+                                                                              due - self.clock_ms()))
+            await asyncio.sleep(wait_ms / 1000)
