@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from broker_helpers import Client, make_config, pull, records, send_v1, wait_for
 from test_controller_mode import ScriptedController
 
+from ferrymq.broker import writer as writer_module
 from ferrymq.broker.app import BrokerController
+from ferrymq.broker.writer import MessageWriter
 from ferrymq.common.message import MessageExtBrokerInner
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
@@ -77,6 +81,66 @@ def test_dispatch_stops_at_the_last_record_ending_at_or_below_reput_end(tmp_path
         assert [bytes(b[-15_000:-14_999]) for b in result.buffers][:4] == [b"\x00", b"\x01", b"\x02", b"\x03"]
     finally:
         store.shutdown()
+
+
+# ---- writer: long polls woken by the dispatch of a put, not by the put -------------------------------------
+
+class _ConfirmBoundStore:
+    """Puts of 100 bytes at the log's end; a reput dispatches up to ``confirmed``."""
+
+    dispatch_behind_bytes = 0
+
+    def __init__(self) -> None:
+        self.max_phy_offset = 0
+        self.confirmed = 0
+        self.reput_phy_offset = 0
+
+    def put_message(self, inner: Any) -> Any:
+        ar = SimpleNamespace(wrote_offset=self.max_phy_offset, wrote_bytes=100, msg_num=1)
+        self.max_phy_offset += 100
+        return SimpleNamespace(append_result=ar)
+
+    def reput(self, max_records: int) -> int:
+        self.reput_phy_offset = self.confirmed
+        return 0
+
+
+async def test_held_queues_are_woken_by_the_reput_that_dispatches_them(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _ConfirmBoundStore()
+    woken: list[set[tuple[str, int]] | None] = []
+    writer = MessageWriter(store, make_config(str(tmp_path)), None, woken.append)  # type: ignore[arg-type]
+    writer.bind(asyncio.get_running_loop())
+    writer.hold_keys = True
+
+    async def settle() -> None:  # the reput a put or an ack scheduled (call_soon) runs
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    for topic, qid in (("A", 0), ("B", 1), ("A", 0)):
+        writer.put(SimpleNamespace(topic=topic, queue_id=qid))
+    await settle()
+    assert woken == []  # stored, not confirmed: nobody is told
+    store.confirmed = 200
+    writer.schedule_reput()  # (what the master's confirm-offset change does)
+    await settle()
+    assert woken == [{("A", 0), ("B", 1)}]
+    store.confirmed = 300
+    writer.schedule_reput()
+    await settle()
+    assert woken[1:] == [{("A", 0)}]
+    # past HELD_KEYS_MAX waiting puts the queues are forgotten: one wake-up of all once the last is dispatched
+    monkeypatch.setattr(writer_module, "HELD_KEYS_MAX", 2)
+    for qid in range(3):
+        writer.put(SimpleNamespace(topic="C", queue_id=qid))
+    store.confirmed = 500
+    writer.schedule_reput()
+    await settle()
+    assert woken[2:] == []
+    store.confirmed = 600
+    writer.schedule_reput()
+    await settle()
+    assert woken[2:] == [None]
 
 
 # ---- broker: master and slaves in controller mode --------------------------------------------------------

@@ -14,7 +14,8 @@ of the log's end (e.g. a batch beyond the reserved chunk on a full disk) is retr
 
 With ``hold_keys`` (controller mode without readUnCommitted: the store dispatches only what the SyncStateSet
 confirmed) a put's queue is remembered with the phy offset its record ends at, and long polling is told about
-it by the reput that dispatches it (after the replicas' acks), not by the first reput after the put.
+it by the reput that dispatches it (after the replicas' acks), not by the first reput after the put
+(beyond ``HELD_KEYS_MAX`` waiting puts: one wake-up of every parked pull instead).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 REPUT_BATCH_RECORDS = 10_000
 #: a dispatch that stopped short of the commit log's end is tried again this often until it catches up
 DISPATCH_RETRY_INTERVAL_MS = 200
+#: puts whose queues wait for their dispatch (``hold_keys``) before they collapse into one wake-up of every
+#: parked pull at the dispatch of the last of them (memory stays bounded while a replica does not ack)
+HELD_KEYS_MAX = 65_536
 
 QueueKey = tuple[str, int]
 
@@ -59,6 +63,8 @@ class MessageWriter:
         #: dispatch bounded by a confirm offset: (phy offset the put's records end at, queue), in put order
         self.hold_keys = False
         self._held_keys: deque[tuple[int, QueueKey]] = deque()
+        #: the dispatch reaching this phy offset wakes every parked pull (-1: none due; HELD_KEYS_MAX overflowed)
+        self._wake_all_at = -1
         self._wake_all = False
         self._reput_scheduled = False
         self._retry_handle: asyncio.TimerHandle | None = None
@@ -158,7 +164,12 @@ class MessageWriter:
 
     def _appended(self, key: QueueKey, ar: Any) -> None:
         if self.hold_keys:
-            self._held_keys.append((ar.wrote_offset + ar.wrote_bytes, key))
+            held = self._held_keys
+            if len(held) >= HELD_KEYS_MAX:
+                held.clear()
+                self._wake_all_at = ar.wrote_offset + ar.wrote_bytes
+            else:
+                held.append((ar.wrote_offset + ar.wrote_bytes, key))
         else:
             self._pending_keys.add(key)
         stats = self.stats
@@ -215,11 +226,14 @@ class MessageWriter:
         elif getattr(self._store, "dispatch_behind_bytes", 0) > 0:
             self._schedule_retry()  # stopped short (a file could not be had): again by itself, no send needed
         held = self._held_keys
-        if held:  # the queues whose puts this reput (or an earlier one) dispatched
+        if held or self._wake_all_at >= 0:  # the queues whose puts this reput (or an earlier one) dispatched
             dispatched_to = self._store.reput_phy_offset
             pending = self._pending_keys
             while held and held[0][0] <= dispatched_to:
                 pending.add(held.popleft()[1])
+            if 0 <= self._wake_all_at <= dispatched_to:
+                self._wake_all_at = -1
+                self._wake_all = True
         keys, self._pending_keys = self._pending_keys, set()
         wake_all, self._wake_all = self._wake_all, False
         if wake_all:
