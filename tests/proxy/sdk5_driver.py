@@ -16,7 +16,8 @@ Verbs (``args["verb"]``):
   duration ``invisible_s`` until ``expect`` messages were acked (``ack_every``: ack only every n-th
   receive of a message; 0 = never; ``ack_bodies``: ack exactly these bodies), ``receives_expected``
   messages were received, or ``timeout_s`` passes.
-* ``push``: a PushConsumer of ``group`` on ``topic`` until ``expect`` messages were consumed.
+* ``push``: a PushConsumer of ``group`` on ``topic`` until ``expect`` messages were consumed; ``consume_s``:
+  each callback takes this long (a record is emitted when it starts, ``{"consumed": body}`` when it ends).
 * ``transact``: a transactional producer sending one half message per entry of ``decisions``
   (``commit``, ``rollback`` or ``none``: left to the check-back), bodies ``<prefix>-<i>``; its checker
   answers ``check_answer`` (COMMIT or ROLLBACK) and emits ``{"checked": body}``; it runs until
@@ -133,6 +134,15 @@ def push(a: dict[str, Any]) -> dict[str, Any]:
 
     class Listener(MessageListener):
         def consume(self, message: Any) -> Any:
+            if a.get("consume_s"):
+                emit(a["out"], message_record(message))
+                time.sleep(a["consume_s"])
+                with lock:
+                    emit(a["out"], {"consumed": message.body.decode(), "t": time.time()})
+                    count["n"] += 1
+                    if count["n"] >= a["expect"]:
+                        done.set()
+                return ConsumeResult.SUCCESS
             with lock:
                 emit(a["out"], message_record(message))
                 count["n"] += 1
