@@ -310,3 +310,21 @@ async def test_a_last_attempt_renewed_is_not_moved_to_the_dead_letter_queue_whil
     for task in service._tasks:
         await task
     assert sorted(moved) == [0, 1, 2, 3]
+
+
+def test_the_settings_reach_the_proxy_and_bad_ones_are_refused_in_one_line() -> None:
+    from click.testing import CliRunner
+
+    from ferrymq.broker.config import from_properties
+    from ferrymq.cli.proxy import command
+
+    result = CliRunner().invoke(command, ["-n", "127.0.0.1:1", "--listen", "127.0.0.1:0",
+                                          "--auto-renew-invisible-ms", "5000", "--renew-ahead-ms", "5000"])
+    assert result.exit_code != 0 and "grpcRenewAheadTimeMillis" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    cfg = from_properties({"grpcAutoRenewInvisibleTimeMillis": "20000", "grpcRenewAheadTimeMillis": "4000",
+                           "grpcRenewMaxTimeMillis": "60000"})
+    assert (cfg.grpc_auto_renew_invisible_time_ms, cfg.grpc_renew_ahead_time_ms, cfg.grpc_renew_max_time_ms) == (
+        20_000, 4_000, 60_000)
+    with pytest.raises(ConfigError, match="grpcRenewAheadTimeMillis"):
+        from_properties({"grpcAutoRenewInvisibleTimeMillis": "3000", "grpcRenewAheadTimeMillis": "3000"}).validate()
