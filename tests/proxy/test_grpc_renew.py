@@ -101,7 +101,7 @@ def test_releasing_a_client_makes_only_its_messages_visible_soon() -> None:
     pq, taken = held_queue(4, 0)
     add_all(reg, pq, taken[:2], 0, "c1")
     add_all(reg, pq, taken[2:], 0, "c2")
-    assert reg.release_client("c1", 1_000, lookup_in(pq)) == 2
+    assert reg.release_client("c1", 1_000, lookup_in(pq)) == (2, False)
     assert reg.held_of("c1") == 0 and reg.held_of("c2") == 2
     ready = [o for o, e in pq.entries.items() if e.visible_at_ms <= 1_000 + RELEASE_INVISIBLE_MS]
     assert ready == [0, 1]
@@ -119,6 +119,17 @@ def test_a_message_acked_changed_or_delivered_again_is_not_renewed() -> None:
     out = reg.run_due(INVISIBLE_MS, lookup_in(pq), ALIVE.__contains__)
     assert out.renewed == 0 and out.ended == 2 and len(reg) == 0
     assert pq.entries[1].visible_at_ms == 5_000 and pq.entries[2].visible_at_ms == INVISIBLE_MS
+
+
+def test_a_release_is_done_in_bounded_rounds() -> None:
+    reg = registry()
+    pq, taken = held_queue(10, 0)
+    add_all(reg, pq, taken, 0)
+    assert reg.release_client("c1", 1_000, lookup_in(pq), limit=4) == (4, True)
+    assert reg.release_client("c1", 1_000, lookup_in(pq), limit=4) == (4, True)
+    assert reg.release_client("c1", 1_000, lookup_in(pq), limit=4) == (2, False)
+    assert len(reg) == 0 and reg.held_of("c1") == 0
+    assert all(e.visible_at_ms == 1_000 + RELEASE_INVISIBLE_MS for e in pq.entries.values())
 
 
 def test_a_round_renews_at_most_its_limit_and_touches_only_due_records() -> None:

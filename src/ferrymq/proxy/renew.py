@@ -33,7 +33,7 @@ What ends renewal:
 Cost: the records sit in a heap by ``renew_at_ms``; a renewal round pops only what is due, at most ``limit``
 records per call (the caller yields between calls). An acked record stays in the heap until it comes due
 (at most one renewal step) and is skipped then; per-client indexes make ``release_client`` cost that
-client's records only.
+client's records only, again at most ``limit`` per call.
 """
 
 from __future__ import annotations
@@ -152,16 +152,23 @@ class RenewRegistry:
             out.renewed += 1
         return out
 
-    def release_client(self, client_id: str, now_ms: int, lookup: EntryLookup) -> int:
+    def release_client(self, client_id: str, now_ms: int, lookup: EntryLookup,
+                       limit: int = RENEW_ROUND_MAX) -> tuple[int, bool]:
         """The client ended or went silent: stop renewing its messages and make each visible
-        RELEASE_INVISIBLE_MS from now; how many were released."""
-        released = 0
-        for where in self._by_client.pop(client_id, set()):
-            held = self._held.pop(where, None)
+        RELEASE_INVISIBLE_MS from now, at most ``limit`` of them per call; (how many were released, whether
+        more of the client's remain: call again)."""
+        mine = self._by_client.get(client_id)
+        released = handled = 0
+        while mine and handled < limit:
+            held = self._held.pop(mine.pop(), None)
+            handled += 1
             if held is None:
                 continue
             entry = lookup(held.key, held.queue_offset)
             if entry is not None and entry.serial == held.serial:
                 entry.visible_at_ms = min(entry.visible_at_ms, now_ms + RELEASE_INVISIBLE_MS)
                 released += 1
-        return released
+        if not mine:
+            self._by_client.pop(client_id, None)
+            return released, False
+        return released, True

@@ -312,7 +312,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
             return spb.NotifyClientTerminationResponse(status=denied)
         client_id = self._client_id(context)
         self._clients.pop(client_id, None)
-        self._release(client_id)
+        await self._release(client_id)
         await self.presence.forget(client_id)
         return spb.NotifyClientTerminationResponse(status=tr.status())
 
@@ -928,7 +928,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                 info = self._clients.get(client_id)
                 if info is not None and info.outbox is None:
                     del self._clients[client_id]
-                    self._release(client_id)
+                    await self._release(client_id)
             try:
                 await self.commit_offsets()
             except Exception as exc:
@@ -946,11 +946,16 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
         info = self._clients.get(client_id)
         return info is not None and (info.outbox is not None or not info.telemetry_opened)
 
-    def _release(self, client_id: str) -> None:
+    async def _release(self, client_id: str) -> None:
         """The client ended or went silent: its auto-renewed messages become visible again shortly."""
-        released = self.renewals.release_client(client_id, self.clock_ms(), self._entry)
-        if released:
-            log.info("%d auto-renewed messages of 5.x client %s released", released, client_id)
+        total, more = 0, True
+        while more:
+            released, more = self.renewals.release_client(client_id, self.clock_ms(), self._entry)
+            total += released
+            if more:
+                await asyncio.sleep(0)  # a bounded round at a time
+        if total:
+            log.info("%d auto-renewed messages of 5.x client %s released", total, client_id)
 
     def renew_due(self) -> bool:
         """Renew the auto-renewed messages due now, one bounded round; True when more are due."""
