@@ -51,7 +51,7 @@ def calibrated(w: World, rate_s_per_object: float = 1e-6, frozen: int = 100_000,
     """A monitor as after a server's start: ``frozen`` objects frozen, the rate of a pass per object measured on
     a pass over all of them."""
     m = w.monitor(**kw)
-    w.frozen = frozen
+    w.frozen = m.frozen_at_freeze = frozen
     w.unfrozen = 0
     m.rate_s_per_object = rate_s_per_object
     m.pause_at_count_s = frozen * rate_s_per_object
@@ -235,6 +235,25 @@ def test_freeze_now_collects_measures_the_rate_and_freezes() -> None:
     m.freeze_now()  # a real collection, timed; the count and the freeze are the world's
     assert w.counts == 1 and w.freezes == 1 and m.freezes == 1 and w.frozen == 5_000
     assert m.rate_s_per_object > 0.0
+
+
+def test_the_frozen_count_is_read_once_per_freeze_never_per_pass_or_scrape() -> None:
+    """gc.get_freeze_count walks every frozen object (50 ms for a million): read at a freeze only."""
+    w = World()
+    reads: list[int] = []
+
+    def frozen_count() -> int:
+        reads.append(w.frozen)
+        return w.frozen
+
+    m = GcMonitor(clock=lambda: w.now_s, unfrozen_count=w.count, freeze=w.freeze, frozen_count=frozen_count)
+    w.full_pass(m, 0.050)  # no rate yet: counted, 1,000 >= 0 needed: frozen
+    assert w.freezes == 1 and len(reads) == 1 and m.frozen_objects() == 1_000
+    for n in range(5):
+        w.unfrozen = 100 * n
+        w.full_pass(m, 0.050)
+        m.frozen_objects()
+    assert w.freezes == 1 and len(reads) == 1
 
 
 def test_growth_factor_must_be_above_one() -> None:

@@ -15,16 +15,17 @@ share it) as a ``gc.callbacks`` entry:
 | freeze after a pass   | a gen-2 pass took >= GC_FREEZE_MIN_PAUSE_S  | freeze its survivors (they are live)          |
 |                       | and its unfrozen survivors are at least     |                                              |
 |                       | (GC_FREEZE_GROWTH_FACTOR - 1) x the frozen  |                                              |
-|                       | count (``gc.get_freeze_count()``)           |                                              |
+|                       | count at the last freeze                    |                                              |
 
 **The trigger.** A full pass walks the unfrozen tracked objects, so its duration estimates their number: the
 monitor keeps the time per walked object measured at the exact counts (``rate_s_per_object``; seconds of the
 pass / (survivors + collected)), the least of them: a process that waits for a CPU makes a pass slower, never
 faster, so the least is the nearest to the cost of the walk itself. After a pass of at least
 ``GC_FREEZE_MIN_PAUSE_S`` whose estimate of unfrozen survivors (duration / rate - collected) reaches
-``GC_COUNT_AT_ESTIMATE_SHARE`` of (factor - 1) x the frozen count (O(1) to read), it confirms with one exact
-count (``len(gc.get_objects(2))``: after a full pass every survivor is in the oldest generation; a listing costs
-a fifth to a third of the pass) and freezes when the count reaches (factor - 1) x the frozen count. The exact
+``GC_COUNT_AT_ESTIMATE_SHARE`` of (factor - 1) x the frozen count (as read at the last freeze:
+``gc.get_freeze_count()`` walks every frozen object, 50 ms for a million), it confirms with one exact count
+(``len(gc.get_objects(2))``: after a full pass every survivor is in the oldest generation; a listing costs a
+fifth to a third of the pass) and freezes when the count reaches (factor - 1) x the frozen count. The exact
 count also measures the rate again. A server's start measures the first rate (``freeze_now``: a second
 collection timed, one count). An estimate too high (a busy machine) costs an exact count per long pass until
 the freeze. One too low delays the freeze: the objects of an estate (slotted instances with a few references)
@@ -76,7 +77,8 @@ GC_RECOUNT_PAUSE_FACTOR = 2.0
 #: help texts of the metrics both servers export from the monitor
 GC_PAUSE_DOC = ("Full (generation 2) garbage-collection passes of the process: how long each held its thread "
                 "(the event loop), freeze included")
-GC_FROZEN_DOC = "Objects frozen out of the garbage collector's full passes (gc.get_freeze_count; gcFreezeEnable)"
+GC_FROZEN_DOC = ("Objects frozen out of the garbage collector's full passes, counted at the last freeze (those freed "
+                 "since included; gcFreezeEnable)")
 #: environment variable: "1" logs every full pass of the process (duration, objects collected) at INFO
 GC_STATS_ENV = "FERRYMQ_GC_STATS"
 #: the generation ``gc.collect()`` and the interpreter's full passes report in ``gc.callbacks``
@@ -121,7 +123,9 @@ class GcMonitor:
         #: the duration of the pass the last exact count followed
         self.pause_at_count_s = 0.0
         #: freezes done (at start and after passes), exact counts of the unfrozen objects taken, and the frozen
-        #: count right after the last freeze (0: none yet)
+        #: count right after the last freeze (0: none yet; ``acquire`` reads the process's). Frozen objects freed
+        #: since by reference counting are still in it: the freeze's need is measured against at least the true
+        #: count, which keeps the bounds, and the count (a walk of every frozen object) is read once per freeze
         self.freezes = 0
         self.exact_counts = 0
         self.frozen_at_freeze = 0
@@ -144,11 +148,11 @@ class GcMonitor:
         self._observe(pause_s)
         if self.log_passes:
             log.info("full collection: %.1f ms, %d collected, %d frozen", pause_s * 1000, info.get("collected", 0),
-                     self._frozen_count())
+                     self.frozen_at_freeze)
 
     def needed_to_freeze(self) -> float:
         """Unfrozen survivors a pass must leave for a freeze: (growth factor - 1) x the frozen count."""
-        return (self.growth_factor - 1.0) * self._frozen_count()
+        return (self.growth_factor - 1.0) * self.frozen_at_freeze
 
     def estimate_unfrozen(self, pause_s: float, collected: int) -> float | None:
         """Unfrozen survivors of a pass of ``pause_s`` that collected ``collected`` objects, at the last measured
@@ -218,7 +222,9 @@ class GcMonitor:
         return out
 
     def frozen_objects(self) -> int:
-        return self._frozen_count()
+        """The frozen count at the last freeze (``gc.get_freeze_count`` walks every frozen object: 50 ms for a
+        million, not for a metrics scrape)."""
+        return self.frozen_at_freeze
 
     def reset_max(self) -> float:
         """The longest pass since the last reset; starts a new maximum."""
@@ -246,6 +252,8 @@ def acquire(freeze_enable: bool) -> GcMonitor:
     with _lock:
         if _holders == 0 and _monitor not in gc.callbacks:
             gc.callbacks.append(_monitor)
+        if _holders == 0:
+            _monitor.frozen_at_freeze = gc.get_freeze_count()  # what the process froze before (one walk)
         _holders += 1
         _freeze_holders += int(freeze_enable)
         _monitor.freeze_enable = _freeze_holders > 0
