@@ -44,10 +44,20 @@ class SdkProcess:
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> SdkProcess:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(DRIVER), json.dumps(self.args), env=self.env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        with open(self.out.with_suffix(".stderr"), "wb") as stderr:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(DRIVER), json.dumps(self.args), env=self.env,
+                stdout=asyncio.subprocess.DEVNULL, stderr=stderr)
         return self
+
+    def running(self) -> bool:
+        """True while the process runs; an AssertionError with its last words once it ended."""
+        if self.proc is not None and self.proc.returncode is None:
+            return True
+        stderr = self.out.with_suffix(".stderr")
+        tail = stderr.read_text(errors="replace")[-1500:] if stderr.exists() else ""
+        raise AssertionError(f"SDK {self.args['verb']} ended (exit {self.proc and self.proc.returncode}): "
+                             f"{self.records()[-3:]} {tail}")
 
     def records(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.out.read_text().splitlines()] if Path(self.out).exists() else []
@@ -98,19 +108,20 @@ async def a_killed_consumers_messages_go_to_another_consumer_once_renewal_stops(
     await produce(grpc_stack, topic, "held")
     stuck = await SdkProcess(grpc_stack, "push", topic=topic, group=group, expect=MESSAGES, consume_s=600,
                              timeout_s=60).start()
-    other = SdkProcess(grpc_stack, "push", topic=topic, group=group, expect=MESSAGES, timeout_s=40)
+    other = SdkProcess(grpc_stack, "push", topic=topic, group=group, expect=MESSAGES, timeout_s=90)
     try:
         await wait_for(lambda: len(received(stuck.records())) >= MESSAGES, timeout_s=30,
                        what="every message in a callback of the first consumer")
         await other.start()
-        await wait_for(lambda: telemetry_open(grpc_stack, group) == 2, timeout_s=30, what="second consumer started")
+        await wait_for(lambda: other.running() and telemetry_open(grpc_stack, group) == 2, timeout_s=30,
+                       what="second consumer started")
         # 1.5 invisible times with both consumers receiving: nothing held is delivered again to either
         await asyncio.sleep(1.5 * INVISIBLE_MS / 1000)
         assert Counter(r["body"] for r in received(stuck.records())) == {f"held-{i}": 1 for i in range(MESSAGES)}
         assert received(other.records()) == []
         killed_at = time.time()
         await stuck.kill()
-        await wait_for(lambda: len(received(other.records())) >= MESSAGES, timeout_s=20,
+        await wait_for(lambda: other.running() and len(received(other.records())) >= MESSAGES, timeout_s=20,
                        what="the killed consumer's messages delivered to the other one")
         again = received(other.records())
         assert sorted(r["body"] for r in again) == sorted(f"held-{i}" for i in range(MESSAGES))
