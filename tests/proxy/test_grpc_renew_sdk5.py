@@ -79,6 +79,17 @@ def telemetry_open(stack: Any, group: str) -> int:
     return sum(1 for info in stack.proxy.service._clients.values() if info.outbox is not None and info.group == group)
 
 
+def proxy_state(stack: Any, group: str) -> str:
+    """What the proxy holds for ``group`` (a failure's diagnosis)."""
+    svc = stack.proxy.service
+    now = svc.clock_ms()
+    clients = {c: ("telemetry open" if i.outbox is not None else "telemetry closed")
+               for c, i in svc._clients.items() if i.group == group}
+    held = {k[3]: [(o, e.attempt, e.visible_at_ms - now) for o, e in pq.entries.items()]
+            for k, pq in svc.pop_queues.items() if k[0] == group}
+    return f"clients {clients}, renewed {len(svc.renewals)}, held (offset, attempt, visible in ms) {held}"
+
+
 async def test_push_consumers_keep_their_messages_while_they_live(grpc_stack: Any) -> None:
     """Both cases at once on one stack (separate topics and groups): the SDK processes' start-up and shutdown
     are most of the time."""
@@ -121,8 +132,11 @@ async def a_killed_consumers_messages_go_to_another_consumer_once_renewal_stops(
         assert received(other.records()) == []
         killed_at = time.time()
         await stuck.kill()
-        await wait_for(lambda: other.running() and len(received(other.records())) >= MESSAGES, timeout_s=20,
-                       what="the killed consumer's messages delivered to the other one")
+        try:
+            await wait_for(lambda: other.running() and len(received(other.records())) >= MESSAGES, timeout_s=20,
+                           what="the killed consumer's messages delivered to the other one")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {proxy_state(grpc_stack, group)}") from None
         again = received(other.records())
         assert sorted(r["body"] for r in again) == sorted(f"held-{i}" for i in range(MESSAGES))
         assert all(r["attempt"] == 2 for r in again)
