@@ -250,3 +250,45 @@ def test_restart_and_slave_do_not_warm_until_needed(tmp_path: Path) -> None:
             assert other.commit_log.mfq._warmer is None
         finally:
             other.shutdown()
+
+
+def test_a_segment_still_being_zero_filled_is_not_waited_for(tmp_path: Path, monkeypatch) -> None:
+    """The first put after a start took the segment the warmer was still zero-filling and joined its thread:
+    on the broker's event loop, for as long as the rest of the zero-fill took (seconds for a 1 GiB segment on
+    a busy disk). Now an unfinished warm-up is abandoned and the segment is made on the spot."""
+    import threading
+
+    from ferrymq.store import segment_warmer
+    from ferrymq.store.mapped_file_queue import MappedFileQueue
+
+    release = threading.Event()
+    started = threading.Event()
+    real_pwrite_all = segment_warmer.pwrite_all
+
+    def slow_pwrite_all(fd: int, data: object, pos: int, path: str) -> None:
+        started.set()
+        release.wait(30)  # a disk that takes its time
+        real_pwrite_all(fd, data, pos, path)
+
+    monkeypatch.setattr(segment_warmer, "pwrite_all", slow_pwrite_all)
+    queue = MappedFileQueue(str(tmp_path / "log"), SIZE, warm=True)
+    queue.load()
+    assert started.wait(10), "the warmer did not start on the first segment"
+    made = threading.Event()
+    maker = threading.Thread(target=lambda: (queue.create_file(0), made.set()), daemon=True)
+    maker.start()
+    try:
+        assert made.wait(10), "create_file waited for the zero-fill"
+    finally:
+        release.set()
+        maker.join(30)
+    assert len(queue.files) == 1 and os.path.getsize(tmp_path / "log" / f"{0:020d}") == SIZE
+    queue.close()
+    prepared = tmp_path / "log" / f"{0:020d}.prep"
+    gone = threading.Event()
+    for _ in range(200):  # the abandoned thread removes its file once its current chunk is written
+        if not prepared.exists():
+            gone.set()
+            break
+        gone.wait(0.05)
+    assert gone.is_set(), "the abandoned warm-up left its file behind"

@@ -176,10 +176,12 @@ class MappedFileQueue:
             raise StoreDirError(f"cannot create {self.store_path}: {exc}") from exc
         warmer, self._warmer = self._warmer, None
         if warmer is not None:
-            if warmer.file_from_offset == file_from_offset:
+            if warmer.file_from_offset == file_from_offset and warmer.ready:
                 warmer.take()  # the zero-filled file is now at ``path`` (False: MappedFile makes it)
             else:
-                warmer.cancel()
+                # a zero-fill still running (the first segment right after a start, a slow disk) is not
+                # waited for: that would hold the caller, the broker's event loop, for up to seconds
+                warmer.abandon()
         mf = MappedFile(self.store_path, file_from_offset, self.mapped_file_size, preallocate=self.preallocate,
                         pool=self.pool, named_by_offset=True)
         if not self.files:

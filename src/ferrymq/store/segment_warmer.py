@@ -37,6 +37,10 @@ class SegmentWarmer:
         self.file_size = file_size
         self.error: OSError | None = None
         self._cancelled = threading.Event()
+        #: ``abandon`` and the thread's end decide under this lock which of the two removes the file
+        self._end_lock = threading.Lock()
+        self._abandoned = False
+        self._ended = False
         self._thread = threading.Thread(target=self._run, name="ferrymq-segment-warmer", daemon=True)
         self._thread.start()
 
@@ -56,6 +60,26 @@ class SegmentWarmer:
             self.error = exc
         finally:
             os.close(fd)
+        with self._end_lock:
+            self._ended = True
+            abandoned = self._abandoned
+        if abandoned:
+            self._remove()  # nobody waits for this thread: it cleans up after itself
+
+    @property
+    def ready(self) -> bool:
+        """The zero-fill has ended (done or failed): ``take`` returns without waiting."""
+        return not self._thread.is_alive()
+
+    def abandon(self) -> None:
+        """Stop without waiting: the thread ends after its current chunk and removes the file itself. For the
+        event loop, which must not wait for a zero-fill (see ``MappedFileQueue.create_file``)."""
+        self._cancelled.set()
+        with self._end_lock:
+            self._abandoned = True
+            ended = self._ended
+        if ended:
+            self._remove()
 
     def take(self) -> bool:
         """Wait for the file and move it to its segment name. False (file removed): not usable, the caller
