@@ -339,3 +339,29 @@ def test_the_settings_reach_the_proxy_and_bad_ones_are_refused_in_one_line() -> 
         20_000, 4_000, 60_000)
     with pytest.raises(ConfigError, match="grpcRenewAheadTimeMillis"):
         from_properties({"grpcAutoRenewInvisibleTimeMillis": "3000", "grpcRenewAheadTimeMillis": "3000"}).validate()
+
+
+async def test_a_telemetry_stream_cancelled_twice_still_marks_its_client_gone(service: MessagingService) -> None:
+    """grpc may cancel a stream's handler again while it cleans up (the client's connection dropped): the client
+    must count as gone all the same, or a SIGKILLed PushConsumer's messages would be renewed for ever."""
+    import asyncio
+
+    never = asyncio.Event()
+
+    async def requests() -> Any:
+        await never.wait()
+        yield spb.TelemetryCommand()
+
+    async def stream() -> None:
+        async for _ in service.Telemetry(requests(), FakeContext("c1")):
+            pass
+
+    task = asyncio.create_task(stream())
+    while service._clients.get("c1") is None or service._clients["c1"].outbox is None:
+        await asyncio.sleep(0)
+    assert service._client_alive("c1")
+    task.cancel()
+    await asyncio.sleep(0)  # the handler is in its clean-up now, waiting for its reader to end
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert not service._client_alive("c1")

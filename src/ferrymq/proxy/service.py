@@ -343,11 +343,13 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
             while (command := await outbox.get()) is not None:
                 yield command
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            # first, before any await: grpc may cancel the handler again while it cleans up, and the client must
+            # count as gone all the same (auto-renewal, check-backs and the presence sweep read it)
             current = self._clients.get(client_id)
             if current is not None and current.outbox is outbox:
                 current.outbox = None
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
     def _telemetry_answer(self, client_id: str, command: spb.TelemetryCommand,
                           context: Any) -> spb.TelemetryCommand | None:
