@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from _cpp21 import CLIENT_VERSION, new_producer
-from _cpp_common import SEQ_PROP, USER_PROP, JsonLines, args, expected_message, hard_exit, now_ms, summary
+from _cpp_common import JsonLines, args, build_message, expected_message, hard_exit, now_ms, summary
 from rocketmq.client import Message, SendResult, SendStatus
 from rocketmq.exceptions import ffi_check
 from rocketmq.ffi import _CSendResult, dll
@@ -33,15 +33,7 @@ DEFAULT_MAX_INFLIGHT = 64
 
 
 def build(topic: str, exp: dict[str, Any], delay_level: int) -> Message:
-    msg = Message(topic)
-    msg.set_keys(exp["keys"])
-    msg.set_tags(exp["tags"])
-    msg.set_body(exp["body"])
-    msg.set_property(SEQ_PROP, str(exp["seq"]))
-    msg.set_property(USER_PROP, exp["prop"])
-    if delay_level:
-        msg.set_delay_time_level(delay_level)
-    return msg
+    return build_message(Message, topic, exp, delay_level)
 
 
 def send_by_sharding_key(producer: Any, msg: Message, key: str) -> SendResult:

@@ -63,6 +63,20 @@ def expected_message(prefix: str, seq: int, tags: list[str], body_pad: int = 0) 
     }
 
 
+def build_message(message_cls: Any, topic: str, exp: dict[str, Any], delay_level: int = 0) -> Any:
+    """The client's ``Message`` for ``expected_message``'s ``exp``; ``message_cls`` is the ``rocketmq.client.Message``
+    of whichever client package runs the script (the 1.x and 2.1 bindings share this API)."""
+    msg = message_cls(topic)
+    msg.set_keys(exp["keys"])
+    msg.set_tags(exp["tags"])
+    msg.set_body(exp["body"])
+    msg.set_property(SEQ_PROP, str(exp["seq"]))
+    msg.set_property(USER_PROP, exp["prop"])
+    if delay_level:
+        msg.set_delay_time_level(delay_level)
+    return msg
+
+
 def summary(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
     sys.stdout.flush()

@@ -11,20 +11,12 @@ from __future__ import annotations
 
 import time
 
-from _cpp_common import SEQ_PROP, USER_PROP, JsonLines, args, expected_message, hard_exit, now_ms, summary
+from _cpp_common import JsonLines, args, build_message, expected_message, hard_exit, now_ms, summary
 from rocketmq.client import Message, Producer, SendStatus
 
 
 def build(topic: str, exp: dict, delay_level: int) -> Message:
-    msg = Message(topic)
-    msg.set_keys(exp["keys"])
-    msg.set_tags(exp["tags"])
-    msg.set_body(exp["body"])
-    msg.set_property(SEQ_PROP, str(exp["seq"]))
-    msg.set_property(USER_PROP, exp["prop"])
-    if delay_level:
-        msg.set_delay_time_level(delay_level)
-    return msg
+    return build_message(Message, topic, exp, delay_level)
 
 
 def main() -> None:
