@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,9 @@ from sdk5_support import DRIVER, SDK_EXIT_GRACE_S
 
 from support.aio import wait_for
 from support.pip_target import PipTargetError, pip_target_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "acceptance"))
+from procs import ProcessGroup  # noqa: E402
 
 SDK_REQUIREMENT = "rocketmq-python-client==5.1.2"
 #: pip's time to install the SDK and its dependencies
@@ -119,3 +122,17 @@ async def grpc_stack(sdk5_path: Path, tmp_path: Path, broker: Any, namesrv: Any,
     home = tmp_path / "home"
     home.mkdir()
     yield GrpcStack(namesrv, broker, proxy_server, sdk5_path, home)
+
+
+@pytest.fixture
+def procs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcessGroup]:
+    """Processes a test starts (name servers, brokers, proxies, SDK drivers), all stopped at its end; their logs
+    are printed when the test failed."""
+    group = ProcessGroup(tmp_path)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print(group.dump())

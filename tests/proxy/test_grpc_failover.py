@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +49,6 @@ SETTLE_TIMEOUT_S = 120
 #: flushConsumerOffsetInterval of a broker whose consumer offsets a SIGKILL loses
 OFFSETS_NEVER_FLUSHED_MS = 3_600_000
 
-
-@pytest.fixture
-def procs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcessGroup]:
-    group = ProcessGroup(tmp_path)
-    try:
-        yield group
-    finally:
-        group.stop_all()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(group.dump())
 
 
 def records(path: Path) -> list[dict[str, Any]]:

@@ -44,17 +44,6 @@ SCRIPT_TIMEOUT_S = 180
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def procs(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    group = ProcessGroup(tmp_path)
-    try:
-        yield group
-    finally:
-        group.stop_all()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(group.dump())
-
 
 @dataclass
 class LocalStack:

@@ -34,17 +34,6 @@ pytestmark = pytest.mark.acceptance
 START_TIMEOUT_S = 60
 
 
-@pytest.fixture
-def procs(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    group = ProcessGroup(tmp_path)
-    try:
-        yield group
-    finally:
-        group.stop_all()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(group.dump())
-
 
 def round_trip(sdk5_path: Path, home: Path, endpoints: str, topic: str, **sdk_args: object) -> None:
     produced = run_sdk_sync(sdk5_path, home, endpoints, "produce", topic=topic, count=5, prefix="L", **sdk_args)
