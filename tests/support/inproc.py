@@ -33,6 +33,10 @@ def _cluster_available() -> bool:
 needs_cluster = pytest.mark.skipif(not _cluster_available(), reason="broker/namesrv not importable")
 
 
+#: commit log preallocation of in-process test brokers (a ``settings`` key overrides it)
+TEST_COMMIT_LOG_PREALLOCATION = "sparse"
+
+
 def broker_config(data_dir: str, namesrv: str | None = None, **settings: Any) -> Any:
     """A BrokerConfig serving on a free loopback port (no fast channel) with its store in ``data_dir``;
     ``settings`` are further BrokerConfig fields."""
@@ -45,6 +49,9 @@ def broker_config(data_dir: str, namesrv: str | None = None, **settings: Any) ->
         store_path_root_dir=data_dir,
         namesrv_addr=[namesrv] if namesrv else [],
         fast_listen_enable=False,
+        # a test broker writes little: a sparse commit log segment takes the disk its data needs, where the
+        # default (warm) zero-fills 1 GiB per broker, which pytest's kept tmp dirs add up to tens of GB
+        commit_log_preallocation=TEST_COMMIT_LOG_PREALLOCATION,
     )
     for k, v in settings.items():
         setattr(cfg, k, v)
