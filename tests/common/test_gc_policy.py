@@ -18,6 +18,17 @@ YOUNG = {"generation": 0, "collected": 0, "uncollectable": 0}
 FULL_PASS_ATTEMPTS = 100
 
 
+def collect_until_seen(monitor: GcMonitor) -> None:
+    """Run full collections until ``monitor`` has seen one more full pass. gc.collect() returns at once while
+    another thread's collection runs (its finalizers may let this thread run), and the test suite's process has
+    such threads (grpc's, servers')."""
+    before = monitor.count
+    for _ in range(FULL_PASS_ATTEMPTS):
+        gc.collect()
+        if monitor.count > before:
+            return
+
+
 class World:
     """The interpreter as the monitor sees it: a clock, the unfrozen survivors of the last pass, the frozen count,
     and the freezes and exact counts the monitor asked for."""
@@ -285,10 +296,7 @@ def test_the_real_collector_times_a_full_pass() -> None:
     mon = gc_policy.acquire(False)
     try:
         before = mon.count
-        for _ in range(FULL_PASS_ATTEMPTS):  # see test_a_freeze_in_the_stop_callback_...: a collect may do nothing
-            gc.collect()
-            if mon.count > before:
-                break
+        collect_until_seen(mon)
         assert mon.count == before + 1
     finally:
         gc_policy.release(False)
@@ -318,13 +326,7 @@ def test_a_freeze_in_the_stop_callback_keeps_the_survivors_out_of_the_next_pass(
     m = GcMonitor(min_pause_s=0.0)  # no rate known yet and nothing frozen by it: the first pass freezes
     gc.callbacks.append(m)
     try:
-        # gc.collect() does nothing while another thread's collection is running (its finalizers may let this
-        # thread run): the test suite's process has such threads (grpc's, servers'), so collect until a full
-        # pass has been seen
-        for _ in range(FULL_PASS_ATTEMPTS):
-            gc.collect()
-            if m.count:
-                break
+        collect_until_seen(m)
     finally:
         gc.callbacks.remove(m)
         frozen_after = gc.get_freeze_count()
