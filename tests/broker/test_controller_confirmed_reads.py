@@ -94,6 +94,7 @@ class _ConfirmBoundStore:
         self.max_phy_offset = 0
         self.confirmed = 0
         self.reput_phy_offset = 0
+        self.reputs = 0
 
     def put_message(self, inner: Any) -> Any:
         ar = SimpleNamespace(wrote_offset=self.max_phy_offset, wrote_bytes=100, msg_num=1)
@@ -101,8 +102,12 @@ class _ConfirmBoundStore:
         return SimpleNamespace(append_result=ar)
 
     def reput(self, max_records: int) -> int:
+        self.reputs += 1
         self.reput_phy_offset = self.confirmed
         return 0
+
+    def reput_can_advance(self) -> bool:
+        return min(self.confirmed, self.max_phy_offset) > self.reput_phy_offset
 
 
 async def test_held_queues_are_woken_by_the_reput_that_dispatches_them(tmp_path: Path,
@@ -141,6 +146,32 @@ async def test_held_queues_are_woken_by_the_reput_that_dispatches_them(tmp_path:
     writer.schedule_reput()
     await settle()
     assert woken[2:] == [None]
+
+
+async def test_a_put_beyond_the_confirm_offset_schedules_no_reput(tmp_path: Path) -> None:
+    """A SYNC put in controller mode waits for the replicas' ack: a reput scheduled by the put itself would
+    dispatch nothing (one wasted loop callback per send burst); the ack's move of the confirm offset does it."""
+    store = _ConfirmBoundStore()
+    woken: list[set[tuple[str, int]] | None] = []
+    writer = MessageWriter(store, make_config(str(tmp_path)), None, woken.append)  # type: ignore[arg-type]
+    writer.bind(asyncio.get_running_loop())
+    writer.hold_keys = True
+    for qid in range(3):
+        writer.put(SimpleNamespace(topic="A", queue_id=qid))
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert store.reputs == 0 and woken == []
+    store.confirmed = 300  # the ack
+    writer.schedule_reput()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert store.reputs == 1 and woken == [{("A", 0), ("A", 1), ("A", 2)}]
+    # a bound the new record is within (a one-member SyncStateSet: the confirm offset is the log's end)
+    store.confirmed = 1 << 62
+    writer.put(SimpleNamespace(topic="B", queue_id=0))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert store.reputs == 2 and woken[1:] == [{("B", 0)}]
 
 
 # ---- broker: master and slaves in controller mode --------------------------------------------------------

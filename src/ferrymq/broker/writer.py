@@ -15,7 +15,8 @@ of the log's end (e.g. a batch beyond the reserved chunk on a full disk) is retr
 With ``hold_keys`` (controller mode without readUnCommitted: the store dispatches only what the SyncStateSet
 confirmed) a put's queue is remembered with the phy offset its record ends at, and long polling is told about
 it by the reput that dispatches it (after the replicas' acks), not by the first reput after the put
-(beyond ``HELD_KEYS_MAX`` waiting puts: one wake-up of every parked pull instead).
+(beyond ``HELD_KEYS_MAX`` waiting puts: one wake-up of every parked pull instead). A put whose record the bound
+cannot reach yet schedules no reput (it would dispatch nothing): the move of the confirm offset does.
 """
 
 from __future__ import annotations
@@ -179,6 +180,8 @@ class MessageWriter:
         if ha is not None:
             ha.notify_data_appended()
         if not self._reput_scheduled:  # the usual case after the first put of a loop iteration: nothing to do
+            if self.hold_keys and not self._store.reput_can_advance():
+                return  # beyond the confirm offset: the replicas' ack that confirms it schedules the dispatch
             self.schedule_reput()
 
     # ---- reput ------------------------------------------------------------------------------

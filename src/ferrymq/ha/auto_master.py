@@ -11,8 +11,9 @@ transfers, per-replica acks, SYNC waits and the SyncStateSet's caught-up / laggi
   ``min_in_sync_replicas - 1``). A SyncStateSet smaller than ``min_in_sync_replicas`` answers False at once.
   Waiters are a heap on ``end`` released by the ack level (the needed-th highest ack).
 * ``confirm_offset`` = min(the master's max phy offset, every other SyncStateSet member's ack).
-  ``on_confirm_changed()`` runs whenever it may have moved (a member's ack, a change of the set): the broker
-  dispatches up to it (controller mode serves consumers only confirmed records).
+  ``on_confirm_changed()`` runs whenever the least ack of the other members moved (a member's ack, a change of
+  the set): the broker dispatches up to it (controller mode serves consumers only confirmed records). A move of
+  the max phy offset alone is the put's own business (the broker's put schedules its dispatch).
 * A slave whose ack reached the master's max phy offset is caught up at that moment. A SyncStateSet member
   not caught up for ``ha_max_time_slave_not_catchup_ms`` -> ``on_slave_lagging(id)``; a connected slave outside
   the set that catches up -> ``on_slave_caught_up(id)``. Each fires once until the set changes.
@@ -52,6 +53,8 @@ MAX_SLAVE_CONNECTIONS = 16
 WRITE_BUFFER_HIGH_BYTES = 4 * 1024 * 1024
 #: the SyncStateSet check (lagging / caught up) runs this often at most
 CHECK_INTERVAL_MS = 500
+#: the least ack of the other SyncStateSet members when there is none: the confirm offset is the log's end
+CONFIRM_UNBOUNDED = 1 << 62
 
 
 def _expire(fut: asyncio.Future[bool]) -> None:
@@ -177,6 +180,9 @@ class AutoSwitchHAMaster:
         self._sweep_at = math.inf
         self._seq = itertools.count()
         self._ack_level = 0
+        #: the least ack of the other SyncStateSet members (CONFIRM_UNBOUNDED: no other member), kept by
+        #: ``_recompute`` so ``confirm_offset``, read by every dispatch, is one ``min``
+        self._others_acked = CONFIRM_UNBOUNDED
         self._server: Listener | None = None
         self._check_task: asyncio.Task[None] | None = None
         self._conn_tasks: set[asyncio.Task[None]] = set()
@@ -223,6 +229,7 @@ class AutoSwitchHAMaster:
         for slave in list(self._slaves.values()):
             self._drop(slave, "no longer the master")
         self._acks.clear()
+        self._others_acked = self._least_other_ack()
         self._caught_up_ms.clear()
         self._signalled.clear()
         self._fail_waiters()
@@ -277,20 +284,31 @@ class AutoSwitchHAMaster:
         else:
             level = others[needed - 1] if len(others) >= needed else -1
         self._ack_level = level
-        if self.on_confirm_changed is not None:
-            self.on_confirm_changed()
+        others_acked = self._least_other_ack()
+        if others_acked != self._others_acked:  # else the confirm offset moves only with puts (their own reput)
+            self._others_acked = others_acked
+            if self.on_confirm_changed is not None:
+                self.on_confirm_changed()
         waiters = self._waiters
+        if not waiters or waiters[0][0] > level:
+            return
         while waiters and waiters[0][0] <= level:
             _end, _seq, waiter = heapq.heappop(waiters)
             _resolve(waiter, True)
+        # answered callback waiters leave the deadline heap from its top (the oldest first) now, not at their
+        # deadline: kept for the whole wait (seconds of sends) they would pile up into the collector's full passes
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].done:
+            heapq.heappop(deadlines)
+
+    def _least_other_ack(self) -> int:
+        acks = self._acks
+        me = self.replica_id
+        return min((acks.get(rid, 0) for rid in self.sync_state_set if rid != me), default=CONFIRM_UNBOUNDED)
 
     @property
     def confirm_offset(self) -> int:
-        confirm = int(self.store.max_phy_offset)
-        for rid in self.sync_state_set:
-            if rid != self.replica_id:
-                confirm = min(confirm, self._acks.get(rid, 0))
-        return confirm
+        return min(int(self.store.max_phy_offset), self._others_acked)
 
     async def wait_for_ack(self, end_phy_offset: int, timeout_ms: int) -> bool:
         if not self.active or self._needed() < 0:

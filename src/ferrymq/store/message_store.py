@@ -370,6 +370,12 @@ class MessageStore:
     def flushed_phy_offset(self) -> int:
         return self.commit_log.flushed_offset
 
+    def reput_can_advance(self) -> bool:
+        """Whether a reput now may dispatch anything: ``Dispatcher.reput_end`` (or the log's end) is past the
+        reput offset. False while every new record waits for the confirm offset."""
+        dispatcher = self.dispatcher
+        return dispatcher.reput_end_phy_offset() > dispatcher.reput_phy_offset
+
     @property
     def dispatch_behind_bytes(self) -> int:
         """Bytes the dispatch could have reached and has not (records beyond ``Dispatcher.reput_end``, not
