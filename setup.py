@@ -1,8 +1,9 @@
 """Build hook for the optional C extensions; the project metadata lives in pyproject.toml.
 
 ``ferrymq.store._speedups`` speeds up reput and batch puts (see ``ferrymq.store.speedups``);
-``ferrymq.common._records`` walks PULL bodies for the Spark source (see ``ferrymq.common.records``). Both are
-optional: without a compiler the build warns and the install goes on with the pure-Python code.
+``ferrymq.common._records`` walks PULL bodies for the Spark source (see ``ferrymq.common.records``);
+``ferrymq.remoting._codec`` decodes request frames, the SEND header and the SEND_OK answer (see
+``ferrymq.remoting.codec``). All are optional: without a compiler the build warns and the install goes on with the pure-Python code.
 """
 
 from setuptools import Extension, setup
@@ -22,6 +23,12 @@ setup(
         Extension(
             "ferrymq.common._records",
             sources=["src/ferrymq/common/_records.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "ferrymq.remoting._codec",
+            sources=["src/ferrymq/remoting/_codec.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

@@ -8,8 +8,8 @@ Starts a name server and one broker (``--flush``) as subprocesses, then runs ``f
 (``ferrymq.client.Producer``, one connection per producer) in its own process. Prints, per repeat: messages
 stored (the topic's max offsets before/after), the broker's CPU (utime+stime of all its threads, over the whole
 worker run, so warm-up and start-up are included and divided by the messages of the whole run) per message,
-and with ``--strace`` the broker's syscalls per message by name (``strace -c -f -p``, attached for the
-whole worker run; strace slows the broker, so rates with it are not rates). ``--client-strace`` counts the
+the same for the main thread and the other live threads (user and system time apart), and with ``--strace`` the broker's syscalls per message
+by name (``strace -c -f -p``, attached for the whole worker run; strace slows the broker, so rates with it are not rates). ``--client-strace`` counts the
 load process's syscalls instead. ``--server-pythonpath`` runs the name server and broker from another
 checkout (before/after comparisons; copy the built extensions next to its sources first).
 """
@@ -34,6 +34,24 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
+    """(user s, system s) of the main thread ("main") and of the other live threads ("others") of a process
+    (Python threads carry no OS-level names; a thread that ended is in neither, only in ``cpu_s``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, tuple[float, float]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                raw = fh.read()
+        except OSError:
+            continue
+        name = "main" if int(tid) == pid else "others"
+        fields = raw.rpartition(")")[2].split()
+        u, s = out.get(name, (0.0, 0.0))
+        out[name] = (u + int(fields[11]) / tick, s + int(fields[12]) / tick)
+    return out
 
 
 def parse_strace(path: str) -> dict[str, int]:
@@ -103,10 +121,12 @@ def main() -> None:
 
                     threading.Thread(target=attach, daemon=True).start()
                 c0 = cpu_s(pid)
+                th0 = thread_cpu(pid)
                 t0 = time.monotonic()
                 res = run_workers("ferrymq.cli.bench_impl.workers:produce", [spec], run_s=a.secs + 0.5)[0]
                 wall = time.monotonic() - t0
                 c1 = cpu_s(pid)
+                th1 = thread_cpu(pid)
                 for tr in ([tracer] if tracer else []) + client_tracer:
                     tr.send_signal(signal.SIGINT)
                     tr.wait(30)
@@ -117,6 +137,12 @@ def main() -> None:
                 label = "other" if a.server_pythonpath else "this"
                 print(f"[{label}] {a.flush} producers={a.producers} rep={rep}: {rate:,.0f} msg/s (counted), {msgs} stored in "
                       f"{wall:.1f}s; broker CPU {(c1 - c0) / msgs * 1e6:.1f} us/msg; load {load:.2f}", flush=True)
+                per_thread = []
+                for name, (u1, s1) in sorted(th1.items()):
+                    u0, s0 = th0.get(name, (0.0, 0.0))
+                    if u1 - u0 + s1 - s0 > 0:
+                        per_thread.append(f"{name} {(u1 - u0) / msgs * 1e6:.1f} user + {(s1 - s0) / msgs * 1e6:.1f} sys")
+                print("  broker threads, us/msg: " + "; ".join(per_thread), flush=True)
                 if tracer or client_tracer:
                     calls = parse_strace(out)
                     total = sum(calls.values())

@@ -13,14 +13,18 @@ SEND_MESSAGE (10) uses full names, SEND_MESSAGE_V2 (310) / SEND_BATCH_MESSAGE (3
 | g  | bornTimestamp         | l    | n  | brokerName         | s    |
 
 Booleans: Java parses only "true"; we also accept the C++ 1.2.4 "1" (docs/decisions/0001-cpp-batch-flag.md).
+
+With the remoting C extension (``remoting.codec.NATIVE``) the usual V2 header (plain decimal integers, "true" /
+"false" flags) is read by ``send_header_v2``; ``SendHeader._parse_v2`` is the reference and takes the rest.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from ferrymq.errors import ProtocolError
-from ferrymq.remoting.codec import RemotingCommand
+from ferrymq.remoting.codec import NATIVE, RemotingCommand
 from ferrymq.remoting.codes import RequestCode
 
 V2_TO_V1 = {
@@ -85,6 +89,10 @@ class SendHeader:
     def parse(cls, cmd: RemotingCommand) -> SendHeader:
         f = cmd.ext_fields
         code = cmd.code
+        if _native_v2 is not None and (code == _SEND_V2 or code == _SEND_BATCH):
+            native: SendHeader | None = _native_v2(f, code == _SEND_BATCH)
+            if native is not None:
+                return native
         v2 = code == _SEND_V2 or code == _SEND_BATCH or ("b" in f and "topic" not in f)
         if v2 and "topic" not in f:
             fast = cls._parse_v2(f, code)
@@ -163,6 +171,17 @@ class SendHeader:
             reconsume, False if k is None or k == "false" else parse_bool(k), max_rt,
             code == _SEND_BATCH or (m is not None and m != "false" and parse_bool(m)),
         )
+
+
+def _native_send_header() -> Any:
+    if NATIVE is None:
+        return None
+    NATIVE.set_class("send_header", SendHeader, tuple(f.name for f in fields(SendHeader)))
+    return NATIVE.send_header_v2
+
+
+#: ``send_header_v2(ext_fields, is_batch)`` of the extension: a ``SendHeader`` equal to ``_parse_v2``'s, or None
+_native_v2 = _native_send_header()
 
 
 # PullSysFlag bits (§2.7 PULL)

@@ -26,12 +26,20 @@ ROCKETMQ binary header (§1.4):
 
 We always answer JSON with a zero high byte (the C++ client and ali-ons do not mask it), unless the
 request came in binary.
+
+The optional C extension ``ferrymq.remoting._codec`` (its table at the top of ``_codec.c``) decodes whole JSON
+frames with the usual header (``FrameDecoder.feed``), writes the SEND_OK answer (``encode_send_ok_response``)
+and reads the V2 SEND header (``broker/headers.py``) when it was built and ``FERRYMQ_PURE_PYTHON`` is not set.
+The Python code here is the reference and the fallback: the extension gives the same result or declines.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from types import ModuleType
 from typing import Any
 
 import orjson
@@ -64,6 +72,7 @@ _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
 _LANG_BY_CODE = {m.value: m.name for m in LanguageCode}
 _LANG_NAMES = frozenset(m.name for m in LanguageCode)
+PURE_PYTHON_ENV = "FERRYMQ_PURE_PYTHON"
 
 
 @dataclass(slots=True)
@@ -162,6 +171,26 @@ _SEND_OK_HEADER = (
 )
 
 
+def _load_extension() -> ModuleType | None:
+    try:
+        module = importlib.import_module("ferrymq.remoting._codec")
+    except ImportError:
+        return None
+    module.set_class("command", RemotingCommand, tuple(f.name for f in fields(RemotingCommand)))
+    module.set_json_loads(orjson.loads)
+    # the literal parts of the SEND_OK header around its four fields (msgId, queueId, queueOffset, opaque)
+    parts = _SEND_OK_HEADER.replace(b"%s", b"%d").split(b"%d")
+    module.set_send_ok_template(tuple(parts))
+    return module
+
+
+#: the extension whatever the environment says (tests compare it with the reference), and the one in use
+EXTENSION: ModuleType | None = _load_extension()
+NATIVE: ModuleType | None = None if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0") else EXTENSION
+_native_send_ok = NATIVE.encode_send_ok if NATIVE is not None else None
+_native_decode_frames = NATIVE.decode_frames if NATIVE is not None else None
+
+
 def encode_send_ok_response(opaque: int, msg_id: str, queue_id: int, queue_offset: int,
                             serialize_type: int = SERIALIZE_JSON) -> bytes:
     """The whole frame of a SEND answer with code SUCCESS and extFields msgId, queueId, queueOffset,
@@ -169,6 +198,16 @@ def encode_send_ok_response(opaque: int, msg_id: str, queue_id: int, queue_offse
     that ``RemotingCommand`` (language JAVA, current version), from a template instead of a dict and
     ``orjson.dumps``. A handler may return these bytes instead of the command (``Connection`` writes them
     as they are), so ``opaque`` must be the request's. Unusual values take the generic encoder."""
+    if _native_send_ok is not None and serialize_type == SERIALIZE_JSON:
+        frame = _native_send_ok(opaque, msg_id, queue_id, queue_offset)
+        if frame is not None:
+            return frame  # type: ignore[no-any-return]
+    return encode_send_ok_response_py(opaque, msg_id, queue_id, queue_offset, serialize_type)
+
+
+def encode_send_ok_response_py(opaque: int, msg_id: str, queue_id: int, queue_offset: int,
+                               serialize_type: int = SERIALIZE_JSON) -> bytes:
+    """``encode_send_ok_response`` without the extension (the reference)."""
     if (serialize_type == SERIALIZE_JSON and type(queue_id) is int and type(queue_offset) is int
             and type(opaque) is int and msg_id.isalnum() and msg_id.isascii()):
         header = _SEND_OK_HEADER % (msg_id.encode(), queue_id, queue_offset, opaque)
@@ -383,7 +422,8 @@ class FrameDecoder:
         if self._big is not None:
             return self._feed_big(bytes(data) if type(data) is not bytes else data)
         buf = self._buf
-        if not buf and type(data) is bytes and len(data) >= 8:
+        native = _native_decode_frames
+        if native is None and not buf and type(data) is bytes and len(data) >= 8:
             # one whole JSON frame and nothing buffered: the usual read with one request in flight
             length, word = _PREFIX.unpack_from(data)
             hlen = word & 0xFFFFFF
@@ -397,9 +437,19 @@ class FrameDecoder:
             # nothing buffered (the usual case: whole frames per read): decode straight from ``data``, keep
             # only an incomplete tail
             src = data
-        out: list[RemotingCommand] = []
-        pos = 0
         n = len(src)
+        out: list[RemotingCommand]
+        if native is not None:
+            # the extension takes the whole JSON frames with the usual header; the loop below the rest (an
+            # incomplete tail, other frames, and the bad ones, which it refuses with its messages)
+            out, pos = native(src, 0, self.max_frame_bytes, MAX_HEADER_BYTES)
+            if pos == n:
+                if src is buf:
+                    buf.clear()
+                return out
+        else:
+            out = []
+            pos = 0
         while n - pos >= 4:
             (length,) = _INT.unpack_from(src, pos)
             if length < 4 or length > self.max_frame_bytes:
