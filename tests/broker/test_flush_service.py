@@ -8,7 +8,9 @@ import threading
 
 import pytest
 
+from ferrymq.broker.config import BrokerConfig, FlushDiskType
 from ferrymq.broker.flush import INLINE_FLUSH_MAX_MS, FlushService
+from ferrymq.broker.writer import MessageWriter
 from support.aio import wait_for
 
 
@@ -224,5 +226,98 @@ async def test_a_wait_registered_after_a_later_puts_wait_is_answered_by_the_flus
         store.cap = None
         service.on_flushed(store.put(10), 5000, lambda ok: None)  # a later send's flush covers the rest
         await wait_for(lambda: late == [True], timeout_s=10, what="the later put's waiter answered")
+    finally:
+        await loop.run_in_executor(None, service.stop)
+
+
+async def test_a_lone_sync_flush_wait_flushed_by_the_loop_arms_no_deadline_timer() -> None:
+    """A send the loop flushes itself in the commit step costs no deadline heap entry and no timer (it armed
+    and cancelled one per send): the deadline enters the heap only for a waiter the step leaves waiting."""
+    loop = asyncio.get_running_loop()
+    store = WritingStore()
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    try:
+        for _ in range(5):
+            got: list[bool] = []
+            service.on_flushed(store.put(1024), 5000, got.append)
+            assert service._sweep_handle is None and not service._deadlines  # registered: nothing armed
+            await asyncio.sleep(0)
+            assert got == [True] and service._sweep_handle is None and not service._deadlines
+        # a waiter the step hands to the thread gets its deadline: answered False when no flush comes in time
+        service.inline_flush = False
+        store.failing = True
+        late: list[bool] = []
+        service.on_flushed(store.put(10), 50, late.append)
+        assert service._sweep_handle is None
+        await asyncio.sleep(0)
+        assert service._sweep_handle is not None and len(service._deadlines) == 1
+        await wait_for(lambda: late == [False], timeout_s=10, what="the waiter timed out")
+    finally:
+        store.failing = False
+        await loop.run_in_executor(None, service.stop)
+
+
+async def test_commit_now_flushes_and_answers_at_once_and_the_scheduled_step_does_nothing_more() -> None:
+    loop = asyncio.get_running_loop()
+    store = WritingStore()
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    try:
+        service.commit_now()  # nothing scheduled: nothing happens
+        assert store.flushes == 0
+        got: list[bool] = []
+        service.on_flushed(store.put(1024), 5000, got.append)
+        service.commit_now()
+        assert got == [True] and store.flushes == 1 and service.inline_flushes == 1
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert got == [True] and store.flushes == 1 and service.inline_flushes == 1
+    finally:
+        await loop.run_in_executor(None, service.stop)
+
+
+class DispatchingStore(WritingStore):
+    """WritingStore with the dispatch a writer runs after puts (``reput``), recording the order of events."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+        self.reput_phy_offset = 0
+        self.dispatch_behind_bytes = 0
+
+    def flush(self) -> int:
+        self.events.append("flush")
+        return super().flush()
+
+    def reput(self, max_records: int) -> int:
+        self.events.append("reput")
+        self.reput_phy_offset = self.wrote_phy_offset
+        return 0
+
+
+async def test_a_lone_sync_flush_send_is_flushed_and_answered_before_its_put_is_dispatched() -> None:
+    """The send path schedules the dispatch (reput) at the put, before the send registers its flush wait; the
+    reput runs the iteration's commit step first, so the send's fdatasync and answer do not wait behind the
+    consume queue and index updates (they came after them)."""
+
+    loop = asyncio.get_running_loop()
+    events: list[str] = []
+    store = DispatchingStore(events)
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    writer = MessageWriter(store, BrokerConfig(flush_disk_type=FlushDiskType.SYNC_FLUSH), service,
+                           lambda keys: events.append("dispatched"))
+    writer.bind(loop)
+    try:
+        for _ in range(3):
+            events.clear()
+            end = store.put(1024)
+            writer.schedule_reput()  # what a put does
+            writer._pending_keys.add(("T", 0))
+            service.on_flushed(end, 5000, lambda ok: events.append(f"answer {ok}"))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert events == ["flush", "answer True", "reput", "dispatched"]
     finally:
         await loop.run_in_executor(None, service.stop)

@@ -19,9 +19,13 @@
   On the loop every waiter at or below the flushed offset is answered in that one callback: no timer, no
   future, no task per send.
 
+  The writer runs a pending commit step before the iteration's dispatch (``commit_now``, from the reput), so
+  a lone send's ``fdatasync`` and answer do not wait behind the consume queue and index updates of its put.
+
 Waiters live on the loop thread only (the thread never touches them). Their deadlines
 (``syncFlushTimeout``) share one timer, armed for the earliest; an expired waiter is answered False
-(FLUSH_DISK_TIMEOUT). A failing flush (full disk, I/O error) is retried every ``SYNC_FLUSH_RETRY_MS`` while
+(FLUSH_DISK_TIMEOUT). A waiter's deadline enters the deadline heap (and may arm the timer) only when the commit
+step leaves it waiting: a send the loop flushes itself costs no heap entry and no timer. A failing flush (full disk, I/O error) is retried every ``SYNC_FLUSH_RETRY_MS`` while
 waiters wait; they are answered True once a flush covers them, or False at their deadline or at ``stop()``.
 
 The store's ``flush()`` is safe to call concurrently with puts on the event loop thread.
@@ -66,12 +70,14 @@ FlushCallback = Callable[[bool], None]
 class _Waiter:
     """One SYNC_FLUSH wait: answered once (True: flushed; False: timed out, refused or stopped)."""
 
-    __slots__ = ("end_phy_offset", "fn", "done")
+    __slots__ = ("end_phy_offset", "fn", "done", "deadline")
 
-    def __init__(self, end_phy_offset: int, fn: FlushCallback) -> None:
+    def __init__(self, end_phy_offset: int, fn: FlushCallback, deadline: float) -> None:
         self.end_phy_offset = end_phy_offset
         self.fn = fn
         self.done = False
+        #: loop.time() at which it is answered False (syncFlushTimeout after it registered)
+        self.deadline = deadline
 
     def resolve(self, ok: bool) -> None:
         if self.done:
@@ -96,6 +102,8 @@ class FlushService:
         #: loop thread only: waiters in offset order, and their deadlines
         self._waiters: deque[_Waiter] = deque()
         self._deadlines: list[tuple[float, int, _Waiter]] = []
+        #: waiters registered since the last commit step (their deadlines are not in the heap yet)
+        self._fresh: list[_Waiter] = []
         self._seq = itertools.count()
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._sweep_at = math.inf
@@ -103,8 +111,8 @@ class FlushService:
         self._flushed_phy_offset = -1
         self._stopping = False
         self._thread: threading.Thread | None = None
-        #: the once-per-iteration commit step is scheduled
-        self._commit_scheduled = False
+        #: the once-per-iteration commit step, when scheduled
+        self._commit_handle: asyncio.Handle | None = None
         #: the thread is flushing (set and cleared by the thread; read by the commit step)
         self._in_flight = False
         #: no inline flush before this time (time.monotonic(); a slow or failing flush sets it)
@@ -157,7 +165,7 @@ class FlushService:
         if len(self._waiters) >= MAX_SYNC_FLUSH_WAITERS or timeout_ms <= 0:
             fn(False)
             return
-        waiter = _Waiter(end_phy_offset, fn)
+        waiter = _Waiter(end_phy_offset, fn, loop.time() + timeout_ms / 1000)
         waiters = self._waiters
         if waiters and end_phy_offset < waiters[-1].end_phy_offset:
             # a wait that began a loop turn after its put (a task), behind a later put's: keep offset order,
@@ -168,19 +176,26 @@ class FlushService:
             waiters.insert(i, waiter)
         else:
             waiters.append(waiter)
-        deadline = loop.time() + timeout_ms / 1000
-        heapq.heappush(self._deadlines, (deadline, next(self._seq), waiter))
-        if deadline < self._sweep_at:
-            self._arm_sweep(loop, deadline)
-        if not self._commit_scheduled:
-            self._commit_scheduled = True
-            loop.call_soon(self._commit)
+        self._fresh.append(waiter)
+        if self._commit_handle is None:
+            self._commit_handle = loop.call_soon(self._commit)
+
+    def commit_now(self) -> None:
+        """Run a scheduled commit step at once (loop thread; the writer calls it before dispatching). Once
+        the iteration's reads are done every send of the iteration has registered, so grouping is the same
+        as at the step's own turn; nothing happens when none is scheduled."""
+        handle = self._commit_handle
+        if handle is not None:
+            handle.cancel()
+            self._commit()
 
     def _commit(self) -> None:
-        """Once per loop iteration with new waiters: flush a lone waiter here, or signal the thread."""
-        self._commit_scheduled = False
+        """Once per loop iteration with new waiters: flush a lone waiter here, or signal the thread; then
+        enter the deadlines of the waiters left waiting."""
+        self._commit_handle = None
         waiters = self._waiters
         if not waiters:
+            self._fresh.clear()
             return
         if (self.inline_flush and not self._in_flight and len(waiters) <= INLINE_FLUSH_MAX_WAITERS
                 and not self._stopping and time.monotonic() >= self._inline_off_until):
@@ -189,14 +204,34 @@ class FlushService:
                 self._store.flush()
             except Exception:  # the thread retries and logs it; the loop stops flushing for a while
                 self._inline_off_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
-                self._wake()
-                return
-            self.inline_flushes += 1
-            self._took((time.perf_counter() - started) * 1000)
-            self._settle(self._store.flushed_phy_offset)
-            if not self._waiters:
-                return
+            else:
+                self.inline_flushes += 1
+                self._took((time.perf_counter() - started) * 1000)
+                self._settle(self._store.flushed_phy_offset)
+                if not self._waiters:
+                    self._fresh.clear()
+                    return
+        self._enter_deadlines()
         self._wake()
+
+    def _enter_deadlines(self) -> None:
+        """Put the deadlines of the waiters registered since the last commit step (and still waiting) into the
+        heap; arm the timer when one is earlier than the armed one."""
+        fresh = self._fresh
+        if not fresh:
+            return
+        self._fresh = []
+        deadlines = self._deadlines
+        seq = self._seq
+        earliest = math.inf
+        for w in fresh:
+            if not w.done:
+                heapq.heappush(deadlines, (w.deadline, next(seq), w))
+                if w.deadline < earliest:
+                    earliest = w.deadline
+        loop = self._loop
+        if loop is not None and earliest < self._sweep_at:
+            self._arm_sweep(loop, earliest)
 
     def _took(self, flush_ms: float) -> None:
         if flush_ms > INLINE_FLUSH_MAX_MS:
@@ -248,6 +283,7 @@ class FlushService:
         waiters = self._waiters
         if flushed_phy_offset is None:
             self._waiters = deque()
+            self._fresh = []
             for w in waiters:
                 w.resolve(False)
             self._deadlines = []

@@ -219,6 +219,9 @@ class MessageWriter:
 
     def _reput(self) -> None:
         self._reput_scheduled = False
+        if self.sync_flush and self._flush is not None:
+            # the iteration's SYNC_FLUSH sends are flushed and answered first: the dispatch below is not durability
+            self._flush.commit_now()
         try:
             n = self._store.reput(REPUT_BATCH_RECORDS)
         except Exception:
