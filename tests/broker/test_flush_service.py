@@ -4,10 +4,13 @@ broker started with a long period kept it until restarted)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
 import threading
 
 import pytest
 
+from ferrymq.broker import flush as flush_mod
 from ferrymq.broker.config import BrokerConfig, FlushDiskType
 from ferrymq.broker.flush import INLINE_FLUSH_MAX_MS, FlushService
 from ferrymq.broker.writer import MessageWriter
@@ -130,9 +133,11 @@ async def test_a_lone_sync_flush_wait_on_a_quick_disk_is_flushed_by_the_loop_wit
         await loop.run_in_executor(None, service.stop)
 
 
-async def test_a_slow_flush_hands_later_flushes_to_the_thread_one_wakeup_each() -> None:
+async def test_a_slow_flush_hands_later_flushes_to_the_thread_one_wakeup_each(monkeypatch: pytest.MonkeyPatch) -> None:
     """A flush slower than INLINE_FLUSH_MAX_MS turns the loop's own flushing off: the thread flushes, one
     hand-back per round, and no timer is left armed between sends."""
+    # no wait for a CPU is left out of the flush's time (on a busy machine the thread may wait a few ms)
+    monkeypatch.setattr(flush_mod, "read_run_delay_ns", lambda fd: 0)
     loop = asyncio.get_running_loop()
     store = WritingStore(delay_s=(INLINE_FLUSH_MAX_MS + 5) / 1000)
     service = FlushService(store, sync_flush=True, interval_ms=500)
@@ -319,5 +324,63 @@ async def test_a_lone_sync_flush_send_is_flushed_and_answered_before_its_put_is_
             await asyncio.sleep(0)
             await asyncio.sleep(0)
             assert events == ["flush", "answer True", "reput", "dispatched"]
+    finally:
+        await loop.run_in_executor(None, service.stop)
+
+
+def test_disk_ms_leaves_out_the_wait_for_a_cpu_of_a_long_flush_only(tmp_path: pathlib.Path) -> None:
+    stat = tmp_path / "schedstat"
+    stat.write_text("1000 2000000 5\n")  # on cpu, waited on a run queue (ns), time slices
+    fd = os.open(stat, os.O_RDONLY)
+    try:
+        before = flush_mod.read_run_delay_ns(fd)
+        assert before == 2_000_000
+        stat.write_text("1000 62000000 5\n")  # 60 ms more waiting for a CPU
+        assert flush_mod.disk_ms(INLINE_FLUSH_MAX_MS + 20, fd, before) == pytest.approx(10.0)
+        assert flush_mod.disk_ms(INLINE_FLUSH_MAX_MS - 1, fd, before) == INLINE_FLUSH_MAX_MS - 1  # not looked at
+        assert flush_mod.disk_ms(INLINE_FLUSH_MAX_MS + 20, fd, -1) == INLINE_FLUSH_MAX_MS + 20  # unknown: all of it
+        stat.write_text("garbage\n")
+        assert flush_mod.read_run_delay_ns(fd) == -1
+        assert flush_mod.disk_ms(INLINE_FLUSH_MAX_MS + 20, fd, before) == INLINE_FLUSH_MAX_MS + 20
+    finally:
+        os.close(fd)
+    assert flush_mod.read_run_delay_ns(-1) == -1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="no scheduler statistics here")
+def test_the_threads_own_run_queue_wait_is_readable() -> None:
+    fd = flush_mod.open_run_delay()
+    assert fd >= 0
+    try:
+        first = flush_mod.read_run_delay_ns(fd)
+        assert first >= 0 and flush_mod.read_run_delay_ns(fd) >= first
+    finally:
+        os.close(fd)
+
+
+async def test_a_flush_slow_only_for_waiting_on_a_cpu_keeps_the_loop_flushing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a busy machine a flush can take longer than INLINE_FLUSH_MAX_MS because its thread waited for a CPU
+    after the disk was done; that says nothing about the disk (and the loop would have waited as long without
+    the flush): the loop keeps flushing lone sends itself instead of handing them to the thread for
+    INLINE_FLUSH_BACKOFF_S (every one then paying two wake-ups on that busy machine)."""
+    run_delay_ns = [0]
+    monkeypatch.setattr(flush_mod, "read_run_delay_ns", lambda fd: run_delay_ns[0])
+    loop = asyncio.get_running_loop()
+
+    class StarvedStore(WritingStore):
+        def flush(self) -> int:
+            run_delay_ns[0] += int((INLINE_FLUSH_MAX_MS + 10) * 1e6)  # waited this long for a CPU ...
+            threading.Event().wait((INLINE_FLUSH_MAX_MS + 15) / 1000)  # ... of a flush this long
+            return super().flush()
+
+    store = StarvedStore()
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.start(loop)
+    try:
+        for _ in range(3):
+            got: list[bool] = []
+            service.on_flushed(store.put(1024), 5000, got.append)
+            await wait_for(lambda got=got: got == [True], timeout_s=10, what="the flush answer")
+        assert service.inline_flushes == 3 and service.wakeups == 0
     finally:
         await loop.run_in_executor(None, service.stop)

@@ -10,7 +10,10 @@
     (none slower than ``INLINE_FLUSH_MAX_MS`` for ``INLINE_FLUSH_BACKOFF_S``, none failed): the loop flushes
     itself and answers at once. The send costs one read, one ``fdatasync`` and one write, with no thread
     hand-off and no wake-up to wait for (the scheduler is not asked twice on a busy machine). The loop is
-    held for that one ``fdatasync`` (docs/decisions/0007); a slow or failing flush turns this off;
+    held for that one ``fdatasync`` (docs/decisions/0007); a slow or failing flush turns this off. A flush's
+    time is judged without the time its thread then waited for a CPU (``/proc/thread-self/schedstat``, read
+    before each flush and after a long one): on a busy machine a flush that waited tens of ms for the
+    scheduler says nothing about the disk, and the loop would have waited as long without it;
   - otherwise the flush thread, blocked on a binary semaphore (no polling period on the path), is
     signalled; it flushes once for everything written so far and hands the flushed offset back with one
     ``loop.call_soon_threadsafe``. Sends arriving while its flush is in flight are taken by its next flush
@@ -38,6 +41,7 @@ import heapq
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -55,6 +59,9 @@ SYNC_FLUSH_RETRY_MS = 10
 INLINE_FLUSH_MAX_MS = 50.0
 #: ... within this many seconds (a slower or failing flush hands every flush to the thread for that long)
 INLINE_FLUSH_BACKOFF_S = 10.0
+#: where a thread reads the nanoseconds it has waited on a run queue (the second field; Linux). Without it a
+#: flush's whole time counts against INLINE_FLUSH_MAX_MS
+SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
 #: SYNC_FLUSH: at most this many waiters of one loop iteration are flushed by the loop itself
 INLINE_FLUSH_MAX_WAITERS = 1
 #: consume queues are flushed this often (flushIntervalConsumeQueue)
@@ -65,6 +72,40 @@ MAX_SYNC_FLUSH_WAITERS = 100_000
 DEADLINE_EARLY_S = 0.001
 
 FlushCallback = Callable[[bool], None]
+
+
+def open_run_delay() -> int:
+    """A descriptor of the calling thread's scheduler statistics (``SCHEDSTAT_PATH``), or -1 when there are
+    none to read."""
+    try:
+        fd = os.open(SCHEDSTAT_PATH, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    if read_run_delay_ns(fd) < 0:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def read_run_delay_ns(fd: int) -> int:
+    """Nanoseconds the thread of ``fd`` (``open_run_delay``) has waited for a CPU so far; -1 if unknown."""
+    if fd < 0:
+        return -1
+    try:
+        return int(os.pread(fd, 96, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def disk_ms(took_ms: float, fd: int, run_delay_before_ns: int) -> float:
+    """A flush's time without the time its thread waited for a CPU meanwhile, when that is known and the
+    flush took longer than INLINE_FLUSH_MAX_MS (a quick one is not looked at further)."""
+    if took_ms <= INLINE_FLUSH_MAX_MS or run_delay_before_ns < 0:
+        return took_ms
+    after = read_run_delay_ns(fd)
+    if after < run_delay_before_ns:
+        return took_ms
+    return max(0.0, took_ms - (after - run_delay_before_ns) / 1e6)
 
 
 class _Waiter:
@@ -117,6 +158,8 @@ class FlushService:
         self._in_flight = False
         #: no inline flush before this time (time.monotonic(); a slow or failing flush sets it)
         self._inline_off_until = 0.0
+        #: the loop thread's and the flush thread's scheduler statistics (open_run_delay; opened by each thread)
+        self._loop_run_delay_fd: int | None = None
         #: whether the loop may flush a lone waiter itself (tests turn it off to exercise the thread)
         self.inline_flush = True
         #: counters for tests and metrics: flush rounds that answered waiters, loop wake-ups asked for,
@@ -199,6 +242,10 @@ class FlushService:
             return
         if (self.inline_flush and not self._in_flight and len(waiters) <= INLINE_FLUSH_MAX_WAITERS
                 and not self._stopping and time.monotonic() >= self._inline_off_until):
+            fd = self._loop_run_delay_fd
+            if fd is None:
+                fd = self._loop_run_delay_fd = open_run_delay()
+            delay_ns = read_run_delay_ns(fd)
             started = time.perf_counter()
             try:
                 self._store.flush()
@@ -206,7 +253,7 @@ class FlushService:
                 self._inline_off_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
             else:
                 self.inline_flushes += 1
-                self._took((time.perf_counter() - started) * 1000)
+                self._took(disk_ms((time.perf_counter() - started) * 1000, fd, delay_ns))
                 self._settle(self._store.flushed_phy_offset)
                 if not self._waiters:
                     self._fresh.clear()
@@ -234,6 +281,7 @@ class FlushService:
             self._arm_sweep(loop, earliest)
 
     def _took(self, flush_ms: float) -> None:
+        """A flush took ``flush_ms`` (without waits for a CPU): a slow one turns the loop's flushing off."""
         if flush_ms > INLINE_FLUSH_MAX_MS:
             self._inline_off_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
 
@@ -321,10 +369,18 @@ class FlushService:
 
     # ---- the flush thread ------------------------------------------------------------------------------
     def _run(self) -> None:
+        signal = self._signal
+        run_delay_fd = open_run_delay() if self.sync_flush else -1
+        try:
+            self._loop_flushes(signal, run_delay_fd)
+        finally:
+            if run_delay_fd >= 0:
+                os.close(run_delay_fd)
+
+    def _loop_flushes(self, signal: threading.Lock, run_delay_fd: int) -> None:
         last_cq_flush = 0.0
         failing: str | None = None  # the cause of the failing flushes, logged once (a full disk: every round)
         handed_back = -1  # the flushed offset last handed to the loop
-        signal = self._signal
         while not self._stopping:
             if self.sync_flush:
                 # blocked on the signal; woken by a send (or to retry a failed flush / flush consume queues)
@@ -337,10 +393,11 @@ class FlushService:
                 break
             self._in_flight = True
             try:
+                delay_ns = read_run_delay_ns(run_delay_fd)
                 started = time.perf_counter()
                 self._store.flush()
                 if self.sync_flush:
-                    self._took((time.perf_counter() - started) * 1000)
+                    self._took(disk_ms((time.perf_counter() - started) * 1000, run_delay_fd, delay_ns))
                 now = time.monotonic()
                 if now - last_cq_flush >= FLUSH_CONSUME_QUEUE_INTERVAL_MS / 1000:
                     last_cq_flush = now
@@ -380,6 +437,10 @@ class FlushService:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        fd = self._loop_run_delay_fd
+        if fd is not None and fd >= 0:
+            self._loop_run_delay_fd = -1  # the commit step does not flush once stopping
+            os.close(fd)
         try:
             self._store.flush()
             self._store.flush_consume_queues()
