@@ -27,6 +27,7 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from ferrymq.broker.config import BrokerRole
 from ferrymq.broker.headers import SendHeader
 from ferrymq.broker.stats import REPLICA_FAILURE_STATUSES
 from ferrymq.broker.status_codes import (
@@ -77,7 +78,6 @@ from ferrymq.common.topic import (
     TRANS_HALF_TOPIC,
     TopicConfig,
     dlq_topic,
-    is_writeable,
     validate_topic,
 )
 from ferrymq.errors import ProtocolError
@@ -123,6 +123,9 @@ def born_host_of(conn: Any) -> bytes:
 
 #: entries kept in each of the processor's small caches (topic validity, tags hash codes)
 SEND_CACHE_MAX_ENTRIES = 10_000
+_SLAVE = BrokerRole.SLAVE
+#: a topic not in the validity cache yet
+_UNSEEN = object()
 
 
 def _parse_properties(text: str | None) -> dict[str, str]:
@@ -201,7 +204,8 @@ class SendProcessor:
     # ---- entry -------------------------------------------------------------------------------
     def handle(self, conn: Any, cmd: RemotingCommand) -> RemotingCommand | bytes | Awaitable[RemotingCommand] | None:
         ctx = self.ctx
-        if ctx.config.is_slave:
+        config = ctx.config
+        if config.broker_role is _SLAVE:  # config.is_slave without the property and enum lookups
             return cmd.response(R.SERVICE_NOT_AVAILABLE, remark=SERVICE_NOT_AVAILABLE_REMARK)
         role = ctx.controller_role
         if role is not None and not role.can_ack():  # controller mode: a master within its lease only
@@ -211,12 +215,12 @@ class SendProcessor:
         except ProtocolError as exc:
             return cmd.response(R.SYSTEM_ERROR, remark=str(exc))
         checked = self._check_topic(cmd, h)
-        if isinstance(checked, RemotingCommand):
+        if type(checked) is RemotingCommand:
             return checked
-        tc = checked
-        if len(cmd.body) > ctx.config.max_message_size:
+        tc: TopicConfig = checked  # type: ignore[assignment]
+        if len(cmd.body) > config.max_message_size:
             return cmd.response(R.MESSAGE_ILLEGAL, remark=f"message body size exceeded, max "
-                                                          f"{ctx.config.max_message_size}")
+                                                          f"{config.max_message_size}")
         queue_id = h.queue_id if h.queue_id >= 0 else ctx.topics.random_queue_id(tc)
         if h.batch:
             return self._send_batch(conn, cmd, h, queue_id)
@@ -224,17 +228,20 @@ class SendProcessor:
 
     def _check_topic(self, cmd: RemotingCommand, h: SendHeader) -> TopicConfig | RemotingCommand:
         ctx = self.ctx
-        if not is_writeable(ctx.config.broker_permission):
-            existing = ctx.topics.get(h.topic)
+        topic = h.topic
+        if not ctx.config.broker_permission & PERM_WRITE:  # is_writeable() inlined, as the checks below
+            existing = ctx.topics.get(topic)
             if existing is not None and existing.order:  # only order topics are refused (§2.7 SEND check 1)
                 return cmd.response(R.NO_PERMISSION, remark=f"the broker[{ctx.config.broker_ip1}] sending message "
                                                             "is forbidden")
-        reason = self._validate_topic(h.topic)
+        reason = self._topic_reasons.get(topic, _UNSEEN)
+        if reason is _UNSEEN:
+            reason = self._validate_topic(topic)
         if reason is not None:
             return cmd.response(R.SYSTEM_ERROR, remark=reason)
-        if h.topic in NOT_ALLOWED_SEND_TOPICS:
-            return cmd.response(R.NO_PERMISSION, remark=f"Sending message to topic[{h.topic}] is forbidden.")
-        tc = ctx.topics.get(h.topic)
+        if topic in NOT_ALLOWED_SEND_TOPICS:
+            return cmd.response(R.NO_PERMISSION, remark=f"Sending message to topic[{topic}] is forbidden.")
+        tc = ctx.topics.get(topic)
         if tc is None:
             try:
                 if h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
@@ -246,10 +253,10 @@ class SendProcessor:
             if tc is None:
                 return cmd.response(R.TOPIC_NOT_EXIST, remark=f"topic[{h.topic}] not exist, apply first please! "
                                                               "https://rocketmq.apache.org/docs/bestPractice/06FAQ")
-        if h.queue_id >= max(tc.write_queue_nums, tc.read_queue_nums):
+        if h.queue_id >= tc.write_queue_nums and h.queue_id >= tc.read_queue_nums:
             return cmd.response(R.SYSTEM_ERROR, remark=f"request queueId[{h.queue_id}] is illegal, {tc.topic_name} "
                                                        f"Producer: {cmd.ext_fields.get('producerGroup', '')}")
-        if not is_writeable(tc.perm):
+        if not tc.perm & PERM_WRITE:
             return cmd.response(R.NO_PERMISSION, remark=f"the topic[{h.topic}] sending message is forbidden")
         return tc
 
@@ -397,9 +404,10 @@ class SendProcessor:
             if not name.isascii():
                 return None
             cluster = self._cluster_bytes = (name, name.encode("ascii"))
-        return self.ctx.writer.put_one_raw(h.topic, queue_id, cmd.body, props, cluster[1], h.flag, h.sys_flag,
-                                           h.born_timestamp, self._born_host(conn), self.ctx.store_host,
-                                           h.reconsume_times)
+        born_host = self._born_hosts.get(getattr(conn, "peer_addr", None)) or self._born_host(conn)
+        ctx = self.ctx
+        return ctx.writer.put_one_raw(h.topic, queue_id, cmd.body, props, cluster[1], h.flag, h.sys_flag,
+                                      h.born_timestamp, born_host, ctx.store_host, h.reconsume_times)
 
     # ---- batch ---------------------------------------------------------------------------------
     def _send_batch(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
