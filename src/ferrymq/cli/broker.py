@@ -89,7 +89,7 @@ async def _start_grpc(ctl: Any) -> Any:
         tls=cfg.tls_client, tls_server=cfg.tls_server, access_key=access_key, secret_key=secret_key,
         auto_renew_invisible_ms=cfg.grpc_auto_renew_invisible_time_ms, renew_ahead_ms=cfg.grpc_renew_ahead_time_ms,
         renew_max_ms=cfg.grpc_renew_max_time_ms),
-        acl_source=guard_source(guard) if guard is not None else None)
+        acl_source=guard_source(guard) if guard is not None else None, local_broker=(ctl.broker_addr, ctl.dispatcher))
     await server.start()
     click.echo(f"ferrymq gRPC endpoint serving on {cfg.listen_host}:{server.port}")
     return server

@@ -26,6 +26,7 @@ from ferrymq.errors import ConfigError
 from ferrymq.proxy.config import ProxyConfig
 from ferrymq.proxy.service import MessagingService
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
+from ferrymq.remoting.connection import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +87,15 @@ def guard_source(guard: Any) -> Callable[[], AclConfig | None]:
 
 
 class ProxyServer:
-    def __init__(self, config: ProxyConfig, *, acl_source: Callable[[], AclConfig | None] | None = None) -> None:
+    def __init__(self, config: ProxyConfig, *, acl_source: Callable[[], AclConfig | None] | None = None,
+                 local_broker: tuple[str, Dispatcher] | None = None) -> None:
         config.validate()
         self.config = config
         if acl_source is None and config.acl_path:
             acl_source = acl_file_source(config.acl_path)
         self._credentials = (server_credentials(config.tls_server)
                              if config.tls_server is not None and config.tls_server.enabled else None)
-        self.service = MessagingService(config, acl_source=acl_source)
+        self.service = MessagingService(config, acl_source=acl_source, local_broker=local_broker)
         self._server: grpc.aio.Server | None = None
         self.port = config.listen_port
 

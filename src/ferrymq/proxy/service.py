@@ -40,6 +40,7 @@ from ferrymq.errors import FerryError, TopicNotExistError
 from ferrymq.proxy import translate as tr
 from ferrymq.proxy.auth import GrpcAuth
 from ferrymq.proxy.config import ProxyConfig
+from ferrymq.proxy.loopback import LoopbackPool
 from ferrymq.proxy.pop import PopEntry, PopQueue, SerialSource
 from ferrymq.proxy.presence import Presence, PresenceRegistry
 from ferrymq.proxy.pull import PullRpcs
@@ -49,6 +50,7 @@ from ferrymq.proxy.v2 import service_pb2 as spb
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
+from ferrymq.remoting.connection import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +140,10 @@ PopKey = tuple[str, str, str, int]  # group, topic, broker name, queue id
 
 class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
     def __init__(self, config: ProxyConfig, *, clock_ms: Any = None,
-                 acl_source: Callable[[], AclConfig | None] | None = None) -> None:
+                 acl_source: Callable[[], AclConfig | None] | None = None,
+                 local_broker: tuple[str, Dispatcher] | None = None) -> None:
+        """``local_broker``: (address, dispatcher) of the broker this process runs (local mode): requests to
+        it go through an in-memory connection (loopback.py) instead of a socket."""
         self.config = config
         #: checks 5.x clients' signatures and rights (acl_source None: no ACL, every call runs)
         self.auth = GrpcAuth(acl_source or (lambda: None))
@@ -147,6 +152,8 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
                                      secret_key=config.secret_key, tls=config.tls)
         client_config.instance_name = f"grpc-proxy-{secrets.token_hex(4)}"
         self.instance = ClientInstance(client_config)
+        if local_broker is not None:
+            self.instance.pool = LoopbackPool.replacing(self.instance.pool, *local_broker)
         self.producer = Producer.bound_to(self.instance, config.producer_group)
         #: receipt handles name this process: a handle from an earlier run is refused
         self.epoch = secrets.token_hex(4)
