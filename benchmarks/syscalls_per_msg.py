@@ -1,17 +1,19 @@
 """Syscalls and CPU per message of a broker under ``ferry bench``'s producer load (private perf driver).
 
     python benchmarks/syscalls_per_msg.py [--flush ASYNC_FLUSH|SYNC_FLUSH] [--producers 1] [--secs 5]
-                                          [--strace] [--client-strace] [--repeats 1]
+                                          [--strace] [--client-strace] [--repeats 1] [--settle-s 60]
                                           [--server-pythonpath OTHER_CHECKOUT/src]
 
-Starts a name server and one broker (``--flush``) as subprocesses, then runs ``ferry bench``'s produce worker
-(``ferrymq.client.Producer``, one connection per producer) in its own process. Prints, per repeat: messages
-stored (the topic's max offsets before/after), the broker's CPU (utime+stime of all its threads, over the whole
-worker run, so warm-up and start-up are included and divided by the messages of the whole run) per message,
-the same for the main thread and the other live threads (user and system time apart), and with ``--strace`` the broker's syscalls per message
-by name (``strace -c -f -p``, attached for the whole worker run; strace slows the broker, so rates with it are not rates). ``--client-strace`` counts the
-load process's syscalls instead. ``--server-pythonpath`` runs the name server and broker from another
-checkout (before/after comparisons; copy the built extensions next to its sources first).
+Starts a name server and one broker (``--flush``) as subprocesses, waits until the idle broker has settled
+(``--settle-s``: start-up and the zero-fill of its next commit log segment done), then runs ``ferry bench``'s
+produce worker (``ferrymq.client.Producer``, one connection per producer) in its own process. Prints, per repeat:
+messages stored (the topic's max offsets before/after), the broker's CPU (utime+stime of all its threads, over
+the whole worker run, so warm-up is included and divided by the messages of the whole run) per message, the
+same for the main thread and the other live threads (user and system time apart), and with ``--strace`` the
+broker's syscalls per message by name (``strace -c -f -p``, attached for the whole worker run; strace slows the
+broker, so rates with it are not rates). ``--client-strace`` counts the load process's syscalls instead.
+``--server-pythonpath`` runs the name server and broker from another checkout (before/after comparisons; copy
+the built extensions next to its sources first).
 """
 
 from __future__ import annotations
@@ -34,6 +36,22 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: an idle broker uses less than this share of a core (its timers only)
+IDLE_CPU_SHARE = 0.05
+
+
+def settle(pid: int, max_s: float) -> None:
+    """Wait (up to ``max_s``) until the broker is idle: its start-up work and the segment warmer's zero-fill of
+    the next commit log segment would otherwise be counted as CPU of the first messages."""
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline:
+        c0 = cpu_s(pid)
+        time.sleep(0.5)
+        if cpu_s(pid) - c0 < 0.5 * IDLE_CPU_SHARE:
+            return
+    print(f"broker not idle after {max_s:.0f} s; measuring anyway", flush=True)
 
 
 def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
@@ -78,6 +96,9 @@ def main() -> None:
     ap.add_argument("--strace", action="store_true")
     ap.add_argument("--client-strace", action="store_true")
     ap.add_argument("--server-pythonpath", default=None)
+    ap.add_argument("--settle-s", type=float, default=60.0,
+                    help="wait up to this long for the idle broker to use < 5%% of a core before measuring "
+                         "(a fresh store zero-fills its next 1 GiB segment on a thread after start)")
     a = ap.parse_args()
     if a.server_pythonpath:
         os.environ["PYTHONPATH"] = a.server_pythonpath  # the servers' environment; workers keep this sys.path
@@ -92,6 +113,7 @@ def main() -> None:
             asyncio.run(wait_send_ok(stack.name_server, topic))
             assert master.child is not None
             pid = master.child.pid
+            settle(pid, a.settle_s)
             for rep in range(a.repeats):
                 before = sum(asyncio.run(max_offsets(master.addr, topic)))
                 out = os.path.join(sup.base_dir or "/tmp", f"strace-{rep}.txt")
