@@ -61,9 +61,10 @@ BULK_DEPTH = 64
 REQUEST_TIMEOUT_MS = 60_000
 START_TIMEOUT_S = 60.0
 BODY = b"x" * 1024
-PASS_RE = re.compile(rb"full collection: ([0-9.]+) ms")
+PASS_RE = re.compile(rb"full collection: ([0-9.]+) ms(?: \(([0-9.]+) ms CPU\))?")
 BUCKET_RE = re.compile(r'^(ferrymq_gc_pause_seconds|ferrymq_event_loop_lag_seconds)_bucket\{.*le="([^"]+)".*\} (\S+)$')
 FROZEN_RE = re.compile(r"^ferrymq_gc_frozen_objects(?:\{.*\})? (\S+)$")
+FREEZE_RE = re.compile(rb"objects frozen out of the garbage collector")
 
 
 def free_port() -> int:
@@ -114,10 +115,14 @@ class Server:
 
     def phase(self) -> dict[str, Any]:
         data = self.log_path.read_bytes()
-        passes = [float(m.group(1)) for m in PASS_RE.finditer(data, self._log_offset)]
+        found = list(PASS_RE.finditer(data, self._log_offset))
+        passes = [float(m.group(1)) for m in found]
+        cpu = [float(m.group(2)) for m in found if m.group(2) is not None]
+        freezes = len(FREEZE_RE.findall(data, self._log_offset))
         self._log_offset = len(data)
         buckets, frozen = self._scrape()
-        out: dict[str, Any] = {"passes": len(passes), "longest_pass_ms": max(passes, default=0.0)}
+        out: dict[str, Any] = {"passes": len(passes), "longest_pass_ms": max(passes, default=0.0),
+                               "longest_cpu_ms": max(cpu) if cpu else None, "freezes": freezes}
         for name, key in (("ferrymq_gc_pause_seconds", "pause_bucket_s"), ("ferrymq_event_loop_lag_seconds",
                                                                             "lag_bucket_s")):
             out[key] = _highest_gained(self._buckets.get(name, {}), buckets.get(name, {}))
@@ -209,12 +214,14 @@ def heartbeat_cmds(groups: list[str], topics: list[str]) -> Iterator[RemotingCom
 
 
 def row(server: str, phase: str, took_s: float, r: dict[str, Any]) -> str:
+    cpu = "-" if r["longest_cpu_ms"] is None else f"{r['longest_cpu_ms']:.1f}"
     return (f"| {server:<7} | {phase:<34} | {took_s:7.1f} | {r['passes']:>6} | {r['longest_pass_ms']:>9.1f} | "
-            f"{r['pause_bucket_s']!s:>8} | {r['lag_bucket_s']!s:>8} | {r['frozen']:>9} | {r['rss_mib']!s:>7} |")
+            f"{cpu:>9} | {r['pause_bucket_s']!s:>8} | {r['lag_bucket_s']!s:>8} | {r['freezes']:>7} | {r['frozen']:>9} | "
+            f"{r['rss_mib']!s:>7} |")
 
 
-HEADER = ("| server  | phase                              |  took s | passes | longest ms | gc le s | lag le s |"
-          "    frozen | RSS MiB |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| server  | phase                              |  took s | passes | longest ms | longest CPU ms | gc le s |"
+          " lag le s | freezes |    frozen | RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 async def broker_phases(broker: Server, args: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ import gc
 import pytest
 
 from ferrymq.common import gc_policy
-from ferrymq.common.gc_policy import GC_PAUSE_BUCKETS_S, GcMonitor
+from ferrymq.common.gc_policy import GC_PAUSE_BUCKETS_S, GC_UNFROZEN_BUDGET_OBJECTS, GcMonitor
 
 FULL = {"generation": 2, "collected": 0, "uncollectable": 0}
 YOUNG = {"generation": 0, "collected": 0, "uncollectable": 0}
@@ -35,6 +35,7 @@ class World:
 
     def __init__(self) -> None:
         self.now_s = 0.0
+        self.cpu_s = 0.0
         self.unfrozen = 1_000
         self.frozen = 0
         self.freezes = 0
@@ -50,13 +51,18 @@ class World:
         return self.unfrozen
 
     def monitor(self, **kw: object) -> GcMonitor:
-        return GcMonitor(clock=lambda: self.now_s, unfrozen_count=self.count, freeze=self.freeze,
-                         frozen_count=lambda: self.frozen, **kw)  # type: ignore[arg-type]
+        """A monitor of this world; without ``unfrozen_budget`` the growth factor alone sets the freeze's need
+        (the tests of the estimate, the counts and the factor), else as given."""
+        kw.setdefault("unfrozen_budget", None)
+        return GcMonitor(clock=lambda: self.now_s, cpu_clock=lambda: self.cpu_s, unfrozen_count=self.count,
+                         freeze=self.freeze, frozen_count=lambda: self.frozen, **kw)  # type: ignore[arg-type]
 
-    def full_pass(self, m: GcMonitor, pause_s: float, info: dict[str, int] = FULL) -> None:
-        self.now_s = 0.0  # each pass timed from 0: its duration is exactly pause_s
+    def full_pass(self, m: GcMonitor, pause_s: float, info: dict[str, int] = FULL, cpu_s: float | None = None) -> None:
+        """A pass of ``pause_s``, of which ``cpu_s`` (all of it by default) on a CPU."""
+        self.now_s = self.cpu_s = 0.0  # each pass timed from 0: its duration is exactly pause_s
         m("start", info)
         self.now_s = pause_s
+        self.cpu_s = pause_s if cpu_s is None else cpu_s
         m("stop", info)
 
 
@@ -158,6 +164,22 @@ def test_a_rate_too_slow_is_renewed_once_passes_have_doubled_since_the_last_coun
     assert w.counts == 2 and w.freezes == 1
 
 
+def test_the_rate_is_measured_on_cpu_time_so_passes_that_waited_for_a_cpu_do_not_hide_the_survivors() -> None:
+    """On a busy machine a pass of 50,000 objects took 185 ms of wall time and 20 ms on a CPU. A rate measured on
+    wall time (3.7 µs per object) made later passes of 90,000 objects (35 ms) look like 10,000, and they were
+    neither counted nor frozen; on CPU time the rate is 0.4 µs per object and they are."""
+    w = World()
+    m = w.monitor(unfrozen_budget=25_000)
+    w.frozen = m.frozen_at_freeze = 1_000_000  # no rate yet: the first long pass is counted and measures it
+    w.unfrozen = 50_000
+    w.full_pass(m, 0.185, cpu_s=0.020)
+    assert w.counts == 1 and w.freezes == 1
+    assert m.rate_s_per_object == pytest.approx(0.4e-6)
+    w.unfrozen = 90_000
+    w.full_pass(m, 0.035, cpu_s=0.035)
+    assert w.counts == 2 and w.freezes == 2
+
+
 def test_collected_objects_count_as_walked_not_as_survivors() -> None:
     w = World()
     m = calibrated(w)
@@ -215,6 +237,90 @@ def test_freezes_are_logarithmic_and_passes_stay_within_the_frozen_count() -> No
     assert largest_ratio <= 1.5  # a quarter of a live heap of up to 2 x the frozen count
 
 
+def test_the_default_monitor_caps_the_freezes_need_at_the_unfrozen_budget() -> None:
+    m = GcMonitor()
+    assert m.unfrozen_budget == GC_UNFROZEN_BUDGET_OBJECTS
+    m.frozen_at_freeze = 10_000
+    assert m.needed_to_freeze() == 10_000  # below the budget the growth factor decides
+    m.frozen_at_freeze = 1_000_000
+    assert m.needed_to_freeze() == GC_UNFROZEN_BUDGET_OBJECTS
+
+
+def test_the_unfrozen_budget_freezes_before_the_survivors_reach_the_frozen_count() -> None:
+    w = World()
+    m = calibrated(w, frozen=1_000_000, unfrozen_budget=25_000)
+    w.unfrozen = 10_000
+    w.full_pass(m, 0.010)  # 10,000 estimated: below half the budget, no count
+    assert w.counts == 0 and w.freezes == 0
+    w.unfrozen = 24_000
+    w.full_pass(m, 0.024)  # counted: 24,000 < 25,000
+    assert w.counts == 1 and w.freezes == 0
+    w.unfrozen = 25_000
+    w.full_pass(m, 0.025)
+    assert w.counts == 2 and w.freezes == 1 and w.frozen == 1_025_000 and w.unfrozen == 0
+
+
+def test_with_the_budget_no_pass_walks_much_more_than_it_however_large_the_frozen_estate() -> None:
+    """The estate of the logarithmic test (1,000 to 1,000,000 objects, a pass at every quarter of growth of the
+    survivors of the last pass, CPython's own trigger, 1 µs per object): with a budget of 25,000 objects no pass
+    walks more than the budget and a quarter of it, where the growth factor alone let passes walk about as many
+    objects as were frozen (hundreds of thousands). The price is freezes proportional to the growth, each of at
+    least the budget's live objects."""
+    budget = 25_000
+    w = World()
+    m = w.monitor(unfrozen_budget=budget)
+    live = 1_000
+    survivors = 0  # CPython's long_lived_total: the survivors of the last full pass, frozen or not after it
+    longest_walk = 0
+    frozen_at: list[int] = []
+    while live < 1_000_000:
+        grown = max(survivors // 4, 100) + 1
+        live += grown
+        w.unfrozen += grown
+        survivors = w.unfrozen
+        longest_walk = max(longest_walk, w.unfrozen)
+        before = w.freezes
+        w.full_pass(m, w.unfrozen * 1e-6)
+        if w.freezes > before:
+            frozen_at.append(w.frozen)
+        assert w.frozen <= live
+    assert longest_walk <= budget * 1.25 + 101
+    # each freeze adds at least (g - 1) x the frozen count or the budget, whichever is less, of live objects
+    assert all(b - a >= min(a, budget) for a, b in zip(frozen_at, frozen_at[1:], strict=False))
+    assert len(frozen_at) <= 1_000_000 // budget + 1
+    # the growth factor alone, same estate: passes walk up to about the frozen count
+    w2 = World()
+    m2 = w2.monitor(unfrozen_budget=None)
+    live, survivors, longest_walk_factor = 1_000, 0, 0
+    while live < 1_000_000:
+        grown = max(survivors // 4, 100) + 1
+        live += grown
+        w2.unfrozen += grown
+        survivors = w2.unfrozen
+        longest_walk_factor = max(longest_walk_factor, w2.unfrozen)
+        w2.full_pass(m2, w2.unfrozen * 1e-6)
+    assert longest_walk_factor > 8 * budget
+
+
+def test_each_pass_logs_its_cpu_time_beside_its_wall_time(caplog: pytest.LogCaptureFixture) -> None:
+    """A pass whose thread waited for a CPU: the wall time is in the histogram, the CPU time (what the walk cost)
+    in the log line and the longest CPU time kept."""
+    w = World()
+    cpu = [0.0]
+    m = GcMonitor(freeze_enable=False, clock=lambda: w.now_s, cpu_clock=lambda: cpu[0], log_passes=True)
+    m("start", FULL)
+    w.now_s, cpu[0] = 0.080, 0.012
+    with caplog.at_level("INFO", logger="ferrymq.common.gc_policy"):
+        m("stop", FULL)
+    assert m.max_pause_s == pytest.approx(0.080) and m.max_pause_cpu_s == pytest.approx(0.012)
+    assert "full collection: 80.0 ms (12.0 ms CPU)" in caplog.text
+
+
+def test_the_unfrozen_budget_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        GcMonitor(unfrozen_budget=0)
+
+
 def test_disabled_policy_never_freezes_but_still_measures() -> None:
     w = World()
     m = w.monitor(freeze_enable=False)
@@ -250,8 +356,9 @@ def test_freeze_now_collects_measures_the_rate_and_freezes() -> None:
     assert m.rate_s_per_object > 0.0
 
 
-def test_the_frozen_count_is_read_once_per_freeze_never_per_pass_or_scrape() -> None:
-    """gc.get_freeze_count walks every frozen object (50 ms for a million): read at a freeze only."""
+def test_the_frozen_count_is_read_at_a_servers_start_only_and_freezes_after_passes_add_what_they_counted() -> None:
+    """gc.get_freeze_count walks every frozen object (50 ms for a million): read at a server's start, never per
+    pass, freeze or scrape; a freeze after a pass adds the survivors it has just counted."""
     w = World()
     reads: list[int] = []
 
@@ -259,14 +366,19 @@ def test_the_frozen_count_is_read_once_per_freeze_never_per_pass_or_scrape() -> 
         reads.append(w.frozen)
         return w.frozen
 
-    m = GcMonitor(clock=lambda: w.now_s, unfrozen_count=w.count, freeze=w.freeze, frozen_count=frozen_count)
-    w.full_pass(m, 0.050)  # no rate yet: counted, 1,000 >= 0 needed: frozen
-    assert w.freezes == 1 and len(reads) == 1 and m.frozen_objects() == 1_000
+    m = GcMonitor(clock=lambda: w.now_s, cpu_clock=lambda: w.cpu_s, unfrozen_count=w.count, freeze=w.freeze,
+                  frozen_count=frozen_count)
+    w.unfrozen = 5_000
+    m.freeze_now()  # a server's start: one real collection, the world's count, freeze and frozen count
+    assert w.freezes == 1 and reads == [5_000] and m.frozen_objects() == 5_000
+    w.unfrozen = 6_000
+    w.full_pass(m, 0.050)  # counted: 6,000 >= the 5,000 needed (growth factor 2): frozen, nothing read
+    assert w.freezes == 2 and len(reads) == 1 and m.frozen_objects() == 11_000 == w.frozen
     for n in range(5):
         w.unfrozen = 100 * n
         w.full_pass(m, 0.050)
         m.frozen_objects()
-    assert w.freezes == 1 and len(reads) == 1
+    assert w.freezes == 2 and len(reads) == 1
 
 
 def test_growth_factor_must_be_above_one() -> None:
@@ -289,6 +401,27 @@ def test_acquire_installs_once_and_freezing_follows_the_holders() -> None:
         gc_policy.release(False)
     assert mon not in gc.callbacks
     gc_policy.release(False)  # one release too many changes nothing
+    assert mon not in gc.callbacks
+
+
+def test_freezing_turns_the_full_pass_threshold_and_its_end_restores_the_processs() -> None:
+    mon = gc_policy.monitor()
+    if mon in gc.callbacks:
+        pytest.skip("a server of this process holds the monitor")
+    before = gc.get_threshold()
+    try:
+        gc_policy.acquire(False)
+        assert gc.get_threshold() == before  # measuring only: the process's thresholds
+        gc_policy.acquire(True)
+        gc_policy.acquire(True)
+        assert gc.get_threshold() == (before[0], before[1], gc_policy.GC_FULL_PASS_THRESHOLD)
+        gc_policy.release(True)
+        assert gc.get_threshold()[2] == gc_policy.GC_FULL_PASS_THRESHOLD  # one holder still freezes
+        gc_policy.release(True)
+        assert gc.get_threshold() == before
+    finally:
+        gc_policy.release(False)
+        gc.set_threshold(*before)
     assert mon not in gc.callbacks
 
 
