@@ -512,7 +512,9 @@ class MessageStore:
         (``_write_queue_offsets``)."""
         with self._queue_offsets_lock:
             self._queue_offsets_deleted.clear()
-        return {key: mark for key, cq in list(self.queues.queues.items()) if (mark := cq.mark())[0] > 0}
+        # dict.copy() allocates nothing per entry, so no collection (whose callbacks may hand the GIL to the loop
+        # thread, which adds and deletes queues) starts inside it, as one can inside list(d.items())
+        return {key: mark for key, cq in self.queues.queues.copy().items() if (mark := cq.mark())[0] > 0}
 
     def _write_queue_offsets(self, offsets: dict[tuple[str, int], QueueMark]) -> None:
         """Rewrite the snapshot whole: written into a temporary file without the lock, renamed under it; queues
