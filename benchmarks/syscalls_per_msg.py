@@ -2,6 +2,7 @@
 
     python benchmarks/syscalls_per_msg.py [--flush ASYNC_FLUSH|SYNC_FLUSH] [--producers 1] [--secs 5]
                                           [--strace] [--client-strace] [--repeats 1] [--settle-s 60]
+                                          [--gc-stats]
                                           [--server-pythonpath OTHER_CHECKOUT/src]
 
 Starts a name server and one broker (``--flush``) as subprocesses, waits until the idle broker has settled
@@ -11,7 +12,8 @@ messages stored (the topic's max offsets before/after), the broker's CPU (utime+
 the whole worker run, so warm-up is included and divided by the messages of the whole run) per message, the
 same for the main thread and the other live threads (user and system time apart), and with ``--strace`` the
 broker's syscalls per message by name (``strace -c -f -p``, attached for the whole worker run; strace slows the
-broker, so rates with it are not rates). ``--client-strace`` counts the load process's syscalls instead.
+broker, so rates with it are not rates). ``--client-strace`` counts the load process's syscalls instead;
+``--gc-stats`` counts the broker's full garbage collections (FERRYMQ_GC_STATS=1) and the longest.
 ``--server-pythonpath`` runs the name server and broker from another checkout (before/after comparisons; copy
 the built extensions next to its sources first).
 """
@@ -72,6 +74,16 @@ def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
     return out
 
 
+def full_collections(log_path: str) -> list[float]:
+    """Pause (ms) of every full collection a server logged with FERRYMQ_GC_STATS=1, in order."""
+    try:
+        with open(log_path, errors="replace") as fh:
+            lines = [line for line in fh if "full collection: " in line]
+    except OSError:
+        return []
+    return [float(line.split("full collection: ", 1)[1].split(" ms", 1)[0]) for line in lines]
+
+
 def parse_strace(path: str) -> dict[str, int]:
     calls: dict[str, int] = {}
     with open(path) as fh:
@@ -96,12 +108,16 @@ def main() -> None:
     ap.add_argument("--strace", action="store_true")
     ap.add_argument("--client-strace", action="store_true")
     ap.add_argument("--server-pythonpath", default=None)
+    ap.add_argument("--gc-stats", action="store_true",
+                    help="run the servers with FERRYMQ_GC_STATS=1 and print the broker's full collections per repeat")
     ap.add_argument("--settle-s", type=float, default=60.0,
                     help="wait up to this long for the idle broker to use < 5%% of a core before measuring "
                          "(a fresh store zero-fills its next 1 GiB segment on a thread after start)")
     a = ap.parse_args()
     if a.server_pythonpath:
         os.environ["PYTHONPATH"] = a.server_pythonpath  # the servers' environment; workers keep this sys.path
+    if a.gc_stats:
+        os.environ["FERRYMQ_GC_STATS"] = "1"  # each full collection logged (common/gc_policy.py)
     with Supervisor() as sup:
         stack = Stack(sup, "sys")
         try:
@@ -116,6 +132,7 @@ def main() -> None:
             settle(pid, a.settle_s)
             for rep in range(a.repeats):
                 before = sum(asyncio.run(max_offsets(master.addr, topic)))
+                gc_seen = len(full_collections(master.child.log_path)) if a.gc_stats else 0
                 out = os.path.join(sup.base_dir or "/tmp", f"strace-{rep}.txt")
                 tracer: subprocess.Popen[bytes] | None = None
                 client_tracer: list[subprocess.Popen[bytes]] = []
@@ -165,6 +182,10 @@ def main() -> None:
                     if u1 - u0 + s1 - s0 > 0:
                         per_thread.append(f"{name} {(u1 - u0) / msgs * 1e6:.1f} user + {(s1 - s0) / msgs * 1e6:.1f} sys")
                 print("  broker threads, us/msg: " + "; ".join(per_thread), flush=True)
+                if a.gc_stats:
+                    passes = full_collections(master.child.log_path)[gc_seen:]
+                    print(f"  broker full collections: {len(passes)}"
+                          + (f", longest {max(passes):.1f} ms" if passes else ""), flush=True)
                 if tracer or client_tracer:
                     calls = parse_strace(out)
                     total = sum(calls.values())
