@@ -13,6 +13,7 @@ from store_helpers import CL_SEGMENT, inner, make_config
 from ferrymq.store import PutMessageStatus, StoreDirError
 from ferrymq.store import mapped_file as mf_mod
 from ferrymq.store.mapped_file import MappedFile
+from support.fiemap import unwritten_ranges
 
 SIZE = 256 * 1024
 
@@ -292,3 +293,33 @@ def test_a_segment_still_being_zero_filled_is_not_waited_for(tmp_path: Path, mon
             break
         gone.wait(0.05)
     assert gone.is_set(), "the abandoned warm-up left its file behind"
+
+
+def test_zero_ahead_writes_whole_pages_beyond_the_writes_over_reserved_blocks_only(tmp_path: Path) -> None:
+    """SYNC_FLUSH writes the pages ahead of the commit log's writes (MappedFile.zero_ahead): never a written
+    byte, whole pages from the boundary after the wrote position, bounded by the segment end and by the
+    reserved blocks (a sparse file is left alone); after the flush the blocks written ahead are no longer
+    unwritten extents (so flushes of appends into them commit no journal)."""
+    page = mf_mod.OS_PAGE_SIZE
+    mf = MappedFile(str(tmp_path / "a"), 0, SIZE, preallocate=True)
+    sparse = MappedFile(str(tmp_path / "b"), 0, SIZE)
+    try:
+        mf.append(b"x" * 1000)
+        to = mf.zero_ahead(0, 4 * page)
+        assert to == page + 4 * page
+        mf.append(b"y" * 5000)  # to 6000: the boundary is 2 pages
+        assert mf.zero_ahead(to, 4 * page) == 2 * page + 4 * page  # topped up: only the page beyond `to`
+        assert mf.zero_ahead(6 * page, 4 * page) == 6 * page  # nothing more to do
+        assert mf.read(0, 6000) == b"x" * 1000 + b"y" * 5000
+        mf.flush()
+        ranges = unwritten_ranges(mf._fd, 0, SIZE)
+        if ranges is not None and _fallocate_works(tmp_path):
+            assert ranges == [(6 * page, SIZE)], ranges
+        mf.wrote_position = SIZE - 5000  # near the end: bounded by it
+        assert mf.zero_ahead(0, 4 * page) == SIZE
+        sparse.append(b"z" * 10)
+        assert sparse.zero_ahead(0, 4 * page) == 0
+        assert _allocated_bytes(tmp_path / "b") <= page
+    finally:
+        mf.close()
+        sparse.close()

@@ -13,7 +13,10 @@
     held for that one ``fdatasync`` (docs/decisions/0007); a slow or failing flush turns this off. A flush's
     time is judged without the time its thread then waited for a CPU (``/proc/thread-self/schedstat``, read
     before each flush and after a long one): on a busy machine a flush that waited tens of ms for the
-    scheduler says nothing about the disk, and the loop would have waited as long without it;
+    scheduler says nothing about the disk, and the loop would have waited as long without it. Before its flush
+    the loop writes the commit log's pages ahead of the writes (``ZERO_AHEAD_BYTES``, topped up when half is
+    used; ``MappedFile.zero_ahead``): the segment's blocks are reserved unwritten, and the ``fdatasync`` after
+    an append into a new page also committed the journal to mark its block written;
   - otherwise the flush thread, blocked on a binary semaphore (no polling period on the path), is
     signalled; it flushes once for everything written so far and hands the flushed offset back with one
     ``loop.call_soon_threadsafe``. Sends arriving while its flush is in flight are taken by its next flush
@@ -62,6 +65,10 @@ INLINE_FLUSH_BACKOFF_S = 10.0
 #: where a thread reads the nanoseconds it has waited on a run queue (the second field; Linux). Without it a
 #: flush's whole time counts against INLINE_FLUSH_MAX_MS
 SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
+#: SYNC_FLUSH: the loop keeps this many bytes of the commit log's reserved blocks written (with zeros) ahead of
+#: the writes, topped up when half is used (MappedFile.zero_ahead: the flushes of appends into them then
+#: commit no journal)
+ZERO_AHEAD_BYTES = 128 * 1024
 #: SYNC_FLUSH: at most this many waiters of one loop iteration are flushed by the loop itself
 INLINE_FLUSH_MAX_WAITERS = 1
 #: consume queues are flushed this often (flushIntervalConsumeQueue)
@@ -160,6 +167,13 @@ class FlushService:
         self._inline_off_until = 0.0
         #: the loop thread's and the flush thread's scheduler statistics (open_run_delay; opened by each thread)
         self._loop_run_delay_fd: int | None = None
+        #: the commit log's last segment (``MappedFileQueue.last``), whose pages the loop writes ahead before its
+        #: flushes; None for a store without one or once writing ahead failed
+        commit_log = getattr(store, "commit_log", None)
+        self._last_segment: Callable[[], Any] | None = getattr(getattr(commit_log, "mfq", None), "last", None)
+        #: the segment written ahead, and the position its pages are written to
+        self._ahead_file: Any = None
+        self._ahead_to = 0
         #: whether the loop may flush a lone waiter itself (tests turn it off to exercise the thread)
         self.inline_flush = True
         #: counters for tests and metrics: flush rounds that answered waiters, loop wake-ups asked for,
@@ -247,6 +261,8 @@ class FlushService:
                 fd = self._loop_run_delay_fd = open_run_delay()
             delay_ns = read_run_delay_ns(fd)
             started = time.perf_counter()
+            if self._last_segment is not None:
+                self._zero_ahead()
             try:
                 self._store.flush()
             except Exception:  # the thread retries and logs it; the loop stops flushing for a while
@@ -279,6 +295,24 @@ class FlushService:
         loop = self._loop
         if loop is not None and earliest < self._sweep_at:
             self._arm_sweep(loop, earliest)
+
+    def _zero_ahead(self) -> None:
+        """Loop thread, before the loop's own flush: keep the pages ahead of the commit log's writes written
+        (ZERO_AHEAD_BYTES; the flush then covers them with the appended bytes)."""
+        assert self._last_segment is not None
+        mf = self._last_segment()
+        if mf is None:
+            return
+        if mf is not self._ahead_file:
+            self._ahead_file = mf
+            self._ahead_to = 0
+        elif self._ahead_to - mf.wrote_position >= ZERO_AHEAD_BYTES // 2:
+            return
+        try:
+            self._ahead_to = mf.zero_ahead(self._ahead_to, ZERO_AHEAD_BYTES)
+        except OSError as exc:
+            self._last_segment = None
+            log.warning("writing the commit log's pages ahead of the writes failed, not tried again: %s", exc)
 
     def _took(self, flush_ms: float) -> None:
         """A flush took ``flush_ms`` (without waits for a CPU): a slow one turns the loop's flushing off."""

@@ -12,7 +12,9 @@ less per 1 KiB record on ext4, benchmarks/PROFILE-NOTES.md "Round 5"), and a ful
 error when the segment is created instead of a SIGBUS on a later write into a hole. File systems without
 fallocate get a sparse file. A segment that already exists at its full size (e.g. one zero-filled ahead
 by ``segment_warmer``, what the commit log uses by default: ``StoreConfig.commit_log_preallocation``) is
-mapped as it is.
+mapped as it is. Reserved blocks stay unwritten extents until data is written back into them, and marking
+them written is a journal commit inside that ``fdatasync``: a SYNC_FLUSH broker writes the pages just ahead of
+its writes before its flushes (``zero_ahead``), so that one commit covers many sends.
 
 Consume queue files are sparse and reserve their blocks incrementally instead (``reserve_ahead``): a file keeps
 its full logical size (the on-disk format of RocketMQ), but only the blocks up to ``reserved_position`` are
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 
 OS_PAGE_SIZE = mmap.PAGESIZE
 _ZERO_CHUNK = 1 << 20
+_ZERO_PAGE = bytes(OS_PAGE_SIZE)
 #: posix_fallocate errors meaning "this file system cannot do it" (a sparse file is used instead)
 _FALLOCATE_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
 #: open(2) / dup(2) errors meaning "no descriptor left" (per process, per system)
@@ -362,6 +365,34 @@ class MappedFile:
         if wrote > self.flushed_position:
             self.flushed_position = wrote
         return self.flushed_position
+
+    def zero_ahead(self, zeroed_to: int, ahead_bytes: int) -> int:
+        """Write zeros over the whole pages from the first page boundary at or after both ``zeroed_to`` and the
+        wrote position, up to ``ahead_bytes`` beyond that boundary (at most to the segment end); returns the
+        position zeroed to (``zeroed_to`` when nothing was written).
+
+        For a SYNC_FLUSH commit log: ``posix_fallocate`` leaves the reserved blocks unwritten, so the
+        ``fdatasync`` after an append into a new page also commits the file system's journal (the block becomes
+        written); pages written ahead become written with the flush that covers them, one journal commit for
+        the lot, and later appends' flushes write data only. One 4 KiB ``pwrite`` per page keeps the page cache's
+        folios small (a larger write may make large folios, and an append would then dirty all of one).
+
+        Only on the writer's thread (the pages are beyond the wrote position: an append meanwhile could be
+        overwritten), and only over reserved blocks (``reserved_position``; a sparse file would allocate them
+        here). OSError from ``pwrite`` propagates."""
+        page = OS_PAGE_SIZE
+        boundary = -(-self.wrote_position // page) * page
+        start = max(zeroed_to, boundary)
+        end = min(boundary + ahead_bytes, self.reserved_position, self.file_size)
+        end -= (end - start) % page if end > start else 0
+        fd = self._fd
+        if end <= start or fd < 0 or self._closed:
+            return zeroed_to
+        zeros = _ZERO_PAGE
+        for pos in range(start, end, page):
+            if os.pwrite(fd, zeros, pos) != page:
+                raise OSError(errno.EIO, f"short write of zeros at {pos} of {self.path}")
+        return end
 
     def sync(self) -> None:
         """fdatasync regardless of positions (files written at random positions, e.g. the index)."""
