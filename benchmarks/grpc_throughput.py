@@ -212,6 +212,7 @@ async def handlers_run(count: int, size: int, *, loopback: bool) -> dict[str, fl
     from ferrymq.broker.config import BrokerConfig
     from ferrymq.namesrv.app import NameServer
     from ferrymq.proxy.config import ProxyConfig
+    from ferrymq.proxy.loopback import LocalBroker
     from ferrymq.proxy.server import ProxyServer
     from ferrymq.proxy.v2 import definition_pb2 as pb
     from ferrymq.proxy.v2 import service_pb2 as spb
@@ -223,7 +224,8 @@ async def handlers_run(count: int, size: int, *, loopback: bool) -> dict[str, fl
                                            store_path_root_dir=work, namesrv_addr=[ns.addr], fast_listen_enable=False))
     await broker.start()
     proxy = ProxyServer(ProxyConfig(ns.addr, listen_port=0),
-                        local_broker=(broker.broker_addr, broker.dispatcher) if loopback else None)
+                        local_broker=LocalBroker(broker.broker_addr, broker.dispatcher, broker._on_connection_closed)
+                        if loopback else None)
     await proxy.start()
     try:
         await create_topic(ns.addr, broker.broker_addr, "BenchInProc")

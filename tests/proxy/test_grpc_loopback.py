@@ -16,7 +16,7 @@ from test_grpc_pull import create_topic, message
 from ferrymq.client.producer import Producer
 from ferrymq.common.message import Message
 from ferrymq.errors import ConnectionClosedError
-from ferrymq.proxy.loopback import LOOPBACK_PEER, LoopbackPool, LoopbackTransport, connect_pair
+from ferrymq.proxy.loopback import LOOPBACK_PEER, LocalBroker, LoopbackPool, LoopbackTransport, connect_pair
 from ferrymq.proxy.v2 import definition_pb2 as pb
 from ferrymq.proxy.v2 import service_pb2 as spb
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
@@ -95,8 +95,9 @@ async def test_closing_one_end_closes_both_and_the_pool_opens_a_new_pair() -> No
     server_d.register(LATER, never)
     server_d.register(ECHO, lambda conn, cmd: cmd.response(ResponseCode.SUCCESS, body=cmd.body))
     closed: list[str] = []
-    pool = LoopbackPool(BROKER_ADDR, server_d, Dispatcher(), connect_timeout_ms=1_000,
-                        on_close=lambda addr, conn: closed.append(addr))
+    broker_closed: list[Connection] = []
+    pool = LoopbackPool(LocalBroker(BROKER_ADDR, server_d, broker_closed.append), Dispatcher(),
+                        connect_timeout_ms=1_000, on_close=lambda addr, conn: closed.append(addr))
     first = await pool.get(BROKER_ADDR)
     assert pool.open_connection(BROKER_ADDR) is first and pool.connections() == {BROKER_ADDR: first}
     waiting = first.request(RemotingCommand.request(LATER, {}), 5_000)
@@ -105,11 +106,12 @@ async def test_closing_one_end_closes_both_and_the_pool_opens_a_new_pair() -> No
     with pytest.raises(ConnectionClosedError):
         await waiting
     assert first.closed and closed == [BROKER_ADDR] and pool.open_connection(BROKER_ADDR) is None
+    assert broker_closed == servers  # the broker hears of its end's close as of a TCP connection's
     second = await pool.get(BROKER_ADDR)
     assert second is not first
     assert (await second.invoke(RemotingCommand.request(ECHO, {}, body=b"again"), 5_000)).body == b"again"
     await pool.close()
-    await wait_for(lambda: second.closed, timeout_s=5, what="the pool's close")
+    await wait_for(lambda: second.closed and len(broker_closed) == 2, timeout_s=5, what="the pool's close")
 
 
 @pytest.fixture
@@ -118,8 +120,8 @@ async def local_proxy(broker: Any, namesrv: Any) -> AsyncIterator[Any]:
     from ferrymq.proxy.config import ProxyConfig
     from ferrymq.proxy.server import ProxyServer
 
-    proxy = ProxyServer(ProxyConfig(namesrv.addr, listen_port=0),
-                        local_broker=(broker.broker_addr, broker.dispatcher))
+    proxy = ProxyServer(ProxyConfig(namesrv.addr, listen_port=0), local_broker=LocalBroker(
+        broker.broker_addr, broker.dispatcher, broker._on_connection_closed))
     await proxy.start()
     try:
         yield proxy
@@ -173,3 +175,17 @@ async def test_local_mode_reaches_its_broker_without_a_socket(local_proxy: Any, 
         second = await asyncio.wait_for(waiting, LONG_POLL_S)
         assert [m.body for m in second] == [b"from a 4.x producer"]
         assert loop.time() - started < LONG_POLL_S / 2
+
+
+async def test_the_broker_forgets_the_endpoints_registrations_when_the_pair_closes(local_proxy: Any, namesrv: Any,
+                                                                                   broker: Any) -> None:
+    await create_topic(namesrv, broker, local_proxy, f"Loop_{uuid.uuid4().hex[:8]}")  # the broker in a route
+    instance = local_proxy.service.instance
+    group = local_proxy.config.producer_group
+    await instance.send_heartbeats()  # over the loopback: the broker registers the endpoint's producer group
+    conn = instance.pool.open_connection(broker.broker_addr)
+    assert conn is not None and isinstance(conn._transport, LoopbackTransport)
+    assert [ch.client_id for ch in broker.producers.channels(group)] == [instance.client_id]
+    conn.close()
+    await wait_for(lambda: not broker.producers.channels(group), timeout_s=10,
+                   what="the broker dropping the closed pair's producer registration")

@@ -75,6 +75,7 @@ async def _run(config_path: str, namesrv: str | None) -> None:
 async def _start_grpc(ctl: Any) -> Any:
     """The gRPC proxy in the broker process, finding brokers through this broker's name servers."""
     from ferrymq.proxy.config import ProxyConfig
+    from ferrymq.proxy.loopback import LocalBroker
     from ferrymq.proxy.server import ProxyServer, admin_credentials, guard_source
 
     cfg = ctl.config
@@ -89,7 +90,8 @@ async def _start_grpc(ctl: Any) -> Any:
         tls=cfg.tls_client, tls_server=cfg.tls_server, access_key=access_key, secret_key=secret_key,
         auto_renew_invisible_ms=cfg.grpc_auto_renew_invisible_time_ms, renew_ahead_ms=cfg.grpc_renew_ahead_time_ms,
         renew_max_ms=cfg.grpc_renew_max_time_ms),
-        acl_source=guard_source(guard) if guard is not None else None, local_broker=(ctl.broker_addr, ctl.dispatcher))
+        acl_source=guard_source(guard) if guard is not None else None,
+        local_broker=LocalBroker(ctl.broker_addr, ctl.dispatcher, ctl._on_connection_closed))
     await server.start()
     click.echo(f"ferrymq gRPC endpoint serving on {cfg.listen_host}:{server.port}")
     return server

@@ -14,14 +14,16 @@ the socket: per request and per answer one ``send``, one ``recv`` and one wake-u
 | broker side| ``Connection`` serving the broker's ``Dispatcher``    | ``LOOPBACK_PEER`` / the broker's address |
 
 The broker-side connection carries no ``ServerBudget`` (the proxy is the broker's own process, not a remote
-peer to bound) and is not one of the remoting server's accepted connections (no idle close). Closing either
-end closes both; the pool opens a new pair on the next request.
+peer to bound) and is not one of the remoting server's accepted connections (no idle close); its close is
+reported to the broker as a TCP connection's is (``LocalBroker.on_connection_closed``). Closing either end
+closes both; the pool opens a new pair on the next request.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ferrymq.errors import ConnectError
@@ -124,25 +126,37 @@ def connect_pair(client: Connection, server: Connection, broker_addr: str) -> No
     client.connection_made(client_end)
 
 
-class LoopbackPool(ConnectionPool):
-    """A ``ConnectionPool`` whose connection to ``broker_addr`` is a loopback pair to ``broker_dispatcher``
-    (the broker this process runs); every other address is a TCP connection as usual."""
+@dataclass(frozen=True, slots=True)
+class LocalBroker:
+    """The broker this process runs, as local mode's endpoint reaches it."""
 
-    def __init__(self, broker_addr: str, broker_dispatcher: Dispatcher, dispatcher: Dispatcher, *,
-                 connect_timeout_ms: int, on_close: Callable[[str, Connection], None] | None = None,
-                 ssl_context: Any = None) -> None:
+    #: the address its routes name (``brokerIP1:listenPort``)
+    addr: str
+    #: serves the broker's end of the pair, as it serves its TCP connections
+    dispatcher: Dispatcher
+    #: told when the broker's end closes, as the remoting server tells it of a closed TCP connection (the
+    #: broker drops the connection's producer and consumer registrations)
+    on_connection_closed: Callable[[Connection], None] | None = None
+
+
+class LoopbackPool(ConnectionPool):
+    """A ``ConnectionPool`` whose connection to ``broker.addr`` is a loopback pair to the broker this process
+    runs; every other address is a TCP connection as usual."""
+
+    def __init__(self, broker: LocalBroker, dispatcher: Dispatcher, *, connect_timeout_ms: int,
+                 on_close: Callable[[str, Connection], None] | None = None, ssl_context: Any = None) -> None:
         super().__init__(dispatcher, connect_timeout_ms=connect_timeout_ms, on_close=on_close,
                          ssl_context=ssl_context)
-        self.broker_addr = broker_addr
-        self.broker_dispatcher = broker_dispatcher
+        self.broker = broker
+        self.broker_addr = broker.addr
         self._loopback: Connection | None = None
 
     @classmethod
-    def replacing(cls, pool: ConnectionPool, broker_addr: str, broker_dispatcher: Dispatcher) -> LoopbackPool:
+    def replacing(cls, pool: ConnectionPool, broker: LocalBroker) -> LoopbackPool:
         """A loopback pool with the settings of ``pool`` (dispatcher, close callback, timeouts, TLS), to use
         instead of it before it opened any connection."""
-        return cls(broker_addr, broker_dispatcher, pool.dispatcher, connect_timeout_ms=pool.connect_timeout_ms,
-                   on_close=pool._on_close, ssl_context=pool.ssl_context)
+        return cls(broker, pool.dispatcher, connect_timeout_ms=pool.connect_timeout_ms, on_close=pool._on_close,
+                   ssl_context=pool.ssl_context)
 
     def open_connection(self, addr: str) -> Connection | None:
         if addr == self.broker_addr:
@@ -159,7 +173,7 @@ class LoopbackPool(ConnectionPool):
         if self.closed:
             raise ConnectError("connection pool is closed")
         client = Connection(self.dispatcher, on_close=lambda c: self._closed(addr, c))
-        server = Connection(self.broker_dispatcher)
+        server = Connection(self.broker.dispatcher, on_close=self.broker.on_connection_closed)
         connect_pair(client, server, addr)
         self._loopback = client
         return client

@@ -24,9 +24,9 @@ from ferrymq.common.tls import (
 )
 from ferrymq.errors import ConfigError
 from ferrymq.proxy.config import ProxyConfig
+from ferrymq.proxy.loopback import LocalBroker
 from ferrymq.proxy.service import MessagingService
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
-from ferrymq.remoting.connection import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def guard_source(guard: Any) -> Callable[[], AclConfig | None]:
 
 class ProxyServer:
     def __init__(self, config: ProxyConfig, *, acl_source: Callable[[], AclConfig | None] | None = None,
-                 local_broker: tuple[str, Dispatcher] | None = None) -> None:
+                 local_broker: LocalBroker | None = None) -> None:
         config.validate()
         self.config = config
         if acl_source is None and config.acl_path:

@@ -40,7 +40,7 @@ from ferrymq.errors import FerryError, TopicNotExistError
 from ferrymq.proxy import translate as tr
 from ferrymq.proxy.auth import GrpcAuth
 from ferrymq.proxy.config import ProxyConfig
-from ferrymq.proxy.loopback import LoopbackPool
+from ferrymq.proxy.loopback import LocalBroker, LoopbackPool
 from ferrymq.proxy.pop import PopEntry, PopQueue, SerialSource
 from ferrymq.proxy.presence import Presence, PresenceRegistry
 from ferrymq.proxy.pull import PullRpcs
@@ -50,7 +50,6 @@ from ferrymq.proxy.v2 import service_pb2 as spb
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode
-from ferrymq.remoting.connection import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +140,9 @@ PopKey = tuple[str, str, str, int]  # group, topic, broker name, queue id
 class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
     def __init__(self, config: ProxyConfig, *, clock_ms: Any = None,
                  acl_source: Callable[[], AclConfig | None] | None = None,
-                 local_broker: tuple[str, Dispatcher] | None = None) -> None:
-        """``local_broker``: (address, dispatcher) of the broker this process runs (local mode): requests to
-        it go through an in-memory connection (loopback.py) instead of a socket."""
+                 local_broker: LocalBroker | None = None) -> None:
+        """``local_broker``: the broker this process runs (local mode): requests to it go through an
+        in-memory connection (loopback.py) instead of a socket."""
         self.config = config
         #: checks 5.x clients' signatures and rights (acl_source None: no ACL, every call runs)
         self.auth = GrpcAuth(acl_source or (lambda: None))
@@ -153,7 +152,7 @@ class MessagingService(PullRpcs, sgrpc.MessagingServiceServicer):
         client_config.instance_name = f"grpc-proxy-{secrets.token_hex(4)}"
         self.instance = ClientInstance(client_config)
         if local_broker is not None:
-            self.instance.pool = LoopbackPool.replacing(self.instance.pool, *local_broker)
+            self.instance.pool = LoopbackPool.replacing(self.instance.pool, local_broker)
         self.producer = Producer.bound_to(self.instance, config.producer_group)
         #: receipt handles name this process: a handle from an earlier run is refused
         self.epoch = secrets.token_hex(4)
