@@ -10,7 +10,9 @@ Starts a name server and one broker (``--flush``) as subprocesses, waits until t
 produce worker (``ferrymq.client.Producer``, one connection per producer) in its own process. Prints, per repeat:
 messages stored (the topic's max offsets before/after), the broker's CPU (utime+stime of all its threads, over
 the whole worker run, so warm-up is included and divided by the messages of the whole run) per message, the
-same for the main thread and the other live threads (user and system time apart), and with ``--strace`` the
+same for the main thread and the other live threads (user and system time apart) with their voluntary context
+switches per message (a SYNC_FLUSH send's loop blocks in its ``fdatasync``, and once more when that commits
+the file system's journal; the flush thread's count shows sends handed to it), and with ``--strace`` the
 broker's syscalls per message by name (``strace -c -f -p``, attached for the whole worker run; strace slows the
 broker, so rates with it are not rates). ``--client-strace`` counts the load process's syscalls instead;
 ``--gc-stats`` counts the broker's full garbage collections (FERRYMQ_GC_STATS=1) and the longest.
@@ -71,6 +73,23 @@ def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
         fields = raw.rpartition(")")[2].split()
         u, s = out.get(name, (0.0, 0.0))
         out[name] = (u + int(fields[11]) / tick, s + int(fields[12]) / tick)
+    return out
+
+
+def voluntary_switches(pid: int) -> dict[str, int]:
+    """Voluntary context switches (the thread blocked: a wait for the disk, a futex, an idle ``epoll_wait``) of the
+    main thread ("main") and of the other live threads ("others") of a process."""
+    out: dict[str, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as fh:
+                lines = fh.readlines()
+        except OSError:
+            continue
+        name = "main" if int(tid) == pid else "others"
+        for line in lines:
+            if line.startswith("voluntary_ctxt_switches:"):
+                out[name] = out.get(name, 0) + int(line.split()[1])
     return out
 
 
@@ -161,11 +180,13 @@ def main() -> None:
                     threading.Thread(target=attach, daemon=True).start()
                 c0 = cpu_s(pid)
                 th0 = thread_cpu(pid)
+                vs0 = voluntary_switches(pid)
                 t0 = time.monotonic()
                 res = run_workers("ferrymq.cli.bench_impl.workers:produce", [spec], run_s=a.secs + 0.5)[0]
                 wall = time.monotonic() - t0
                 c1 = cpu_s(pid)
                 th1 = thread_cpu(pid)
+                vs1 = voluntary_switches(pid)
                 for tr in ([tracer] if tracer else []) + client_tracer:
                     tr.send_signal(signal.SIGINT)
                     tr.wait(30)
@@ -182,6 +203,8 @@ def main() -> None:
                     if u1 - u0 + s1 - s0 > 0:
                         per_thread.append(f"{name} {(u1 - u0) / msgs * 1e6:.1f} user + {(s1 - s0) / msgs * 1e6:.1f} sys")
                 print("  broker threads, us/msg: " + "; ".join(per_thread), flush=True)
+                print("  broker threads, voluntary switches/msg: " + "; ".join(
+                    f"{name} {(n - vs0.get(name, 0)) / msgs:.2f}" for name, n in sorted(vs1.items())), flush=True)
                 if a.gc_stats:
                     passes = full_collections(master.child.log_path)[gc_seen:]
                     print(f"  broker full collections: {len(passes)}"
