@@ -16,7 +16,7 @@ from test_grpc_pull import create_topic, message
 from ferrymq.client.producer import Producer
 from ferrymq.common.message import Message
 from ferrymq.errors import ConnectionClosedError
-from ferrymq.proxy.loopback import LOOPBACK_PEER, LocalBroker, LoopbackPool, LoopbackTransport, connect_pair
+from ferrymq.proxy.loopback import LOOPBACK_PORT, LocalBroker, LoopbackPool, LoopbackTransport, connect_pair
 from ferrymq.proxy.v2 import definition_pb2 as pb
 from ferrymq.proxy.v2 import service_pb2 as spb
 from ferrymq.proxy.v2 import service_pb2_grpc as sgrpc
@@ -53,7 +53,7 @@ async def test_requests_answers_and_server_requests_cross_the_pair() -> None:
     client_d = Dispatcher()
     client_d.register(ASK_CLIENT, lambda conn, cmd: cmd.response(ResponseCode.SUCCESS, body=b"client here"))
     client, server = pair(server_d, client_d)
-    assert client.peer_addr == BROKER_ADDR and server.peer_addr == f"{LOOPBACK_PEER[0]}:{LOOPBACK_PEER[1]}"
+    assert client.peer_addr == BROKER_ADDR and server.peer_addr == f"127.0.0.1:{LOOPBACK_PORT}"  # the broker's host
 
     pending = client.request(RemotingCommand.request(LATER, {}), 5_000)
     echoed = await client.invoke(RemotingCommand.request(ECHO, {}, body=b"x" * 100_000), 5_000)
@@ -73,7 +73,8 @@ async def test_bytes_reach_the_peer_on_the_next_loop_iteration_all_at_once() -> 
             received.append(data)
 
     loop = asyncio.get_running_loop()
-    a, b = LoopbackTransport(loop, LOOPBACK_PEER, LOOPBACK_PEER), LoopbackTransport(loop, LOOPBACK_PEER, LOOPBACK_PEER)
+    peer = ("127.0.0.1", LOOPBACK_PORT)
+    a, b = LoopbackTransport(loop, peer, peer), LoopbackTransport(loop, peer, peer)
     a.peer, b.peer = b, a
     b.protocol = Recorder()  # type: ignore[assignment]
     a.write(b"one")

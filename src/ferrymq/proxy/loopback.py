@@ -8,10 +8,13 @@ iteration (never inside the writer's call), all the bytes of one iteration in on
 the socket: per request and per answer one ``send``, one ``recv`` and one wake-up of the event loop's poll
 (benchmarks/RESULTS.md, "gRPC endpoint (issue 27)").
 
-| end        | protocol                                              | ``peername`` / ``sockname``      |
-|------------|-------------------------------------------------------|-----------------------------------|
-| proxy side | ``Connection`` of the proxy's ``ConnectionPool``      | the broker's address / ``LOOPBACK_PEER`` |
-| broker side| ``Connection`` serving the broker's ``Dispatcher``    | ``LOOPBACK_PEER`` / the broker's address |
+| end         | protocol                                           | ``peername`` / ``sockname``                  |
+|-------------|----------------------------------------------------|----------------------------------------------|
+| proxy side  | ``Connection`` of the proxy's ``ConnectionPool``   | the broker's address / (broker's host, ``LOOPBACK_PORT``) |
+| broker side | ``Connection`` serving the broker's ``Dispatcher`` | (broker's host, ``LOOPBACK_PORT``) / the broker's address |
+
+The broker sees its own host as the peer's address, as it would see a TCP connection the process opened to
+itself (ACL white lists of addresses apply as they did then).
 
 The broker-side connection carries no ``ServerBudget`` (the proxy is the broker's own process, not a remote
 peer to bound) and is not one of the remoting server's accepted connections (no idle close); its close is
@@ -30,8 +33,9 @@ from ferrymq.errors import ConnectError
 from ferrymq.remoting.connection import Connection, Dispatcher, split_addr
 from ferrymq.remoting.pool import ConnectionPool
 
-#: the address the broker sees the in-process proxy connect from (shown where brokers list client addresses)
-LOOPBACK_PEER = ("127.0.0.1", 0)
+#: the port the broker sees the in-process proxy connect from (no socket: no port; shown where brokers list
+#: client addresses)
+LOOPBACK_PORT = 0
 
 
 class LoopbackTransport(asyncio.Transport):
@@ -118,8 +122,8 @@ def connect_pair(client: Connection, server: Connection, broker_addr: str) -> No
     """Join ``client`` (the proxy's end) and ``server`` (the broker's end) by a transport pair."""
     loop = asyncio.get_running_loop()
     host, port = split_addr(broker_addr)
-    client_end = LoopbackTransport(loop, peername=(host, port), sockname=LOOPBACK_PEER)
-    server_end = LoopbackTransport(loop, peername=LOOPBACK_PEER, sockname=(host, port))
+    client_end = LoopbackTransport(loop, peername=(host, port), sockname=(host, LOOPBACK_PORT))
+    server_end = LoopbackTransport(loop, peername=(host, LOOPBACK_PORT), sockname=(host, port))
     client_end.peer, server_end.peer = server_end, client_end
     client_end.protocol, server_end.protocol = client, server
     server.connection_made(server_end)
