@@ -323,3 +323,21 @@ def test_zero_ahead_writes_whole_pages_beyond_the_writes_over_reserved_blocks_on
     finally:
         mf.close()
         sparse.close()
+
+
+def test_a_reopened_segment_whose_blocks_are_all_allocated_counts_as_reserved(tmp_path: Path) -> None:
+    """After a restart a SYNC_FLUSH broker's open segment is written ahead too: a segment whose every block is
+    allocated (st_blocks) is known reserved; a sparse one is not (writing ahead would allocate its blocks)."""
+    MappedFile(str(tmp_path / "a"), 0, SIZE, preallocate=True).close()
+    MappedFile(str(tmp_path / "b"), 0, SIZE).close()
+    reserved = MappedFile(str(tmp_path / "a"), 0, SIZE)
+    sparse = MappedFile(str(tmp_path / "b"), 0, SIZE)
+    try:
+        if _fallocate_works(tmp_path):
+            assert reserved.reserved_position == SIZE
+            assert reserved.zero_ahead(0, 4 * mf_mod.OS_PAGE_SIZE) == 4 * mf_mod.OS_PAGE_SIZE
+        assert sparse.reserved_position == 0
+        assert sparse.zero_ahead(0, 4 * mf_mod.OS_PAGE_SIZE) == 0
+    finally:
+        reserved.close()
+        sparse.close()

@@ -211,8 +211,12 @@ class MappedFile:
                 raise StoreDiskFullError(f"cannot create segment {path}: {exc}") from exc
             raise StoreDirError(f"cannot open segment {path}: {exc}") from exc
         created = False
+        allocated = False
         try:
-            actual = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            actual = st.st_size
+            # an existing segment whose every block is allocated (reserved or written before a restart)
+            allocated = actual > 0 and st.st_blocks * 512 >= actual
             if actual == 0 and create:
                 created = True
                 _size_new_segment(fd, self.file_size, preallocate)
@@ -236,7 +240,7 @@ class MappedFile:
         with self._lock:
             self._fd = fd
             self.mm = mm
-        if created and preallocate:
+        if (created and preallocate) or allocated:
             self.reserved_position = self.file_size
         if self.pool is not None:
             self.pool.admit(self)
