@@ -390,7 +390,13 @@ codec_encode_send_ok(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long opaque, queue_id, queue_offset;
     PyObject *msg_id = args[1];
     if (!exact_long(args[0], &opaque) || !exact_long(args[2], &queue_id) || !exact_long(args[3], &queue_offset)
-            || !PyUnicode_Check(msg_id) || !PyUnicode_IS_ASCII(msg_id)) {
+            || !PyUnicode_Check(msg_id)) {
+        Py_RETURN_NONE;
+    }
+    if (PyUnicode_READY(msg_id) < 0) {
+        return NULL;
+    }
+    if (!PyUnicode_IS_ASCII(msg_id)) {
         Py_RETURN_NONE;
     }
     Py_ssize_t id_len = PyUnicode_GET_LENGTH(msg_id);
@@ -449,6 +455,9 @@ header_int(PyObject *ext, PyObject *key, Py_ssize_t max_chars, long long *out)
     }
     if (!PyUnicode_Check(v)) {
         return -1;
+    }
+    if (PyUnicode_READY(v) < 0) {
+        return -2;
     }
     Py_ssize_t len = PyUnicode_GET_LENGTH(v);
     if (len == 0) {
@@ -524,7 +533,10 @@ codec_send_header_v2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_RETURN_NONE;
     }
-    if (!PyUnicode_Check(topic) || PyUnicode_GET_LENGTH(topic) == 0) {
+    if (!PyUnicode_Check(topic) || PyUnicode_READY(topic) < 0 || PyUnicode_GET_LENGTH(topic) == 0) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
         Py_RETURN_NONE;
     }
     long long queue_nums = 4, queue_id = -1, sys_flag = 0, born = 0, flag = 0, reconsume = 0, max_rt = 0;
@@ -563,6 +575,9 @@ codec_send_header_v2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (default_topic != NULL && !PyUnicode_Check(default_topic)) {
         Py_RETURN_NONE;
+    }
+    if (default_topic != NULL && PyUnicode_READY(default_topic) < 0) {
+        return NULL;
     }
     if (default_topic == NULL || PyUnicode_GET_LENGTH(default_topic) == 0) {
         default_topic = s_default_topic;
