@@ -22,10 +22,11 @@ share it) as a ``gc.callbacks`` entry:
 |                       |                                             | when freezing ends                           |
 
 **The trigger.** A full pass walks the unfrozen tracked objects, so its duration estimates their number: the
-monitor keeps the time per walked object measured at the exact counts (``rate_s_per_object``; seconds of the
-pass / (survivors + collected)), the least of them: a process that waits for a CPU makes a pass slower, never
-faster, so the least is the nearest to the cost of the walk itself. After a pass of at least
-``GC_FREEZE_MIN_PAUSE_S`` whose estimate of unfrozen survivors (duration / rate - collected) reaches
+monitor keeps the time per walked object measured at the exact counts (``rate_s_per_object``; thread CPU
+seconds of the pass / (survivors + collected)), the least of them. CPU time, not wall time: a pass whose thread
+waited for a CPU is not slower on it (a wall-time rate measured on such passes made estimates several times too
+low), and the least rate is the nearest to the cost of the walk itself. After a pass of at least
+``GC_FREEZE_MIN_PAUSE_S`` whose estimate of unfrozen survivors (CPU time / rate - collected) reaches
 ``GC_COUNT_AT_ESTIMATE_SHARE`` of the need, it confirms with one exact count (``len(gc.get_objects(2))``: after
 a full pass every survivor is in the oldest generation; a listing costs a fifth to a third of the pass) and
 freezes when the count reaches the need. The exact count also measures the rate again. A server's start
@@ -43,9 +44,9 @@ younger passes since. The first are below the need (else they would have been fr
 ``GC_UNFROZEN_BUDGET_OBJECTS`` (N) however large the frozen estate; the second are bounded by the full-pass
 threshold: a full pass runs after GC_FULL_PASS_THRESHOLD + 1 generation-1 passes (about 7,700 net allocations
 each at CPython's other thresholds) once they are a quarter of the last pass's survivors. While an estate is
-built nearly every new object survives, and the broker's passes walked 25,000-35,000 objects at
-N = 25,000 and threshold 1, 15-25 ms of CPU on the 2-core test machine, against up to 200,000 objects and
-75 ms with the growth factor alone (docs/sizing.md). Passes shorter than GC_FREEZE_MIN_PAUSE_S never freeze:
+built nearly every new object survives, and the broker's passes walked about 26,000-40,000 objects at
+N = 25,000 and threshold 1, 9 ms of CPU at the median and 17-30 ms at the longest on the 2-core test machine,
+against up to 200,000 objects and 73-76 ms with the growth factor alone (docs/sizing.md). Passes shorter than GC_FREEZE_MIN_PAUSE_S never freeze:
 whatever they walk is cheap.
 
 **The cost: frozen garbage.** Garbage without a cycle is freed by reference counting, frozen or not; a frozen
@@ -84,7 +85,7 @@ GC_FREEZE_MIN_PAUSE_S = 0.005
 GC_FREEZE_GROWTH_FACTOR = 2.0
 #: N: freeze when the unfrozen survivors of a full pass reach this many objects even when they are fewer than
 #: (g - 1) x the frozen count, so a pass never walks much more than N unfrozen objects however large the frozen
-#: estate (decision 0010: 25,000 of a broker's objects are 5-15 ms of CPU on the 2-core test machine)
+#: estate (decision 0010: a broker's objects cost 0.3-0.5 µs of CPU each to walk on the 2-core test machine)
 GC_UNFROZEN_BUDGET_OBJECTS = 25_000
 #: generation-1 passes between two full passes while freezing is on (``gc.set_threshold``'s third value; CPython's
 #: default is 10): what survives between two full passes is walked by the second, unfrozen, on top of the budget,
