@@ -31,8 +31,9 @@
 Waiters live on the loop thread only (the thread never touches them). Their deadlines
 (``syncFlushTimeout``) share one timer, armed for the earliest; an expired waiter is answered False
 (FLUSH_DISK_TIMEOUT). A waiter's deadline enters the deadline heap (and may arm the timer) only when the commit
-step leaves it waiting: a send the loop flushes itself costs no heap entry and no timer. A failing flush (full disk, I/O error) is retried every ``SYNC_FLUSH_RETRY_MS`` while
-waiters wait; they are answered True once a flush covers them, or False at their deadline or at ``stop()``.
+step leaves it waiting: a send the loop flushes itself costs no heap entry and no timer. A failing flush (full
+disk, I/O error) is retried every ``SYNC_FLUSH_RETRY_MS`` while waiters wait; they are answered True once a
+flush covers them, or False at their deadline or at ``stop()``.
 
 The store's ``flush()`` is safe to call concurrently with puts on the event loop thread.
 """
