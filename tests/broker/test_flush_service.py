@@ -430,13 +430,37 @@ async def test_the_loops_own_flushes_keep_the_commit_logs_blocks_written_ahead_a
         store.shutdown()
     again = MessageStore(config)
     again.load()
+    service = FlushService(again, sync_flush=True, interval_ms=500)
+    service.start(loop)
     try:
         assert again.max_phy_offset == wrote
         assert again.get_max_offset_in_queue("T", 0) == 40
         res = again.get_message("g", "T", 0, 39, 1, None)
         assert res.message_count == 1 and b"0039" * 256 in res.buffers[0]
+        # after the restart the open segment (every block allocated) is written ahead as well: past what was
+        # written ahead before it
+        for i in range(40, 40 + 2 * flush_mod.ZERO_AHEAD_BYTES // 1024):
+            ar = again.put_message(MessageExtBrokerInner(topic="T", queue_id=0, body=b"%04d" % i * 256)).append_result
+            assert ar is not None
+            got: list[bool] = []
+            service.on_flushed(ar.wrote_offset + ar.wrote_bytes, 5000, got.append)
+            await asyncio.sleep(0)
+            assert got == [True]
+        segment = again.commit_log.mfq.last()
+        assert segment is not None
+        boundary = -(-again.max_phy_offset // page) * page
+        assert unwritten_ranges(segment._fd, boundary, 4 * page) == []
+        wrote = again.max_phy_offset
     finally:
+        await loop.run_in_executor(None, service.stop)
         again.shutdown()
+    third = MessageStore(config)
+    third.load()
+    try:
+        assert third.max_phy_offset == wrote
+        assert third.get_max_offset_in_queue("T", 0) == 40 + 2 * flush_mod.ZERO_AHEAD_BYTES // 1024
+    finally:
+        third.shutdown()
 
 
 def _fallocate_works(directory: pathlib.Path) -> bool:
