@@ -2,7 +2,8 @@
 
 A frozen object that later becomes garbage in a reference cycle is never reclaimed (decision 0010). This
 benchmark measures how much that is: it runs a ``BrokerController`` in its own process (so that it can unfreeze
-at the end), with ``gcFreezeEnable`` as given, and drives it from a client process over 127.0.0.1:
+at the end) on the event loop ``ferry broker`` uses (uvloop when installed; ``--asyncio-loop`` for asyncio's),
+with ``gcFreezeEnable`` as given, and drives it from a client process over 127.0.0.1:
 
 | phase  | requests (each from new connections)                                                                  |
 |--------|-------------------------------------------------------------------------------------------------------|
@@ -130,7 +131,8 @@ async def serve_and_measure(args: argparse.Namespace) -> None:
             gc.set_debug(0)
             gc.garbage.clear()
         share = f"{garbage / frozen:.2%}" if frozen else "-"
-        print(f"gcFreezeEnable={cfg.gc_freeze_enable}; python {sys.version.split()[0]}; load "
+        print(f"gcFreezeEnable={cfg.gc_freeze_enable}; loop {type(asyncio.get_running_loop()).__module__}; "
+              f"python {sys.version.split()[0]}; load "
               f"{os.getloadavg()[0]:.2f}; {args.topics} topics x {QUEUES} queues, {args.seconds:.0f} s of churn")
         print(f"freezes {mon.freezes}; frozen at the end {frozen}; frozen garbage in cycles {garbage} ({share}); "
               f"longest full pass {longest_s * 1000:.1f} ms ({longest_cpu_s * 1000:.1f} ms CPU)")
@@ -146,12 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--freeze", choices=("on", "off"), default="on", help="gcFreezeEnable of the broker")
     ap.add_argument("--topics", type=int, default=2000, help="topics of the estate built first (x 8 queues)")
     ap.add_argument("--seconds", type=float, default=120.0, help="seconds of churn rounds")
+    ap.add_argument("--asyncio-loop", action="store_true", help="asyncio's own event loop, not ferry broker's")
     ap.add_argument("--drive", metavar="ADDR", help=argparse.SUPPRESS)  # the client process
     args = ap.parse_args(argv)
     if args.drive:
         asyncio.run(drive(args.drive, args.topics, args.seconds))
-    else:
-        asyncio.run(serve_and_measure(args))
+        return 0
+    from ferrymq.cli.broker import event_loop_factory
+
+    factory = asyncio.new_event_loop if args.asyncio_loop else event_loop_factory()
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve_and_measure(args))
     return 0
 
 

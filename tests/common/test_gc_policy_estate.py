@@ -43,7 +43,7 @@ def _child() -> None:
             now["walked"] = len(gc.get_objects())  # every unfrozen tracked object, all generations
             return
         now["s"] += now["walked"] * RATE_S_PER_OBJECT
-        passes.append({"walked": now["walked"], "survivors": len(gc.get_objects(2)),
+        passes.append({"walked": int(now["walked"]), "survivors": len(gc.get_objects(2)),
                        "frozen": gc.get_freeze_count()})
 
     ballast = [str(i) * 3 for i in range(BALLAST_STRINGS)]
