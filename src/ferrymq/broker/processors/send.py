@@ -124,8 +124,6 @@ def born_host_of(conn: Any) -> bytes:
 #: entries kept in each of the processor's small caches (topic validity, tags hash codes)
 SEND_CACHE_MAX_ENTRIES = 10_000
 _SLAVE = BrokerRole.SLAVE
-#: a topic not in the validity cache yet
-_UNSEEN = object()
 
 
 def _parse_properties(text: str | None) -> dict[str, str]:
@@ -234,9 +232,8 @@ class SendProcessor:
             if existing is not None and existing.order:  # only order topics are refused (§2.7 SEND check 1)
                 return cmd.response(R.NO_PERMISSION, remark=f"the broker[{ctx.config.broker_ip1}] sending message "
                                                             "is forbidden")
-        reason = self._topic_reasons.get(topic, _UNSEEN)
-        if reason is _UNSEEN:
-            reason = self._validate_topic(topic)
+        reasons = self._topic_reasons
+        reason = reasons[topic] if topic in reasons else self._validate_topic(topic)
         if reason is not None:
             return cmd.response(R.SYSTEM_ERROR, remark=reason)
         if topic in NOT_ALLOWED_SEND_TOPICS:
@@ -404,7 +401,7 @@ class SendProcessor:
             if not name.isascii():
                 return None
             cluster = self._cluster_bytes = (name, name.encode("ascii"))
-        born_host = self._born_hosts.get(getattr(conn, "peer_addr", None)) or self._born_host(conn)
+        born_host = self._born_hosts.get(getattr(conn, "peer_addr", "")) or self._born_host(conn)
         ctx = self.ctx
         return ctx.writer.put_one_raw(h.topic, queue_id, cmd.body, props, cluster[1], h.flag, h.sys_flag,
                                       h.born_timestamp, born_host, ctx.store_host, h.reconsume_times)
