@@ -29,6 +29,9 @@ ext = codec.EXTENSION
 @pytest.fixture(autouse=True)
 def _built() -> None:
     require_built(ext, "ferrymq.remoting._codec")  # fails under CI=true when missing, skips elsewhere
+    assert ext is not None
+    # what broker/headers.py does when the extension is in use (not under FERRYMQ_PURE_PYTHON=1)
+    ext.set_class("send_header", SendHeader, tuple(f.name for f in fields(SendHeader)))
 
 _SEND_V2 = int(RequestCode.SEND_MESSAGE_V2)
 _SEND_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
@@ -246,5 +249,53 @@ def test_no_references_leak() -> None:
                lambda: ext.decode_frames(b"\x00\x00\x00\x0a\x00\x00\x00\x02{]xxxx", 0, 100, 100),
                lambda: ext.encode_send_ok(7, "AB12", 3, 99),
                lambda: ext.send_header_v2(f, True),
-               lambda: ext.send_header_v2({**f, "k": "maybe"}, False)):
+               lambda: ext.send_header_v2({**f, "k": "maybe"}, False),
+               lambda: ext.encode_json(RemotingCommand(310, {"b": "T\x01\u00e9", "e": "1"}, b"x", 7, remark="r")),
+               lambda: ext.encode_json(RemotingCommand(310, {"b": "\ud800"}))):
         assert _growth(fn) < 64 * 1024
+
+
+any_text = st.text(max_size=30)  # surrogates included: orjson refuses them, the extension declines them
+wire_ints = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**64), 2**65))
+
+
+@given(code=wire_ints, opaque=wire_ints, flag=st.integers(0, 3), version=wire_ints, language=any_text,
+       ext_fields=st.one_of(st.dictionaries(any_text, any_text, max_size=6),
+                            st.dictionaries(text, json_scalars, max_size=3)),
+       remark=st.one_of(st.none(), any_text), body=st.binary(max_size=64),
+       serialize_type=st.sampled_from([0, 0, 0, 1]))
+@settings(max_examples=600)
+def test_encode_json_equals_python(code: int, opaque: int, flag: int, version: int, language: str,
+                                   ext_fields: dict[str, Any], remark: str | None, body: bytes,
+                                   serialize_type: int) -> None:
+    assert ext is not None
+    cmd = RemotingCommand(code, ext_fields, body, opaque, flag, remark, language, version, serialize_type)
+    frame = ext.encode_json(cmd)
+    try:
+        reference: bytes | type[Exception] = codec.encode_py(cmd)
+    except Exception as exc:  # noqa: BLE001 - whatever the reference raises, the extension must decline
+        reference = type(exc)
+    if frame is None:
+        usual = (serialize_type == 0 and all(type(v) is str for v in ext_fields.values())
+                 and max(abs(code), abs(opaque), abs(version)) < 2**63 and isinstance(reference, bytes))
+        assert not usual, "the extension declined a usual command"
+        return
+    assert frame == reference
+    assert codec.encode(cmd) == frame
+
+
+def test_encode_json_declines_other_shapes() -> None:
+    assert ext is not None
+    cmd = RemotingCommand(10, {"a": "b"}, b"x")
+    assert ext.encode_json(cmd) == codec.encode_py(cmd)
+    every = "".join(map(chr, range(128))) + "\u00e9\u20ac\U0001f600\u2028"
+    cmd = RemotingCommand(-5, {every: every, "i": "WAIT\x01true\x02"}, b"", -(2**63), 3, every, every, 2**63 - 1)
+    assert ext.encode_json(cmd) == codec.encode_py(cmd)
+    assert ext.encode_json(RemotingCommand(10, {"a": 1})) is None  # type: ignore[dict-item]
+    assert ext.encode_json(RemotingCommand(10, {"a": "b"}, bytearray(b"x"))) is None  # type: ignore[arg-type]
+    assert ext.encode_json(RemotingCommand(True, {"a": "b"})) is None
+    assert ext.encode_json(RemotingCommand(10, serialize_type=1)) is None
+    assert ext.encode_json(RemotingCommand(10, {"a": "\ud800"})) is None
+    assert ext.encode_json(object()) is None
+    big = RemotingCommand(10, {str(i): "v" for i in range(300)})
+    assert ext.encode_json(big) is None and codec.encode(big) == codec.encode_py(big)

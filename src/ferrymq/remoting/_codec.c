@@ -27,6 +27,13 @@
  * |                                  | stops at the first frame it does not take                       |
  * | encode_send_ok(opaque, msg_id, queue_id, queue_offset) -> bytes | encode_send_ok_response (JSON) |
  * | send_header_v2(ext, is_batch)    | SendHeader._parse_v2 for V2 letters (None: use it)              |
+ * | encode_json(cmd) -> bytes | None | codec.encode of a JSON command: the header as orjson writes it  |
+ * |                                  | (keys code, extFields, flag, language, opaque,                 |
+ * |                                  | serializeTypeCurrentRPC, version[, remark]); exact str/int/dict |
+ * |                                  | fields only (None: the Python encoder)                          |
+ *
+ * JSON strings are written as orjson writes them: UTF-8, '"' and '\\' escaped, \b \t \n \f \r, other
+ * control characters as \u00xx (lowercase hex), everything else (DEL and non-ASCII included) as it is.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -628,6 +635,179 @@ fail_ints:
     return NULL;
 }
 
+/* Escaped JSON length of a UTF-8 string (without the quotes). */
+static Py_ssize_t
+json_escaped_len(const unsigned char *p, Py_ssize_t n)
+{
+    Py_ssize_t out = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (c == '"' || c == '\\' || c == '\b' || c == '\t' || c == '\n' || c == '\f' || c == '\r') {
+            out += 1;
+        } else if (c < 0x20) {
+            out += 5;
+        }
+    }
+    return out;
+}
+
+static char *
+json_write_string(char *w, const unsigned char *p, Py_ssize_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    *w++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *w++ = (char)c;
+            continue;
+        }
+        *w++ = '\\';
+        switch (c) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '\b': *w++ = 'b'; break;
+        case '\t': *w++ = 't'; break;
+        case '\n': *w++ = 'n'; break;
+        case '\f': *w++ = 'f'; break;
+        case '\r': *w++ = 'r'; break;
+        default:
+            *w++ = 'u';
+            *w++ = '0';
+            *w++ = '0';
+            *w++ = hex[c >> 4];
+            *w++ = hex[c & 15];
+        }
+    }
+    *w++ = '"';
+    return w;
+}
+
+/* UTF-8 of an exact str; 0 = decline (not an exact str, or not encodable: surrogates), -1 = error */
+static int
+utf8_of(PyObject *o, const char **p, Py_ssize_t *n)
+{
+    if (!PyUnicode_CheckExact(o)) {
+        return 0;
+    }
+    *p = PyUnicode_AsUTF8AndSize(o, n);
+    if (*p == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeError)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    return 1;
+}
+
+#define MAX_EXT_FIELDS 256
+
+static PyObject *
+codec_encode_json(PyObject *self, PyObject *cmd)
+{
+    SlotClass *sc = &command_class;
+    if (sc->cls == NULL || Py_TYPE(cmd) != sc->cls) {
+        Py_RETURN_NONE;
+    }
+#define SLOT(i) (*(PyObject **)((char *)cmd + sc->offsets[i]))
+    /* code, ext_fields, body, opaque, flag, remark, language, version, serialize_type */
+    PyObject *ext = SLOT(1), *body = SLOT(2), *remark = SLOT(5), *language = SLOT(6), *stype = SLOT(8);
+    long long code, opaque, flag, version, st;
+    if (SLOT(0) == NULL || SLOT(3) == NULL || SLOT(4) == NULL || SLOT(7) == NULL || ext == NULL || body == NULL
+            || remark == NULL || language == NULL || stype == NULL
+            || !exact_long(SLOT(0), &code) || !exact_long(SLOT(3), &opaque) || !exact_long(SLOT(4), &flag)
+            || !exact_long(SLOT(7), &version) || !exact_long(stype, &st) || st != 0
+            || !PyDict_CheckExact(ext) || !PyBytes_CheckExact(body)) {
+        Py_RETURN_NONE;
+    }
+#undef SLOT
+    Py_ssize_t n_ext = PyDict_GET_SIZE(ext);
+    if (n_ext > MAX_EXT_FIELDS) {
+        Py_RETURN_NONE;
+    }
+    const char *kp[MAX_EXT_FIELDS], *vp[MAX_EXT_FIELDS];
+    Py_ssize_t kn[MAX_EXT_FIELDS], vn[MAX_EXT_FIELDS];
+    const char *lang_p, *remark_p = NULL;
+    Py_ssize_t lang_n, remark_n = 0;
+    int rc = utf8_of(language, &lang_p, &lang_n);
+    if (rc <= 0) {
+        return rc < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    if (remark != Py_None) {
+        rc = utf8_of(remark, &remark_p, &remark_n);
+        if (rc <= 0) {
+            return rc < 0 ? NULL : Py_NewRef(Py_None);
+        }
+    }
+    /* the header's length: fixed text, numbers (at most 20 characters each), escaped strings */
+    Py_ssize_t hlen = (Py_ssize_t)strlen("{\"code\":,\"extFields\":{},\"flag\":,\"language\":,\"opaque\":,"
+                                         "\"serializeTypeCurrentRPC\":\"JSON\",\"version\":}") + 4 * MAX_INT_TEXT;
+    hlen += json_escaped_len((const unsigned char *)lang_p, lang_n) + 2;
+    if (remark_p != NULL) {
+        hlen += (Py_ssize_t)strlen(",\"remark\":") + json_escaped_len((const unsigned char *)remark_p, remark_n) + 2;
+    }
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(ext, &pos, &key, &value)) {
+        if ((rc = utf8_of(key, &kp[i], &kn[i])) <= 0 || (rc = utf8_of(value, &vp[i], &vn[i])) <= 0) {
+            return rc < 0 ? NULL : Py_NewRef(Py_None);
+        }
+        hlen += json_escaped_len((const unsigned char *)kp[i], kn[i])
+                + json_escaped_len((const unsigned char *)vp[i], vn[i]) + 6; /* quotes, ':' and ',' */
+        i++;
+    }
+    if (i != n_ext) {
+        Py_RETURN_NONE; /* changed while read (cannot happen without other threads holding the GIL) */
+    }
+    Py_ssize_t body_n = PyBytes_GET_SIZE(body);
+    if (hlen > 0xFFFFFF || body_n > INT32_MAX - 4 - hlen) {
+        Py_RETURN_NONE; /* the Python encoder writes what it writes */
+    }
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, 8 + hlen + body_n);
+    if (frame == NULL) {
+        return NULL;
+    }
+    char *base = PyBytes_AS_STRING(frame);
+    char *w = base + 8;
+#define LIT(s) do { memcpy(w, s, sizeof(s) - 1); w += sizeof(s) - 1; } while (0)
+    LIT("{\"code\":");
+    w = put_decimal(w, code);
+    LIT(",\"extFields\":{");
+    for (Py_ssize_t j = 0; j < n_ext; j++) {
+        if (j) {
+            *w++ = ',';
+        }
+        w = json_write_string(w, (const unsigned char *)kp[j], kn[j]);
+        *w++ = ':';
+        w = json_write_string(w, (const unsigned char *)vp[j], vn[j]);
+    }
+    LIT("},\"flag\":");
+    w = put_decimal(w, flag);
+    LIT(",\"language\":");
+    w = json_write_string(w, (const unsigned char *)lang_p, lang_n);
+    LIT(",\"opaque\":");
+    w = put_decimal(w, opaque);
+    LIT(",\"serializeTypeCurrentRPC\":\"JSON\",\"version\":");
+    w = put_decimal(w, version);
+    if (remark_p != NULL) {
+        LIT(",\"remark\":");
+        w = json_write_string(w, (const unsigned char *)remark_p, remark_n);
+    }
+    *w++ = '}';
+#undef LIT
+    Py_ssize_t header_n = (Py_ssize_t)(w - base) - 8;
+    if (body_n) {
+        memcpy(w, PyBytes_AS_STRING(body), (size_t)body_n);
+    }
+    put_be32(base, (uint32_t)(4 + header_n + body_n));
+    put_be32(base + 4, (uint32_t)header_n);
+    if (header_n != hlen && _PyBytes_Resize(&frame, 8 + header_n + body_n) < 0) {
+        return NULL;
+    }
+    return frame;
+}
+
 static PyMethodDef codec_methods[] = {
     {"set_class", codec_set_class, METH_VARARGS,
      "set_class(kind, cls, fields): register the slots class built by decode_frames ('command') or "
@@ -641,6 +821,9 @@ static PyMethodDef codec_methods[] = {
      "with the usual header from pos on; stops at the first frame it does not take"},
     {"encode_send_ok", (PyCFunction)(void (*)(void))codec_encode_send_ok, METH_FASTCALL,
      "encode_send_ok(opaque, msg_id, queue_id, queue_offset) -> bytes | None"},
+    {"encode_json", codec_encode_json, METH_O,
+     "encode_json(cmd) -> bytes | None: the whole frame of a JSON command as codec.encode writes it (None: "
+     "leave it to codec.encode)"},
     {"send_header_v2", (PyCFunction)(void (*)(void))codec_send_header_v2, METH_FASTCALL,
      "send_header_v2(ext_fields, is_batch) -> SendHeader | None (None: the Python parser decides)"},
     {NULL, NULL, 0, NULL},

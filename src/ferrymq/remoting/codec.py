@@ -28,8 +28,8 @@ We always answer JSON with a zero high byte (the C++ client and ali-ons do not m
 request came in binary.
 
 The optional C extension ``ferrymq.remoting._codec`` (its table at the top of ``_codec.c``) decodes whole JSON
-frames with the usual header (``FrameDecoder.feed``), writes the SEND_OK answer (``encode_send_ok_response``)
-and reads the V2 SEND header (``broker/headers.py``) when it was built and ``FERRYMQ_PURE_PYTHON`` is not set.
+frames with the usual header (``FrameDecoder.feed``), writes JSON frames (``encode``) and the SEND_OK answer
+(``encode_send_ok_response``) and reads the V2 SEND header (``broker/headers.py``) when it was built and ``FERRYMQ_PURE_PYTHON`` is not set.
 The Python code here is the reference and the fallback: the extension gives the same result or declines.
 """
 
@@ -153,6 +153,15 @@ def to_wire_str(value: Any) -> str:
 
 def encode(cmd: RemotingCommand) -> bytes:
     """One whole frame for ``cmd``."""
+    if _native_encode is not None:
+        frame = _native_encode(cmd)  # a JSON command with the usual field types; None: written below
+        if frame is not None:
+            return frame  # type: ignore[no-any-return]
+    return encode_py(cmd)
+
+
+def encode_py(cmd: RemotingCommand) -> bytes:
+    """``encode`` without the extension (the reference)."""
     stype = cmd.serialize_type
     header = encode_binary_header(cmd) if stype == SERIALIZE_ROCKETMQ else encode_json_header(cmd)
     body = cmd.body
@@ -189,6 +198,7 @@ EXTENSION: ModuleType | None = _load_extension()
 NATIVE: ModuleType | None = None if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0") else EXTENSION
 _native_send_ok = NATIVE.encode_send_ok if NATIVE is not None else None
 _native_decode_frames = NATIVE.decode_frames if NATIVE is not None else None
+_native_encode = NATIVE.encode_json if NATIVE is not None else None
 
 
 def encode_send_ok_response(opaque: int, msg_id: str, queue_id: int, queue_offset: int,
