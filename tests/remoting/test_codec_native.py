@@ -131,6 +131,7 @@ def test_the_decoder_uses_the_extension_unless_pure_python_is_asked() -> None:
     assert codec.NATIVE in (None, ext)
     if codec.NATIVE is not None:
         assert codec._native_decode_frames is not None and codec._native_send_ok is not None
+        assert codec._native_encode is not None and headers._native_v2 is not None
 
 
 @given(st.integers(-(2**70), 2**70), st.one_of(st.text(max_size=40), st.sampled_from(

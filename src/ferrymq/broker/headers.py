@@ -176,7 +176,10 @@ class SendHeader:
 def _native_send_header() -> Any:
     if NATIVE is None:
         return None
-    NATIVE.set_class("send_header", SendHeader, tuple(f.name for f in fields(SendHeader)))
+    try:
+        NATIVE.set_class("send_header", SendHeader, tuple(f.name for f in fields(SendHeader)))
+    except (TypeError, ValueError):  # an extension built for other fields: the Python parser runs
+        return None
     return NATIVE.send_header_v2
 
 
