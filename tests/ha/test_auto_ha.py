@@ -396,3 +396,49 @@ async def test_answered_callback_waiters_leave_the_deadline_heap_at_the_ack(tmp_
         assert answers == [True] * 100 and master._deadlines == []
     finally:
         master._fail_waiters()
+
+
+async def test_a_lone_send_is_pushed_inside_its_put_and_an_iterations_sends_share_a_transfer(group: Group) -> None:
+    """Nothing in flight to the replica: the transfer is written inside ``notify_data_appended`` (no loop turn
+    before the push); behind an unacked transfer the iteration's sends wait for its one push."""
+    ms, me = group.store("m")
+    me.append(1, 0)
+    put_n(ms, 0, 5)
+    master = await group.master(ms, me)
+    master.set_sync_state_set({1, 2}, 1)
+    ss, se = group.store("s")
+    await group.client(ss, se, master, 1)
+    await wait_for(lambda: master._acks.get(2) == ms.max_phy_offset, what="replica caught up")
+    slave = master._slaves[2]
+    writes: list[int] = []
+    write = slave.writer.write
+
+    def spy(data: bytes) -> None:
+        writes.append(len(data))
+        write(data)
+
+    slave.writer.write = spy  # type: ignore[method-assign]
+    start = ms.max_phy_offset
+    ends = put_n(ms, 5, 1)
+    master.notify_data_appended()
+    assert writes == [codec.TRANSFER_HEADER_SIZE + ends[-1] - start]
+    assert slave.next_phy_offset == ends[-1]
+    ends2 = put_n(ms, 6, 1)  # same iteration: left to the iteration's push
+    master.notify_data_appended()
+    assert len(writes) == 1
+    await asyncio.sleep(0)
+    assert len(writes) == 2 and slave.next_phy_offset == ends2[-1]
+    assert await master.wait_for_ack(ends2[-1], 5000)
+    # behind an unacked transfer: no push inside the put, one push for the iteration's sends
+    await asyncio.sleep(0)
+    put_n(ms, 7, 1)
+    writes.clear()
+    # the replica answers within a few loop iterations of this same loop: hold its ack back by hand, as if
+    # the last transfer were still on its way
+    slave.ack_phy_offset -= 1
+    ends3 = put_n(ms, 8, 2)
+    master.notify_data_appended()
+    master.notify_data_appended()
+    assert writes == []
+    await asyncio.sleep(0)
+    assert len(writes) == 1 and slave.next_phy_offset == ends3[-1]

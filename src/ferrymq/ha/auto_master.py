@@ -364,22 +364,30 @@ class AutoSwitchHAMaster:
             heapq.heapify(self._waiters)
 
     def notify_data_appended(self) -> None:
-        """New bytes in the commit log: push them to every slave at the end of this loop iteration, so the
-        sends of one iteration leave in one transfer (and come back as one ack). The pump streams what a full
-        write buffer left behind."""
+        """New bytes in the commit log: the first call of a loop iteration pushes them right here, from inside
+        the put, to every slave with nothing in flight (it acked every pushed byte: a lone SYNC send reaches
+        it before its handler registers the wait), and schedules one push at the end of the iteration for the
+        rest, so the later sends of one iteration leave in one transfer (and come back as one ack). The pump
+        streams what a full write buffer left behind."""
         if self._push_scheduled or not self._slaves:
             return
         self._push_scheduled = True
         asyncio.get_running_loop().call_soon(self._push_all)
+        for slave in list(self._slaves.values()):
+            if slave.ack_phy_offset >= slave.next_phy_offset:
+                self._push_one(slave)
 
     def _push_all(self) -> None:
         self._push_scheduled = False
         for slave in list(self._slaves.values()):
-            try:
-                if not self._push_available(slave):
-                    slave.wake.set()
-            except (OSError, ConnectionError) as exc:
-                self._drop(slave, f"write failed: {exc}")
+            self._push_one(slave)
+
+    def _push_one(self, slave: _Slave) -> None:
+        try:
+            if not self._push_available(slave):
+                slave.wake.set()
+        except (OSError, ConnectionError) as exc:
+            self._drop(slave, f"write failed: {exc}")
 
     def slave_status(self) -> list[dict[str, Any]]:
         now = _now_ms()

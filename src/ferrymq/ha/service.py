@@ -2,9 +2,11 @@
 
 * One ``_SlaveLink`` (an asyncio Protocol) per accepted connection drives a sans-IO
   ``MasterConnection``: reports are handled in ``data_received`` (an ack releases waiters in the
-  callback that read it); ``notify_data_appended()`` pushes new bytes inline once per loop
-  iteration; a pump task streams backlogs and sleeps until woken or until the connection's next
-  timer (heartbeat / housekeeping) is due.
+  callback that read it); ``notify_data_appended()`` pushes new bytes from inside the put when the
+  slave has acked everything pushed (a lone SYNC_MASTER send: no loop turn before the push), and
+  once per loop iteration otherwise (the sends of an iteration share one transfer); a pump task
+  streams backlogs and sleeps until woken or until the connection's next timer (heartbeat /
+  housekeeping) is due.
 * ``push2slave_max_offset`` is the highest ack of any slave (never decreases), like RocketMQ.
 * ``wait_for_slave_ack`` waiters live in a heap keyed by offset; every ack raising
   ``push2slave_max_offset`` resolves all waiters at or below it in one pass, so thousands of
@@ -233,6 +235,14 @@ class _SlaveLink(asyncio.Protocol):
                 return  # everything new is on its way; the pump stays parked on its timer
             fut.set_result(None)
 
+    def push_if_idle(self) -> None:
+        """Push what is new now if the slave acked everything pushed so far (nothing in flight) and the pump
+        is parked; otherwise leave it to the iteration's ``wakeup``. Called from inside a put."""
+        proto = self.proto
+        fut = self._wake
+        if fut is not None and not fut.done() and proto.ack_offset >= proto.next_transfer_offset >= 0:
+            self._push_inline()
+
     def _push_inline(self) -> bool:
         """Send what is new right here (the pump is parked): no task switch on the SYNC_MASTER path.
         False when the pump must run (more than one step of data, a full write buffer, closed)."""
@@ -241,6 +251,9 @@ class _SlaveLink(asyncio.Protocol):
         due = self.proto.next_timer_ms()
         if due is None or due < self._parked_due:
             return False  # the pump's timer is stale (e.g. streaming just started): let it re-arm
+        if 0 <= self.proto.next_transfer_offset >= self.service._view.max_phy_offset():
+            self._dirty = False  # e.g. already pushed by ``push_if_idle``: nothing new since
+            return True
         outs = self.proto.data_available(self.service._clock_ms(), PUMP_BATCHES_PER_STEP)
         self._handle(outs)
         if self.closed or len(outs) >= PUMP_BATCHES_PER_STEP:
@@ -440,19 +453,24 @@ class HAService:
 
     # ---- data path -----------------------------------------------------------------------------
     def notify_data_appended(self) -> None:
-        """New commit log bytes exist: every slave link pushes them at once. Thread-safe. (Once a wake-up is
-        due on the loop — the usual case for the second and later sends of a loop iteration — there is nothing
-        to do: ``_wake_links`` clears the flag before it pushes, so these bytes leave with it.)"""
+        """New commit log bytes exist: every slave link pushes them at once. Thread-safe.
+
+        On the loop thread the first call of a loop iteration pushes right here, from inside the put, to
+        every link with nothing in flight (the slave acked every pushed byte: a lone SYNC_MASTER client's
+        send reaches the slave before its handler even registers the ack wait), and schedules one
+        ``_wake_links`` for the rest of the iteration. Later calls of the iteration do nothing:
+        ``_wake_links`` clears the flag before it pushes, so their bytes leave with it (one transfer for
+        all the sends of an iteration, e.g. 16 producers)."""
         if self._wake_scheduled:
             return
         loop = self._loop
         if loop is None:
             return
         if threading.get_ident() == self._loop_thread_id:
-            # once per loop iteration: all sends of this iteration leave in one transfer
-            if not self._wake_scheduled:
-                self._wake_scheduled = True
-                loop.call_soon(self._wake_links)
+            self._wake_scheduled = True
+            loop.call_soon(self._wake_links)
+            for link in self._links:
+                link.push_if_idle()
         else:
             loop.call_soon_threadsafe(self._wake_links)
 
