@@ -89,7 +89,7 @@ headers_st = st.one_of(
                                  st.sampled_from(["ok", "ok", "ok", "binary", "notjson", "hlen", "len"])),
                        min_size=1, max_size=5),
        cuts=st.lists(st.integers(0, 2000), max_size=4))
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 def test_decode_frames_equals_python(frames: list[tuple[dict[str, Any], bytes, str]], cuts: list[int]) -> None:
     raw = b""
     for obj, body, kind in frames:
@@ -178,7 +178,7 @@ flag_text = st.sampled_from(["true", "false", "True", "FALSE", "1", "0", "", " t
               "g": int_text, "h": int_text, "i": text, "j": int_text, "k": flag_text, "l": int_text,
               "m": flag_text, "n": text, "topic": text}),
     st.sampled_from([_SEND_V2, _SEND_BATCH]))
-@settings(max_examples=800)
+@settings(max_examples=400)
 def test_send_header_v2_equals_python(f: dict[str, str], code: int) -> None:
     assert ext is not None
     native = ext.send_header_v2(f, code == _SEND_BATCH)
@@ -265,7 +265,7 @@ wire_ints = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**64), 2*
                             st.dictionaries(text, json_scalars, max_size=3)),
        remark=st.one_of(st.none(), any_text), body=st.binary(max_size=64),
        serialize_type=st.sampled_from([0, 0, 0, 1]))
-@settings(max_examples=600)
+@settings(max_examples=300)
 def test_encode_json_equals_python(code: int, opaque: int, flag: int, version: int, language: str,
                                    ext_fields: dict[str, Any], remark: str | None, body: bytes,
                                    serialize_type: int) -> None:
