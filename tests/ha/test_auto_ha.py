@@ -442,3 +442,23 @@ async def test_a_lone_send_is_pushed_inside_its_put_and_an_iterations_sends_shar
     assert writes == []
     await asyncio.sleep(0)
     assert len(writes) == 1 and slave.next_phy_offset == ends3[-1]
+
+
+@pytest.mark.parametrize("error", [OSError("broken pipe"), RuntimeError("transport in a bad state")])
+async def test_a_failing_push_inside_the_put_never_reaches_the_send(group: Group, error: Exception) -> None:
+    ms, me = group.store("m")
+    me.append(1, 0)
+    put_n(ms, 0, 5)
+    master = await group.master(ms, me)
+    ss, se = group.store("s")
+    await group.client(ss, se, master, 1)
+    await wait_for(lambda: master._acks.get(2) == ms.max_phy_offset, what="replica caught up")
+    slave = master._slaves[2]
+
+    def fail(data: bytes) -> None:
+        raise error
+
+    slave.writer.write = fail  # type: ignore[method-assign]
+    put_n(ms, 5, 1)
+    master.notify_data_appended()  # returns: the put's caller (the send handler) never sees the push fail
+    assert (2 in master._slaves) is not isinstance(error, OSError)  # an OSError drops the replica, as the pump does

@@ -128,3 +128,17 @@ async def test_sends_of_one_iteration_after_the_inline_push_share_one_transfer(m
     assert transfers(master.transport.writes) == [(0, b"x" * 5)]
     await asyncio.sleep(0)
     assert transfers(master.transport.writes) == [(0, b"x" * 5), (5, b"y" * 6 + b"z" * 7)]
+
+
+@pytest.mark.parametrize("error", [OSError("broken pipe"), RuntimeError("transport in a bad state")])
+async def test_a_failing_push_inside_the_put_never_reaches_the_send(master: Master, error: Exception,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    def fail(data: bytes) -> None:
+        raise error
+
+    master.transport.write = fail  # type: ignore[method-assign]
+    master.put(b"q" * 10)  # returns: the put's caller (the send handler) never sees the push fail
+    if isinstance(error, OSError):
+        assert master.link.closed and master.service.connection_count == 0  # closed, as the pump does
+    else:
+        assert not master.link.closed and "HA push" in caplog.text

@@ -388,6 +388,8 @@ class AutoSwitchHAMaster:
                 slave.wake.set()
         except (OSError, ConnectionError) as exc:
             self._drop(slave, f"write failed: {exc}")
+        except Exception:  # called from inside a put: the send that stored the bytes is not concerned
+            log.exception("HA push to replica %d failed", slave.replica_id)
 
     def slave_status(self) -> list[dict[str, Any]]:
         now = _now_ms()

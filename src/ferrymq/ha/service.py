@@ -240,8 +240,15 @@ class _SlaveLink(asyncio.Protocol):
         is parked; otherwise leave it to the iteration's ``wakeup``. Called from inside a put."""
         proto = self.proto
         fut = self._wake
-        if fut is not None and not fut.done() and proto.ack_offset >= proto.next_transfer_offset >= 0:
+        if fut is None or fut.done() or not proto.ack_offset >= proto.next_transfer_offset >= 0:
+            return
+        try:
             self._push_inline()
+        except (ConnectionError, OSError) as exc:  # as the pump does; the put that called us is not concerned
+            self._handle(proto.close(f"write error: {exc!r}"))
+            self.close()
+        except Exception:
+            log.exception("HA push to %s failed; the loop's wake-up tries again", self.addr)
 
     def _push_inline(self) -> bool:
         """Send what is new right here (the pump is parked): no task switch on the SYNC_MASTER path.
@@ -469,7 +476,7 @@ class HAService:
         if threading.get_ident() == self._loop_thread_id:
             self._wake_scheduled = True
             loop.call_soon(self._wake_links)
-            for link in self._links:
+            for link in tuple(self._links):  # a failing link leaves the set
                 link.push_if_idle()
         else:
             loop.call_soon_threadsafe(self._wake_links)
