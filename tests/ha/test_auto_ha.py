@@ -442,6 +442,18 @@ async def test_a_lone_send_is_pushed_inside_its_put_and_an_iterations_sends_shar
     assert writes == []
     await asyncio.sleep(0)
     assert len(writes) == 1 and slave.next_phy_offset == ends3[-1]
+    # after an iteration of several puts (producers sending together) the next one waits for its iteration's
+    # push, nothing in flight or not; after a single-put iteration the push is inside the put again
+    assert await master.wait_for_ack(ends3[-1], 5000)
+    put_n(ms, 10, 1)
+    master.notify_data_appended()
+    assert len(writes) == 1
+    await asyncio.sleep(0)
+    assert len(writes) == 2
+    assert await master.wait_for_ack(ms.max_phy_offset, 5000)
+    put_n(ms, 11, 1)
+    master.notify_data_appended()
+    assert len(writes) == 3
 
 
 @pytest.mark.parametrize("error", [OSError("broken pipe"), RuntimeError("transport in a bad state")])

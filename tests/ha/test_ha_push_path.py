@@ -142,3 +142,26 @@ async def test_a_failing_push_inside_the_put_never_reaches_the_send(master: Mast
         assert master.link.closed and master.service.connection_count == 0  # closed, as the pump does
     else:
         assert not master.link.closed and "HA push" in caplog.text
+
+
+async def test_after_an_iteration_of_several_puts_the_next_waits_for_the_iterations_push(master: Master) -> None:
+    """Several producers (an iteration with more than one put): the next iteration's sends, even with nothing
+    in flight, share its one push instead of the first leaving alone; a single-put iteration brings the
+    inline push back."""
+    master.put(b"x" * 5)
+    master.put(b"y" * 6)
+    await asyncio.sleep(0)
+    master.link.data_received(encode_report(11))  # everything acked: nothing in flight
+    master.put(b"z" * 7)
+    assert len(master.transport.writes) == 2  # not pushed inside the put
+    master.put(b"w" * 8)
+    await asyncio.sleep(0)
+    assert transfers(master.transport.writes[2:]) == [(11, b"z" * 7 + b"w" * 8)]
+    master.link.data_received(encode_report(26))
+    master.put(b"v" * 9)  # two puts last time: still at the iteration's end
+    assert len(master.transport.writes) == 3
+    await asyncio.sleep(0)
+    assert transfers(master.transport.writes[3:]) == [(26, b"v" * 9)]
+    master.link.data_received(encode_report(35))
+    master.put(b"u" * 10)  # the last iteration had one put: inline again
+    assert transfers(master.transport.writes[4:]) == [(35, b"u" * 10)]

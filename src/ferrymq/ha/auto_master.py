@@ -190,6 +190,9 @@ class AutoSwitchHAMaster:
         #: False while this broker is not the master (controller mode): connections are closed at once
         self.active = True
         self._push_scheduled = False
+        #: puts of this loop iteration, and whether the last iteration with puts had one (a lone sender)
+        self._iteration_puts = 0
+        self._lone_puts = True
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -364,21 +367,29 @@ class AutoSwitchHAMaster:
             heapq.heapify(self._waiters)
 
     def notify_data_appended(self) -> None:
-        """New bytes in the commit log: the first call of a loop iteration pushes them right here, from inside
-        the put, to every slave with nothing in flight (it acked every pushed byte: a lone SYNC send reaches
-        it before its handler registers the wait), and schedules one push at the end of the iteration for the
-        rest, so the later sends of one iteration leave in one transfer (and come back as one ack). The pump
-        streams what a full write buffer left behind."""
-        if self._push_scheduled or not self._slaves:
+        """New bytes in the commit log: push them to every slave at the end of this loop iteration, so the
+        sends of one iteration leave in one transfer (and come back as one ack). When the last iteration with
+        puts had a single one (a lone sender), the first call also pushes right here, from inside the put, to
+        every slave with nothing in flight (it acked every pushed byte: a lone SYNC send reaches it before its
+        handler registers the wait). The pump streams what a full write buffer left behind."""
+        if self._push_scheduled:
+            self._iteration_puts += 1
+            return
+        if not self._slaves:
             return
         self._push_scheduled = True
+        self._iteration_puts = 1
         asyncio.get_running_loop().call_soon(self._push_all)
-        for slave in list(self._slaves.values()):
-            if slave.ack_phy_offset >= slave.next_phy_offset:
-                self._push_one(slave)
+        if self._lone_puts:
+            for slave in list(self._slaves.values()):
+                if slave.ack_phy_offset >= slave.next_phy_offset:
+                    self._push_one(slave)
 
     def _push_all(self) -> None:
         self._push_scheduled = False
+        if self._iteration_puts:
+            self._lone_puts = self._iteration_puts == 1
+            self._iteration_puts = 0
         for slave in list(self._slaves.values()):
             self._push_one(slave)
 

@@ -2,9 +2,10 @@
 
 * One ``_SlaveLink`` (an asyncio Protocol) per accepted connection drives a sans-IO
   ``MasterConnection``: reports are handled in ``data_received`` (an ack releases waiters in the
-  callback that read it); ``notify_data_appended()`` pushes new bytes from inside the put when the
-  slave has acked everything pushed (a lone SYNC_MASTER send: no loop turn before the push), and
-  once per loop iteration otherwise (the sends of an iteration share one transfer); a pump task
+  callback that read it); ``notify_data_appended()`` pushes new bytes once per loop iteration (the
+  sends of an iteration share one transfer), and from inside the put when the last iteration had a
+  single put and the slave acked everything pushed (a lone SYNC_MASTER sender: no loop turn before
+  the push); a pump task
   streams backlogs and sleeps until woken or until the connection's next timer (heartbeat /
   housekeeping) is due.
 * ``push2slave_max_offset`` is the highest ack of any slave (never decreases), like RocketMQ.
@@ -406,6 +407,9 @@ class HAService:
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._sweep_at = math.inf
         self._wake_scheduled = False
+        #: puts of this loop iteration, and whether the last iteration with puts had one (a lone sender)
+        self._iteration_puts = 0
+        self._lone_puts = True
         self.started = False
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -462,27 +466,34 @@ class HAService:
     def notify_data_appended(self) -> None:
         """New commit log bytes exist: every slave link pushes them at once. Thread-safe.
 
-        On the loop thread the first call of a loop iteration pushes right here, from inside the put, to
-        every link with nothing in flight (the slave acked every pushed byte: a lone SYNC_MASTER client's
-        send reaches the slave before its handler even registers the ack wait), and schedules one
-        ``_wake_links`` for the rest of the iteration. Later calls of the iteration do nothing:
-        ``_wake_links`` clears the flag before it pushes, so their bytes leave with it (one transfer for
-        all the sends of an iteration, e.g. 16 producers)."""
+        On the loop thread the first call of a loop iteration schedules one ``_wake_links`` for the
+        iteration; later calls of the iteration do nothing: ``_wake_links`` clears the flag before it
+        pushes, so their bytes leave with it (one transfer for all the sends of an iteration, e.g. 16
+        producers). When the last iteration with puts had a single one (a lone sender), the first call
+        also pushes right here, from inside the put, to every link with nothing in flight (the slave
+        acked every pushed byte): a lone SYNC_MASTER client's send reaches the slave before its handler
+        even registers the ack wait."""
         if self._wake_scheduled:
+            self._iteration_puts += 1
             return
         loop = self._loop
         if loop is None:
             return
         if threading.get_ident() == self._loop_thread_id:
             self._wake_scheduled = True
+            self._iteration_puts = 1
             loop.call_soon(self._wake_links)
-            for link in tuple(self._links):  # a failing link leaves the set
-                link.push_if_idle()
+            if self._lone_puts:
+                for link in tuple(self._links):  # a failing link leaves the set
+                    link.push_if_idle()
         else:
             loop.call_soon_threadsafe(self._wake_links)
 
     def _wake_links(self) -> None:
         self._wake_scheduled = False
+        if self._iteration_puts:
+            self._lone_puts = self._iteration_puts == 1
+            self._iteration_puts = 0
         for link in self._links:
             link.wakeup()
 
