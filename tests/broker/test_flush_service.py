@@ -20,7 +20,7 @@ from ferrymq.store import MessageStore
 from ferrymq.store.config import FlushDiskType as StoreFlushDiskType
 from ferrymq.store.config import StoreConfig
 from support.aio import wait_for
-from support.fiemap import unwritten_ranges
+from support.fiemap import fallocate_works, unwritten_ranges
 
 
 class CountingStore:
@@ -422,7 +422,7 @@ async def test_the_loops_own_flushes_keep_the_commit_logs_blocks_written_ahead_a
         assert segment is not None
         boundary = -(-wrote // page) * page
         ahead = unwritten_ranges(segment._fd, boundary, 4 * page)  # the next sends' pages
-        if ahead is None or not _fallocate_works(tmp_path):
+        if ahead is None or not fallocate_works(tmp_path):
             pytest.skip("this file system does not report unwritten extents")
         assert ahead == [], ahead  # the next sends' blocks are written already
     finally:
@@ -463,14 +463,3 @@ async def test_the_loops_own_flushes_keep_the_commit_logs_blocks_written_ahead_a
         third.shutdown()
 
 
-def _fallocate_works(directory: pathlib.Path) -> bool:
-    probe = directory / "probe"
-    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        os.posix_fallocate(fd, 0, 1 << 16)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        probe.unlink()

@@ -13,7 +13,7 @@ from store_helpers import CL_SEGMENT, inner, make_config
 from ferrymq.store import PutMessageStatus, StoreDirError
 from ferrymq.store import mapped_file as mf_mod
 from ferrymq.store.mapped_file import MappedFile
-from support.fiemap import unwritten_ranges
+from support.fiemap import fallocate_works, unwritten_ranges
 
 SIZE = 256 * 1024
 
@@ -22,17 +22,6 @@ def _allocated_bytes(path: Path) -> int:
     return os.stat(path).st_blocks * 512
 
 
-def _fallocate_works(directory: Path) -> bool:
-    probe = directory / "probe"
-    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        os.posix_fallocate(fd, 0, SIZE)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        probe.unlink()
 
 
 def test_preallocated_segment_has_its_blocks_and_a_sparse_one_does_not(tmp_path: Path) -> None:
@@ -41,7 +30,7 @@ def test_preallocated_segment_has_its_blocks_and_a_sparse_one_does_not(tmp_path:
     try:
         assert os.path.getsize(tmp_path / "a") == os.path.getsize(tmp_path / "b") == SIZE
         assert _allocated_bytes(tmp_path / "b") < SIZE // 2
-        if _fallocate_works(tmp_path):
+        if fallocate_works(tmp_path, SIZE):
             assert _allocated_bytes(tmp_path / "a") >= SIZE
         reserved.append(b"abc")
         assert reserved.read(0, 3) == b"abc"
@@ -98,7 +87,7 @@ def test_commit_log_segments_follow_the_config(tmp_path: Path, mode: str) -> Non
         assert os.path.getsize(segment) == CL_SEGMENT
         if mode == "sparse":
             assert _allocated_bytes(segment) < CL_SEGMENT
-        elif _fallocate_works(tmp_path):
+        elif fallocate_works(tmp_path, SIZE):
             assert _allocated_bytes(segment) >= CL_SEGMENT
     finally:
         store.shutdown()
@@ -313,7 +302,7 @@ def test_zero_ahead_writes_whole_pages_beyond_the_writes_over_reserved_blocks_on
         assert mf.read(0, 6000) == b"x" * 1000 + b"y" * 5000
         mf.flush()
         ranges = unwritten_ranges(mf._fd, 0, SIZE)
-        if ranges is not None and _fallocate_works(tmp_path):
+        if ranges is not None and fallocate_works(tmp_path, SIZE):
             assert ranges == [(6 * page, SIZE)], ranges
         mf.wrote_position = SIZE - 5000  # near the end: bounded by it
         assert mf.zero_ahead(0, 4 * page) == SIZE
@@ -333,7 +322,7 @@ def test_a_reopened_segment_whose_blocks_are_all_allocated_counts_as_reserved(tm
     reserved = MappedFile(str(tmp_path / "a"), 0, SIZE)
     sparse = MappedFile(str(tmp_path / "b"), 0, SIZE)
     try:
-        if _fallocate_works(tmp_path):
+        if fallocate_works(tmp_path, SIZE):
             assert reserved.reserved_position == SIZE
             assert reserved.zero_ahead(0, 4 * mf_mod.OS_PAGE_SIZE) == 4 * mf_mod.OS_PAGE_SIZE
         assert sparse.reserved_position == 0

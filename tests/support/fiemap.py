@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import struct
+from pathlib import Path
 
 #: _IOWR('f', 11, struct fiemap)
 FS_IOC_FIEMAP = 0xC020660B
@@ -35,3 +37,18 @@ def unwritten_ranges(fd: int, start: int, length: int) -> list[tuple[int, int]] 
             if lo < hi:
                 out.append((lo, hi))
     return out
+
+
+def fallocate_works(directory: Path, size: int = 1 << 16) -> bool:
+    """Whether the file system under ``directory`` reserves blocks with ``posix_fallocate`` (tmpfs, ext4 and
+    xfs do; some overlay and network file systems refuse it)."""
+    probe = directory / "fallocate-probe"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink()
