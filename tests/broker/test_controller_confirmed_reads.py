@@ -101,7 +101,7 @@ class _ConfirmBoundStore:
         self.max_phy_offset += 100
         return SimpleNamespace(append_result=ar)
 
-    def reput(self, max_records: int) -> int:
+    def reput(self, max_records: int, budget_s: float | None = None) -> int:
         self.reputs += 1
         self.reput_phy_offset = self.confirmed
         return 0

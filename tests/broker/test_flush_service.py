@@ -301,7 +301,7 @@ class DispatchingStore(WritingStore):
         self.events.append("flush")
         return super().flush()
 
-    def reput(self, max_records: int) -> int:
+    def reput(self, max_records: int, budget_s: float | None = None) -> int:
         self.events.append("reput")
         self.reput_phy_offset = self.wrote_phy_offset
         return 0

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 #: records dispatched per loop iteration before yielding to other work
 REPUT_BATCH_RECORDS = 10_000
+#: ... and seconds: a dispatch whose records each touch a new page of another queue's file (an estate's first
+#: messages) pays a page fault per record, which may wait for that page's writeback by the flush thread
+REPUT_STEP_BUDGET_S = 0.02
 #: a dispatch that stopped short of the commit log's end is tried again this often until it catches up
 DISPATCH_RETRY_INTERVAL_MS = 200
 #: puts whose queues wait for their dispatch (``hold_keys``) before they collapse into one wake-up of every
@@ -223,11 +226,11 @@ class MessageWriter:
             # the iteration's SYNC_FLUSH sends are flushed and answered first: the dispatch below is not durability
             self._flush.commit_now()
         try:
-            n = self._store.reput(REPUT_BATCH_RECORDS)
+            n = self._store.reput(REPUT_BATCH_RECORDS, REPUT_STEP_BUDGET_S)
         except Exception:
             log.exception("reput failed")
             n = 0
-        if n >= REPUT_BATCH_RECORDS:
+        if n >= REPUT_BATCH_RECORDS or getattr(self._store, "reput_cut_short", False):
             self.schedule_reput()
         elif getattr(self._store, "dispatch_behind_bytes", 0) > 0:
             self._schedule_retry()  # stopped short (a file could not be had): again by itself, no send needed

@@ -76,6 +76,9 @@ DISPATCH_RUN_RECORDS_MAX = 1024
 NATIVE_SCAN_RECORDS_MAX = 4096
 #: a dispatch that stays paused for the same reason is logged again after this long
 STALL_LOG_INTERVAL_S = 10.0
+#: the smallest native scan window a slow dispatch shrinks to (records whose units each touch a new page of their
+#: queue's file: every one a page fault, which waits for the page's writeback while the flush thread syncs it)
+NATIVE_SCAN_RECORDS_MIN = 64
 
 
 def index_keys_of(properties: str) -> list[str]:
@@ -115,6 +118,11 @@ class Dispatcher:
         self.native = speedups.NATIVE
         #: the phy offset records must end at or below to be dispatched (None: the commit log's end)
         self.reput_end: Callable[[], int] | None = None
+        #: the last reput stopped at its time budget with records left to dispatch (the caller goes on soon)
+        self.cut_short = False
+        #: records per native scan window under a time budget: halved after a window that took more than a
+        #: quarter of the budget, doubled after one under a sixteenth (NATIVE_SCAN_RECORDS_MIN .. _MAX)
+        self._scan_window = NATIVE_SCAN_RECORDS_MAX
 
     def reput_end_phy_offset(self) -> int:
         """Where this reput may dispatch up to: the log's end, or ``reput_end`` when that is lower."""
@@ -253,13 +261,16 @@ class Dispatcher:
             index.build_index_many(index_items)
         self.dispatched_total += len(metas)
 
-    def reput(self, max_records: int | None = None) -> int:
+    def reput(self, max_records: int | None = None, budget_s: float | None = None) -> int:
         """Dispatch complete records from ``reput_phy_offset`` on; returns how many. When a consume queue
         file cannot be created, opened or reserved (a full disk, no descriptor left) the dispatch stops at that
         record, ``stalled_reason`` says why, and the next reput tries again (units already written are skipped
-        then: queue offsets only grow); the broker retries on a timer until it succeeds."""
+        then: queue offsets only grow); the broker retries on a timer until it succeeds.
+        With ``budget_s`` the reput stops once it has run that long (``cut_short``: records are left, and the
+        broker's loop runs the next step after other work), so no dispatch holds the event loop for long."""
+        self.cut_short = False
         try:
-            count = self._reput(max_records)
+            count = self._reput(max_records, budget_s)
         except StoreError as exc:
             reason = str(exc)
             now_s = time.monotonic()
@@ -274,10 +285,11 @@ class Dispatcher:
             self.stalled_reason = ""
         return count
 
-    def _reput(self, max_records: int | None) -> int:
+    def _reput(self, max_records: int | None, budget_s: float | None = None) -> int:
         limit = _UNLIMITED if max_records is None else max_records
         if self.native is not None:
-            return self._reput_native(limit)
+            return self._reput_native(limit, budget_s)
+        deadline = None if budget_s is None else time.perf_counter() + budget_s
         cl = self.commit_log
         pending = cl.pending
         max_phy = self.reput_end_phy_offset()
@@ -285,6 +297,9 @@ class Dispatcher:
             self.reput_phy_offset = cl.min_offset
         count = 0
         while count < limit and self.reput_phy_offset < max_phy:
+            if deadline is not None and count and time.perf_counter() >= deadline:
+                self.cut_short = True
+                break
             r = self.reput_phy_offset
             if pending:
                 head = pending[0]
@@ -298,7 +313,7 @@ class Dispatcher:
                     run = [pending.popleft()]
                     r += head.size
                     n = 1
-                    while pending and n < limit - count and r < max_phy:
+                    while pending and n < limit - count and n < DISPATCH_RUN_RECORDS_MAX and r < max_phy:
                         head = pending[0]
                         if head.phy_offset != r or r + head.size > max_phy:
                             break
@@ -338,9 +353,7 @@ class Dispatcher:
                     r += size
                     pos += size
                     if len(parsed) >= DISPATCH_RUN_RECORDS_MAX:
-                        self.dispatch_run(parsed)
-                        parsed = []
-                        self.reput_phy_offset = r
+                        break  # dispatched below; the outer loop looks at the budget, then goes on from r
                 if parsed:
                     self.dispatch_run(parsed)
                 self.reput_phy_offset = r
@@ -355,7 +368,7 @@ class Dispatcher:
 
     # --- native path ---------------------------------------------------------------------------
 
-    def _reput_native(self, limit: int) -> int:
+    def _reput_native(self, limit: int, budget_s: float | None = None) -> int:
         """``reput`` by native scans of the commit log; each record a scan leaves is dispatched by
         ``_reput_one`` (the parse path's rules), then the scan goes on behind it."""
         native = self.native
@@ -368,6 +381,10 @@ class Dispatcher:
             self.reput_phy_offset = cl.min_offset
         want_index = self.index is not None
         count = 0
+        clock = time.perf_counter
+        started = clock()
+        deadline = None if budget_s is None else started + budget_s
+        max_window = NATIVE_SCAN_RECORDS_MAX
         while count < limit and self.reput_phy_offset < max_phy:
             r = self.reput_phy_offset
             mf = cl.mfq.find(r)
@@ -375,7 +392,7 @@ class Dispatcher:
                 break
             base = mf.file_from_offset
             end = min(mf.wrote_position, max_phy - base)
-            window = min(limit - count, NATIVE_SCAN_RECORDS_MAX)
+            window = min(limit - count, self._scan_window if budget_s is not None else max_window)
             records, end_pos, last_ts, stop, runs, entries = native.scan_dispatch(
                 mf.mm, r - base, end, window, base, want_index)
             if records:
@@ -384,6 +401,16 @@ class Dispatcher:
                 self.dispatched_total += records
                 self.reput_phy_offset = base + end_pos
                 count += records
+                if budget_s is not None:  # a window's time follows its size: keep one well inside the budget
+                    now = clock()
+                    took, started = now - started, now
+                    if took * 4 > budget_s and self._scan_window > NATIVE_SCAN_RECORDS_MIN:
+                        self._scan_window //= 2
+                    elif took * 16 < budget_s and self._scan_window < max_window:
+                        self._scan_window *= 2
+                    if deadline is not None and now >= deadline and count < limit:
+                        self.cut_short = self.reput_phy_offset < max_phy
+                        break
                 if stop != speedups.SCAN_STOP_RECORD or count >= limit:
                     continue  # a full window (or the end): scan on
             # the record at end_pos is not for the scan (or nothing was readable): the parse path decides

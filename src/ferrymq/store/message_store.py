@@ -351,8 +351,13 @@ class MessageStore:
             log.error("send to %s queue %d refused (%s): %s", key[0], key[1], status.name, exc)
         return status
 
-    def reput(self, max_records: int | None = None) -> int:
-        return self.dispatcher.reput(max_records)
+    def reput(self, max_records: int | None = None, budget_s: float | None = None) -> int:
+        return self.dispatcher.reput(max_records, budget_s)
+
+    @property
+    def reput_cut_short(self) -> bool:
+        """The last reput stopped at its time budget with records left (``Dispatcher.cut_short``)."""
+        return self.dispatcher.cut_short
 
     @property
     def max_phy_offset(self) -> int:
