@@ -287,7 +287,7 @@ class AutoSwitchHAMaster:
         else:
             level = others[needed - 1] if len(others) >= needed else -1
         self._ack_level = level
-        others_acked = self._least_other_ack()
+        others_acked = others[-1] if others else CONFIRM_UNBOUNDED  # (= _least_other_ack(): sorted high to low)
         if others_acked != self._others_acked:  # else the confirm offset moves only with puts (their own reput)
             self._others_acked = others_acked
             if self.on_confirm_changed is not None:
