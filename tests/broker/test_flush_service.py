@@ -463,3 +463,37 @@ async def test_the_loops_own_flushes_keep_the_commit_logs_blocks_written_ahead_a
         third.shutdown()
 
 
+
+
+async def test_a_long_consume_queue_flush_round_does_not_hold_back_sync_flush_sends() -> None:
+    """The consume queues are flushed on their own thread: while a round over many queues is in progress (here:
+    blocked), a SYNC_FLUSH send is still flushed and answered (the commit log's flush thread used to run that
+    round itself, and every send waited for it)."""
+    loop = asyncio.get_running_loop()
+
+    class SlowQueuesStore(WritingStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.in_round = threading.Event()
+            self.release = threading.Event()
+
+        def flush_consume_queues(self) -> None:
+            self.in_round.set()
+            self.release.wait(30)
+
+    store = SlowQueuesStore()
+    service = FlushService(store, sync_flush=True, interval_ms=500)
+    service.inline_flush = False  # the thread's path, the one the round shared
+    service.start(loop)
+    answers: list[bool] = []
+    try:
+        await loop.run_in_executor(None, store.in_round.wait, 10)
+        assert store.in_round.is_set()
+        for _ in range(3):
+            end = store.put(100)
+            service.on_flushed(end, 20_000, answers.append)
+        await wait_for(lambda: len(answers) == 3, timeout_s=5, what="the sends answered during the round")
+        assert answers == [True, True, True]
+    finally:
+        store.release.set()
+        await loop.run_in_executor(None, service.stop)

@@ -35,7 +35,12 @@ step leaves it waiting: a send the loop flushes itself costs no heap entry and n
 disk, I/O error) is retried every ``SYNC_FLUSH_RETRY_MS`` while waiters wait; they are answered True once a
 flush covers them, or False at their deadline or at ``stop()``.
 
-The store's ``flush()`` is safe to call concurrently with puts on the event loop thread.
+Consume queues, the index and the checkpoint are flushed on a second thread every
+``FLUSH_CONSUME_QUEUE_INTERVAL_MS`` (RocketMQ's FlushConsumeQueueService): a round over the thousands of queues an
+estate writes at once takes as long as it takes without holding back the commit log flushes sends wait for.
+
+The store's ``flush()`` and ``flush_consume_queues()`` are safe to call concurrently with puts on the event loop
+thread and with each other.
 """
 
 from __future__ import annotations
@@ -160,6 +165,12 @@ class FlushService:
         self._flushed_phy_offset = -1
         self._stopping = False
         self._thread: threading.Thread | None = None
+        #: the consume queues' flush thread (its own: a round over thousands of queues never delays a commit
+        #: log flush that SYNC_FLUSH sends wait for), stopped by setting ``_cq_stop``
+        self._cq_thread: threading.Thread | None = None
+        self._cq_stop = threading.Event()
+        #: consume queue flush rounds completed (tests and metrics)
+        self.cq_rounds = 0
         #: the once-per-iteration commit step, when scheduled
         self._commit_handle: asyncio.Handle | None = None
         #: the thread is flushing (set and cleared by the thread; read by the commit step)
@@ -197,6 +208,8 @@ class FlushService:
         self._loop = loop
         self._thread = threading.Thread(target=self._run, name="ferrymq-flush", daemon=True)
         self._thread.start()
+        self._cq_thread = threading.Thread(target=self._run_cq_flushes, name="ferrymq-flush-cq", daemon=True)
+        self._cq_thread.start()
 
     def _wake(self) -> None:
         if self._signalled:
@@ -412,13 +425,35 @@ class FlushService:
             if run_delay_fd >= 0:
                 os.close(run_delay_fd)
 
+    def _run_cq_flushes(self) -> None:
+        """Every FLUSH_CONSUME_QUEUE_INTERVAL_MS: the consume queues and index written since the last round, then
+        the checkpoint. A failing round is logged once and retried at the next."""
+        failing: str | None = None
+        while not self._cq_stop.wait(FLUSH_CONSUME_QUEUE_INTERVAL_MS / 1000):
+            try:
+                self._store.flush_consume_queues()
+            except (OSError, StoreError) as exc:
+                cause = f"{type(exc).__name__}: {exc}"
+                if cause != failing:
+                    failing = cause
+                    log.error("consume queue flush failed (retried every round until it succeeds): %s", cause)
+                continue
+            except Exception:
+                if failing is None:
+                    log.exception("consume queue flush failed")
+                failing = failing or "unexpected error"
+                continue
+            self.cq_rounds += 1
+            if failing is not None:
+                failing = None
+                log.warning("consume queue flush succeeded again")
+
     def _loop_flushes(self, signal: threading.Lock, run_delay_fd: int) -> None:
-        last_cq_flush = 0.0
         failing: str | None = None  # the cause of the failing flushes, logged once (a full disk: every round)
         handed_back = -1  # the flushed offset last handed to the loop
         while not self._stopping:
             if self.sync_flush:
-                # blocked on the signal; woken by a send (or to retry a failed flush / flush consume queues)
+                # blocked on the signal; woken by a send (or to retry a failed flush, or once a period to look)
                 wait_ms = SYNC_FLUSH_RETRY_MS if failing is not None else FLUSH_CONSUME_QUEUE_INTERVAL_MS
             else:
                 wait_ms = self._interval_ms
@@ -433,10 +468,6 @@ class FlushService:
                 self._store.flush()
                 if self.sync_flush:
                     self._took(disk_ms((time.perf_counter() - started) * 1000, run_delay_fd, delay_ns))
-                now = time.monotonic()
-                if now - last_cq_flush >= FLUSH_CONSUME_QUEUE_INTERVAL_MS / 1000:
-                    last_cq_flush = now
-                    self._store.flush_consume_queues()
             except (OSError, StoreError) as exc:  # the disk refused (full, I/O error): one line, not a traceback
                 self._in_flight = False
                 self._inline_off_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
@@ -469,9 +500,13 @@ class FlushService:
         waiting are answered False."""
         self._stopping = True
         self._wake()
+        self._cq_stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self._cq_thread is not None:
+            self._cq_thread.join(timeout=10)
+            self._cq_thread = None
         fd = self._loop_run_delay_fd
         if fd is not None and fd >= 0:
             self._loop_run_delay_fd = -1  # the commit step does not flush once stopping

@@ -553,6 +553,15 @@ class ConsumeQueue:
     def flush(self) -> int:
         return self.mfq.flush()
 
+    def unflushed(self) -> list[tuple[MappedFile, int]]:
+        """``MappedFileQueue.unflushed`` (nothing for a queue not loaded: it has nothing unflushed)."""
+        mfq = self._mfq
+        return mfq.unflushed() if mfq is not None else []
+
+    def note_flushed(self, synced: list[tuple[MappedFile, int]]) -> None:
+        if synced and self._mfq is not None:
+            self._mfq.note_flushed(synced)
+
     def close(self) -> None:
         if self._mfq is not None:
             self._mfq.close()

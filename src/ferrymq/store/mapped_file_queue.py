@@ -233,6 +233,36 @@ class MappedFileQueue:
                     break
             return self.flushed_where
 
+    def unflushed(self) -> list[tuple[MappedFile, int]]:
+        """The segments ``flush`` would sync now, each with its wrote position taken now: what a file-system-wide
+        sync (``syncfs``) started after this call persists; ``note_flushed`` then records it."""
+        out: list[tuple[MappedFile, int]] = []
+        for mf in self.files:
+            if mf.end_offset <= self.flushed_where or mf.closed:
+                continue
+            wrote = mf.wrote_position
+            if wrote > mf.flushed_position:
+                out.append((mf, wrote))
+            if wrote < mf.file_size:
+                break
+        return out
+
+    def note_flushed(self, synced: list[tuple[MappedFile, int]]) -> int:
+        """Record the positions ``unflushed`` took as persisted (after a sync of the whole file system that
+        started after it); returns the new ``flushed_where``."""
+        with self._flush_lock:
+            for mf, wrote in synced:
+                if mf.closed:
+                    break
+                if wrote > mf.flushed_position:
+                    mf.flushed_position = wrote
+                where = mf.file_from_offset + wrote
+                if where > self.flushed_where:
+                    self.flushed_where = where
+                if wrote < mf.file_size:
+                    break
+            return self.flushed_where
+
     # --- shrink ------------------------------------------------------------------------------
 
     def truncate(self, offset: int, zero_tail: bool = True) -> None:
