@@ -1,12 +1,15 @@
-"""common.aio.wait_event: a bounded wait on an asyncio.Event that never loses a cancellation."""
+"""common.aio: wait_event, a bounded wait on an asyncio.Event that never loses a cancellation; the stall tracer
+(FERRYMQ_STALL_TRACE_MS) that names where a held event loop was."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import pytest
 
-from ferrymq.common.aio import wait_event
+from ferrymq.common.aio import STALL_TRACE_ENV, LoopLagProbe, wait_event
 
 
 async def test_wait_event_reports_set_or_timeout() -> None:
@@ -50,3 +53,37 @@ async def test_a_loop_on_a_set_event_still_yields() -> None:
     for _ in range(3):
         assert await wait_event(event, 1)
     assert other_ran.is_set()
+
+
+def _hold_the_loop_for(seconds: float) -> None:
+    time.sleep(seconds)  # a blocking call on the loop thread: the stall the tracer must name
+
+
+async def test_the_stall_tracer_logs_where_the_loop_was_held(monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(STALL_TRACE_ENV, "30")
+    probe = LoopLagProbe(interval_s=0.005)
+    probe.start()
+    try:
+        assert probe.tracer is not None
+        await asyncio.sleep(0.05)  # the probe ticks
+        with caplog.at_level(logging.WARNING, logger="ferrymq.common.aio"):
+            _hold_the_loop_for(0.25)
+            deadline = time.monotonic() + 10
+            while probe.tracer.stalls_logged < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        assert probe.tracer.stalls_logged == 1
+        (record,) = [r for r in caplog.records if "stalled" in r.getMessage()]
+        assert "_hold_the_loop_for" in record.getMessage()
+    finally:
+        await probe.stop()
+
+
+async def test_no_stall_tracer_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(STALL_TRACE_ENV, raising=False)
+    probe = LoopLagProbe()
+    probe.start()
+    try:
+        assert probe.tracer is None
+    finally:
+        await probe.stop()

@@ -12,8 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -45,6 +54,71 @@ LOOP_LAG_PROBE_INTERVAL_S = 0.010
 LOOP_LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+#: a server started with this variable set to a number of milliseconds logs, for each event-loop stall at least
+#: that long, where the loop spent it (``StallTracer``); unset or 0: off
+STALL_TRACE_ENV = "FERRYMQ_STALL_TRACE_MS"
+#: stacks of the loop thread a StallTracer takes per stall threshold (its sampling period is threshold / this)
+STALL_TRACE_SAMPLES_PER_THRESHOLD = 5
+#: the most frequent stacks of one stall a StallTracer logs
+STALL_TRACE_TOP_STACKS = 3
+
+
+class StallTracer:
+    """Diagnostics: a thread that watches the lag probe's ticks and, while the loop has not ticked for
+    ``threshold_s``, samples the loop thread's Python stack; when the stall ends it logs one WARNING with its
+    length and its most frequent stacks. Meant for finding what holds a loop (opt-in: ``STALL_TRACE_ENV``); the
+    thread wakes ``STALL_TRACE_SAMPLES_PER_THRESHOLD`` times per threshold."""
+
+    def __init__(self, threshold_s: float, loop_thread_id: int) -> None:
+        self.threshold_s = threshold_s
+        self.loop_thread_id = loop_thread_id
+        self.last_tick = time.monotonic()
+        self.stalls_logged = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ferrymq-stall-tracer", daemon=True)
+
+    @classmethod
+    def from_env(cls) -> StallTracer | None:
+        try:
+            ms = float(os.environ.get(STALL_TRACE_ENV, "0") or 0)
+        except ValueError:
+            log.warning("%s=%r is not a number of milliseconds: stall tracing is off", STALL_TRACE_ENV,
+                        os.environ.get(STALL_TRACE_ENV))
+            return None
+        return cls(ms / 1000, threading.get_ident()) if ms > 0 else None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        period = self.threshold_s / STALL_TRACE_SAMPLES_PER_THRESHOLD
+        stacks: collections.Counter[str] = collections.Counter()
+        stalled_tick = -1.0
+        while not self._stop.wait(period):
+            tick = self.last_tick
+            now = time.monotonic()
+            if now - tick >= self.threshold_s:
+                frame = sys._current_frames().get(self.loop_thread_id)
+                if frame is not None:
+                    stacks["".join(traceback.format_stack(frame))] += 1
+                stalled_tick = tick
+                continue
+            if stalled_tick >= 0 and tick != stalled_tick:
+                self._report(tick - stalled_tick, stacks)
+                stacks = collections.Counter()
+                stalled_tick = -1.0
+
+    def _report(self, stall_s: float, stacks: collections.Counter[str]) -> None:
+        self.stalls_logged += 1
+        total = sum(stacks.values())
+        parts = [f"{n} of {total} samples:\n{stack}" for stack, n in stacks.most_common(STALL_TRACE_TOP_STACKS)]
+        log.warning("the event loop stalled for about %.0f ms; where it was:\n%s", stall_s * 1000,
+                    "\n".join(parts) or "(no sample)")
+
+
 class LoopLagProbe:
     """Measures how late the event loop runs a task: a task sleeps LOOP_LAG_PROBE_INTERVAL_S again and again
     and records each overshoot (the time the loop was held by something else) in a histogram of
@@ -61,9 +135,14 @@ class LoopLagProbe:
         self.sum_s = 0.0
         self.counts = [0] * (len(LOOP_LAG_BUCKETS_S) + 1)
         self._task: asyncio.Task[None] | None = None
+        #: set when the process runs with STALL_TRACE_ENV (started with the probe, on the loop's thread)
+        self.tracer: StallTracer | None = None
 
     def start(self) -> None:
         if self._task is None:
+            self.tracer = StallTracer.from_env()
+            if self.tracer is not None:
+                self.tracer.start()
             self._task = asyncio.ensure_future(self._run())
 
     def reset_max(self) -> float:
@@ -77,6 +156,8 @@ class LoopLagProbe:
             before = loop.time()
             await asyncio.sleep(self.interval_s)
             lag_s = max(0.0, loop.time() - before - self.interval_s)
+            if self.tracer is not None:
+                self.tracer.last_tick = time.monotonic()
             self.last_lag_s = lag_s
             self.count += 1
             self.sum_s += lag_s
@@ -96,6 +177,8 @@ class LoopLagProbe:
         return out
 
     async def stop(self) -> None:
+        if self.tracer is not None:
+            self.tracer.stop()
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
