@@ -35,7 +35,7 @@ from ferrymq.store.checkpoint import (
     write_queue_offsets_tmp,
 )
 from ferrymq.store.commit_log import CommitLog
-from ferrymq.store.config import StoreConfig
+from ferrymq.store.config import CQ_STORE_UNIT_SIZE, StoreConfig
 from ferrymq.store.consume_queue import ConsumeQueue
 from ferrymq.store.dispatch import Dispatcher
 from ferrymq.store.errors import (
@@ -48,6 +48,7 @@ from ferrymq.store.errors import (
 )
 from ferrymq.store.filter import MessageFilter
 from ferrymq.store.index import IndexService
+from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.queue_table import ConsumeQueueTable
 from ferrymq.store.reader import StoreReader
 from ferrymq.store.recovery import rebuild_missing_index, rebuild_short_queues, recover
@@ -67,6 +68,10 @@ _HOUR_MS = 3_600_000
 QUEUE_OFFSETS_COMPACT_MIN_LINES = 10_000
 #: a put refused because a consume queue file cannot be had is logged at most once per this interval
 PUT_REFUSED_LOG_INTERVAL_S = 5.0
+#: queues whose prepared consume queue file ``prepare_put`` remembers (its check without a call into the queue:
+#: the file is still mapped and its reserved blocks reach the next unit); cleared when full, so at most this many
+#: entries whatever the number of queues
+PREPARED_QUEUES_MAX = 4096
 _NO_CQ = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
 #: the ``queueoffsets`` line of a deleted queue (no expectation)
 _DELETED_MARK: QueueMark = (0, 0, 0)
@@ -149,6 +154,8 @@ class MessageStore:
         #: thread never writes a dispatched offset beyond a cut being made
         self._checkpoint_lock = threading.Lock()
         self._put_refused_logged_at_s = -PUT_REFUSED_LOG_INTERVAL_S
+        #: (topic, queue id) -> the last consume queue file ``prepare_put`` prepared for it (see ``prepare_put``)
+        self._prepared_files: dict[tuple[str, int], MappedFile] = {}
         #: where subscribed groups stand (the broker's offsets); None: no group protects any segment
         self.unconsumed_phy_floor: UnconsumedFloorProvider | None = None
         #: records that must be kept whatever retention and disk pressure say (the broker's pending timer
@@ -330,15 +337,33 @@ class MessageStore:
     def prepare_put(self, topic: str, queue_id: int, sys_flag: int) -> PutMessageStatus | None:
         """Before a put to (topic, queue_id): make sure its consume queue unit can be written (the file
         exists, is mapped, its blocks reserved), so a put is only acknowledged when its dispatch can be made.
-        None if so (or nothing to prepare), else the status refusing the put."""
+        None if so (or nothing to prepare), else the status refusing the put.
+
+        Once per send, so the usual case is checked here without a call: the file the last preparation of this
+        queue found is still mapped and open, and its reserved blocks reach past the next unit (then
+        ``ConsumeQueue.prepare_unit`` would do nothing but move it up the open-file pool's order, which the
+        dispatch's write into it does anyway). Anything else (a new queue, the next file, a released or closed
+        file, a chunk to reserve) takes the full preparation."""
+        key = (topic, queue_id)
+        mf = self._prepared_files.get(key)
+        if mf is not None and not mf.mm.closed and not mf.closed:
+            rel = self.commit_log.topic_queue_table.get(key, 0) * CQ_STORE_UNIT_SIZE - mf.file_from_offset
+            if 0 <= rel <= mf.reserved_position - CQ_STORE_UNIT_SIZE:
+                return None
         if ((sys_flag & SYSFLAG_TRANSACTION_MASK) in _NO_CQ or not self._running or self.config.is_slave
                 or self.disk_full or self.commit_log._encode_topic(topic) is None or not 0 <= queue_id < 1 << 31):
             return None  # no consume queue unit / the put itself refuses
-        key = (topic, queue_id)
         try:
             self.queues.prepare_unit(topic, queue_id, self.commit_log.topic_queue_table.get(key, 0))
         except StoreError as exc:
             return self._refuse_put(key, exc)
+        cq = self.queues.queues.get(key)
+        last = cq.mfq.last() if cq is not None else None
+        if last is not None:
+            prepared = self._prepared_files
+            if len(prepared) >= PREPARED_QUEUES_MAX and key not in prepared:
+                prepared.clear()
+            prepared[key] = last
         return None
 
     def _refuse_put(self, key: tuple[str, int], exc: StoreError) -> PutMessageStatus:
