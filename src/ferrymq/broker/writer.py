@@ -151,8 +151,9 @@ class MessageWriter:
         put_raw = self._put_one_raw
         if put_raw is None:
             return None
-        if (_GOES_ELSEWHERE_DELAY in props or _GOES_ELSEWHERE_TRAN in props or sys_flag & SYSFLAG_TRANSACTION_MASK
-                or _MAYBE_TIMER in props or _MAYBE_START_DELIVER in props):
+        find = props.find  # (``bytes.__contains__`` first tries its argument as an int: 2x the time of find)
+        if (find(_GOES_ELSEWHERE_DELAY) >= 0 or find(_GOES_ELSEWHERE_TRAN) >= 0 or sys_flag & SYSFLAG_TRANSACTION_MASK
+                or find(_MAYBE_TIMER) >= 0 or find(_MAYBE_START_DELIVER) >= 0):
             # the native put declines DELAY and TRAN_MSG, and a timer message is not a plain one: they are stored in
             # another queue (the delay level's, the half topic's, the timer topic's): ``put`` prepares that one;
             # preparing (topic, queue_id) here would create its file for nothing
