@@ -745,8 +745,10 @@ async def _inproc(a: argparse.Namespace, tmp: str) -> None:
         per_queue = [batch_frames(distinct // QUEUES, a.size, a.batch, q, q) if a.kind == "batch"
                      else send_frames(distinct // QUEUES, a.size, q, q) for q in range(QUEUES)]
         frames = [f for group in zip(*per_queue, strict=True) for f in group]
-        # 16 frames per data_received, then one loop iteration (reput runs like on a busy broker)
-        chunks = [b"".join(frames[i:i + 16]) for i in range(0, len(frames), 16)]
+        # --per-read frames per data_received (16: like 16 producers), then one loop iteration (the reput runs once
+        # per read, as on a broker answering that many requests per loop iteration; 1: one producer's shape)
+        per_read = a.per_read
+        chunks = [b"".join(frames[i:i + per_read]) for i in range(0, len(frames), per_read)]
         rounds = max(1, a.requests // len(frames))
         before = transport.writes
         t0 = time.process_time()
@@ -757,7 +759,7 @@ async def _inproc(a: argparse.Namespace, tmp: str) -> None:
         dt = time.process_time() - t0
         n = rounds * len(frames)
         assert transport.writes - before == n, (transport.writes - before, n)
-        print(f"inproc {a.kind} size={a.size}{f' batch={a.batch}' if a.kind == 'batch' else ''}: "
+        print(f"inproc {a.kind} size={a.size}{f' batch={a.batch}' if a.kind == 'batch' else ''} per-read={per_read}: "
               f"{dt / n * 1e6:.1f} us CPU/request = {dt / (n * per) * 1e6:.2f} us/msg "
               f"({n} requests, {n * per * a.size / dt / 1e6:,.0f} MB/s per core)", flush=True)
     finally:
@@ -803,6 +805,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--kind", choices=["send", "batch"], default="send", help="inproc: request kind")
     ap.add_argument("--requests", type=int, default=20_000, help="inproc: requests fed")
+    ap.add_argument("--per-read", dest="per_read", type=int, default=16,
+                    help="inproc: frames per data_received (1: one request per loop iteration, as one producer)")
     ap.add_argument("--metrics-port", type=int, default=-1, help="inproc: the broker's metricsPort (-1 = off)")
     ap.add_argument("--keep", action="store_true", help="restart: keep the store dir (for profiling)")
     ap.add_argument("--pin", default=None, help="taskset CPU list for the broker(s), e.g. 0")

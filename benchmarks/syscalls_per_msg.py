@@ -2,7 +2,7 @@
 
     python benchmarks/syscalls_per_msg.py [--flush ASYNC_FLUSH|SYNC_FLUSH] [--producers 1] [--secs 5]
                                           [--strace] [--client-strace] [--repeats 1] [--settle-s 60]
-                                          [--gc-stats]
+                                          [--gc-stats] [--pyspy OUT [--pyspy-native]]
                                           [--server-pythonpath OTHER_CHECKOUT/src]
 
 Starts a name server and one broker (``--flush``) as subprocesses, waits until the idle broker has settled
@@ -127,12 +127,19 @@ def main() -> None:
     ap.add_argument("--strace", action="store_true")
     ap.add_argument("--client-strace", action="store_true")
     ap.add_argument("--server-pythonpath", default=None)
+    ap.add_argument("--pyspy", default=None, metavar="OUT",
+                    help="sample the broker with py-spy over the counted run (raw stacks to OUT, one file per repeat: "
+                         "OUT.<repeat>)")
+    ap.add_argument("--pyspy-native", action="store_true", help="with --pyspy: native frames too (uvloop, the kernel "
+                                                                "entry points)")
     ap.add_argument("--gc-stats", action="store_true",
                     help="run the servers with FERRYMQ_GC_STATS=1 and print the broker's full collections per repeat")
     ap.add_argument("--settle-s", type=float, default=60.0,
                     help="wait up to this long for the idle broker to use < 5%% of a core before measuring "
                          "(a fresh store zero-fills its next 1 GiB segment on a thread after start)")
     a = ap.parse_args()
+    if a.pyspy and (a.strace or a.client_strace):
+        ap.error("--pyspy samples the broker while strace would slow it: use one or the other")
     if a.server_pythonpath:
         os.environ["PYTHONPATH"] = a.server_pythonpath  # the servers' environment; workers keep this sys.path
     if a.gc_stats:
@@ -178,6 +185,12 @@ def main() -> None:
                             time.sleep(0.05)
 
                     threading.Thread(target=attach, daemon=True).start()
+                if a.pyspy:
+                    # attached after the worker's warm-up (the worker starts in well under its 0.5 s warm-up)
+                    tracer = subprocess.Popen(["py-spy", "record", "-p", str(pid), "-d", str(int(a.secs)), "-r", "250",
+                                               "-f", "raw", "-o", f"{a.pyspy}.{rep}"]
+                                              + (["--native"] if a.pyspy_native else []),
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 c0 = cpu_s(pid)
                 th0 = thread_cpu(pid)
                 vs0 = voluntary_switches(pid)
@@ -188,6 +201,9 @@ def main() -> None:
                 th1 = thread_cpu(pid)
                 vs1 = voluntary_switches(pid)
                 for tr in ([tracer] if tracer else []) + client_tracer:
+                    if a.pyspy:
+                        tr.wait(30)  # it stops after its duration and writes its file then
+                        continue
                     tr.send_signal(signal.SIGINT)
                     tr.wait(30)
                 after = sum(asyncio.run(max_offsets(master.addr, topic)))
@@ -209,7 +225,7 @@ def main() -> None:
                     passes = full_collections(master.child.log_path)[gc_seen:]
                     print(f"  broker full collections: {len(passes)}"
                           + (f", longest {max(passes):.1f} ms" if passes else ""), flush=True)
-                if tracer or client_tracer:
+                if (tracer and not a.pyspy) or client_tracer:
                     calls = parse_strace(out)
                     total = sum(calls.values())
                     top = sorted(calls.items(), key=lambda kv: -kv[1])[:10]
