@@ -14,6 +14,9 @@ awaiting its own ``send()`` in a loop. Printed per run:
 * ``broker`` — CPU time of the broker process per send over the same window (``/proc/<pid>/stat``);
 * ``wall`` — µs of wall time per send (for 1 producer: the round trip, latency), and sends/s.
 
+A tree given as ``name=<src>+shared`` runs its producers with one ``instance_name``, so they share one
+ClientInstance and one connection to the broker (``--trees own=src,shared=src+shared``).
+
 The figure to trust on a shared machine is the client CPU per send; a summary prints the median per tree.
 """
 
@@ -62,8 +65,9 @@ def child(a: argparse.Namespace) -> None:
     async def main() -> dict[str, Any]:
         producers = []
         for i in range(a.producers):
+            # --shared: one instance name, so one ClientInstance (one connection per broker) for all producers
             p = Producer(f"127.0.0.1:{a.ns}", f"cs_{os.getpid()}_{i}", send_timeout_ms=10_000,
-                         send_latency_fault_enable=False)
+                         send_latency_fault_enable=False, instance_name=f"cs_{os.getpid()}" if a.shared else None)
             await p.start()
             producers.append(p)
         body = b"x" * a.size
@@ -138,12 +142,18 @@ def child_raw(a: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------------------------------------------
 # parent: stack + interleaved runs
+def _resolve_tree(spec: str) -> str:
+    """A tree's absolute src path, keeping a '+shared' suffix."""
+    path = spec.removesuffix("+shared")
+    return str(Path(path).resolve()) + spec[len(path):]
+
+
 def parent(a: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE))
     import hotpath
 
     trees = dict(t.split("=", 1) for t in a.trees.split(",")) if a.trees else {"this": str(ROOT / "src")}
-    trees = {k: v if v == "raw" else str(Path(v).resolve()) for k, v in trees.items()}
+    trees = {k: v if v == "raw" else _resolve_tree(v) for k, v in trees.items()}
     broker_tree = str(Path(a.broker_tree).resolve()) if a.broker_tree else str(ROOT / "src")
     os.environ["PYTHONPATH"] = broker_tree
     counts = [int(x) for x in a.producers.split(",")]
@@ -164,6 +174,9 @@ def parent(a: argparse.Namespace) -> None:
                         argv = [sys.executable, __file__, "--child", "--ns", str(cl.ns_port),
                                 "--broker-pid", str(bpid), "--producers", str(n), "--sends", str(a.sends),
                                 "--size", str(a.size), "--topic", hotpath.TOPIC, "--broker-port", str(port)]
+                        if tree.endswith("+shared"):
+                            argv.append("--shared")
+                            env["PYTHONPATH"] = tree[:-len("+shared")]
                         if tree == "raw":
                             argv.append("--raw")
                             env["PYTHONPATH"] = broker_tree
@@ -214,12 +227,14 @@ def main() -> None:
     ap.add_argument("--topic", default="HotPath", help=argparse.SUPPRESS)
     ap.add_argument("--broker-port", dest="broker_port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--shared", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--producers", default="1,16", help="comma-separated producer counts")
     ap.add_argument("--sends", type=int, default=20_000, help="sends per run (split over the producers)")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--trees", default="", help="name=src-dir,... client trees run interleaved (default: this); "
-                    "a tree 'raw' runs the floor: raw Protocols writing pre-encoded frames, no client library")
+                    "a tree 'raw' runs the floor: raw Protocols writing pre-encoded frames, no client library; "
+                    "a path ending in '+shared' runs the producers on one ClientInstance (one connection)")
     ap.add_argument("--broker-tree", dest="broker_tree", default="", help="src dir the broker runs from")
     ap.add_argument("--profile", choices=["cprofile", "pyspy", "perf"], default=None)
     ap.add_argument("--pin", default=None, help="taskset CPU list for the broker")

@@ -11,6 +11,11 @@
 * Broker → client requests: NOTIFY_CONSUMER_IDS_CHANGED (rebalance now), GET_CONSUMER_RUNNING_INFO
   (answered), RESET_CONSUMER_CLIENT_OFFSET, PUSH_REPLY_MESSAGE_TO_CLIENT (``request_reply.ReplyWaiters``).
 * ``close()`` sends UNREGISTER_CLIENT for every group to every broker it heartbeats.
+* Shared by producers (``acquire_shared`` / ``release_shared``): producers of one process and event loop
+  that give the same ``instance_name`` with equal options use one started instance, as RocketMQ's Java
+  producers with one ``instanceName`` share one ``MQClientInstance``: one connection per broker for all of
+  them, so their requests and the broker's answers travel together (fewer writes and reads per message).
+  The last producer to close closes the instance; an earlier one unregisters only its group.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import asyncio
 import logging
 import random
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -162,6 +168,15 @@ class ClientInstance:
         for group in self.consumers:
             for addr in self.heartbeat_addrs(masters_only=False):
                 calls.append(self._quiet_invoke(addr, api.build_unregister(self.client_id, consumer_group=group)))
+        if calls:
+            await asyncio.gather(*calls)
+
+    async def unregister_producer(self, group: str) -> None:
+        """A producer of ``group`` stops using this (shared) instance that lives on: leave the group out of the
+        heartbeats and send UNREGISTER_CLIENT for it to the masters (best effort)."""
+        self.producer_groups.discard(group)
+        calls = [self._quiet_invoke(addr, api.build_unregister(self.client_id, producer_group=group))
+                 for addr in self.heartbeat_addrs(masters_only=True)]
         if calls:
             await asyncio.gather(*calls)
 
@@ -415,3 +430,52 @@ def parse_offset_table(body: bytes) -> dict[MessageQueue, int]:
     for mq, value in mq_keyed_map(body, "offsetTable"):
         out[mq] = int(value["offset"] if isinstance(value, dict) else value)
     return out
+
+
+# ---- instances shared by producers ---------------------------------------------------------------------
+class _Shared:
+    __slots__ = ("loop", "instance", "users")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, instance: ClientInstance) -> None:
+        self.loop = weakref.ref(loop)
+        self.instance = instance
+        #: the producers using the instance now
+        self.users: list[object] = []
+
+
+#: (id of the event loop, client id) -> the started instance producers of that loop share under that client id
+_SHARED: dict[tuple[int, str], _Shared] = {}
+
+
+async def acquire_shared(config: ClientConfig, user: object) -> ClientInstance:
+    """The started instance of ``config``'s client id in the running loop when its options equal ``config``'s,
+    else a new started one (registered for sharing when no instance of that client id is registered)."""
+    loop = asyncio.get_running_loop()
+    key = (id(loop), config.client_id)
+    entry = _SHARED.get(key)
+    if entry is not None and entry.loop() is not loop:  # a loop that is gone, its id reused
+        del _SHARED[key]
+        entry = None
+    if entry is not None and not entry.instance.closing and entry.instance.config == config:
+        entry.users.append(user)
+        return entry.instance
+    instance = ClientInstance(config)
+    await instance.start()
+    if entry is None or entry.instance.closing:
+        entry = _SHARED[key] = _Shared(loop, instance)
+        entry.users.append(user)
+    return instance
+
+
+def release_shared(instance: ClientInstance, user: object) -> list[object]:
+    """``user`` (running in the instance's loop) stops using ``instance``: the others that still use it (none:
+    the caller closes it)."""
+    key = (id(asyncio.get_running_loop()), instance.client_id)
+    entry = _SHARED.get(key)
+    if entry is None or entry.instance is not instance:
+        return []  # not shared: its own producer's
+    if user in entry.users:
+        entry.users.remove(user)
+    if not entry.users:
+        del _SHARED[key]
+    return list(entry.users)

@@ -40,7 +40,7 @@ from ferrymq.client.config import (
     parse_name_servers,
 )
 from ferrymq.client.fault import LatencyFaultTolerance
-from ferrymq.client.instance import ClientInstance
+from ferrymq.client.instance import ClientInstance, acquire_shared, release_shared
 from ferrymq.client.selectors import RoundRobin
 from ferrymq.client.values import SendResult
 from ferrymq.common import aio, message_codec
@@ -217,6 +217,8 @@ class Producer:
         if instance_name:
             config.instance_name = instance_name
         self.config = config
+        #: an explicit instance name: share the started instance of producers with the same name and options
+        self._share_instance = bool(instance_name)
         self.group = group
         self.send_timeout_ms = send_timeout_ms
         self.retry_times_when_send_failed = retry_times_when_send_failed
@@ -257,14 +259,30 @@ class Producer:
     async def start(self) -> None:
         if self._instance is not None:
             return
+        if self._share_instance:
+            # producers of this loop with the same instance name and equal options use one instance (one
+            # connection per broker), like Java producers sharing an instanceName (instance.py)
+            instance = await acquire_shared(self.config, self)
+            self._instance = instance
+            instance.producer_groups.add(self.group)
+            return
         self._instance = ClientInstance(self.config)
         self._instance.producer_groups.add(self.group)
         await self._instance.start()
 
     async def close(self) -> None:
-        if self._instance is not None:
-            await self._instance.close()
-            self._instance = None
+        instance = self._instance
+        if instance is None:
+            return
+        self._instance = None
+        others = release_shared(instance, self) if self._share_instance else []
+        if others:
+            # other producers still use the instance: only this producer's group leaves it (unless one of
+            # them is of the same group)
+            if not any(getattr(p, "group", None) == self.group for p in others):
+                await instance.unregister_producer(self.group)
+            return
+        await instance.close()
 
     async def __aenter__(self) -> Producer:
         await self.start()

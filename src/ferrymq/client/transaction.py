@@ -88,6 +88,8 @@ class TransactionProducer(Producer):
     def __init__(self, namesrv: str | list[str], group: str, *, execute_local: LocalCallback,
                  check_local: LocalCallback, **kwargs: Any) -> None:
         super().__init__(namesrv, group, **kwargs)
+        #: the brokers' transaction checks find the producer by group in its instance: one instance each
+        self._share_instance = False
         self.execute_local = execute_local
         self.check_local = check_local
         self._checks: set[asyncio.Task[None]] = set()
