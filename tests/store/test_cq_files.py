@@ -280,3 +280,23 @@ def test_the_writer_retries_a_stalled_dispatch_by_itself(open_store: Opener, mon
         assert len(_read_all(store, "Stall")) == 1
 
     asyncio.run(run())
+
+
+@pytest.mark.skipif(not hasattr(os, "O_NOATIME"), reason="O_NOATIME is a Linux flag")
+def test_reopening_a_released_queue_file_leaves_its_access_time(open_store: Opener, tmp_path: Path) -> None:
+    """A released consume queue file mapped again (a pull of a cold queue at estate size) does not update its
+    access time: with ``relatime`` the map of a file written since its last access did, one more dirty inode for
+    the file system to write back per reopen."""
+    store = open_store(mapped_file_size_consume_queue=BIG_CQ_FILE)
+    _put(store, "A")
+    store.reput()
+    path = _cq_file(tmp_path / "a", "A", 0)
+    (cq,) = [q for key, q in store.queues.queues.items() if key == ("A", 0)]
+    mf = cq.mfq.last()
+    assert mf is not None and mf.release()
+    st = os.stat(path)
+    old_atime_ns = st.st_mtime_ns - 3_600 * 10**9  # an hour before the last write: relatime would move it
+    os.utime(path, ns=(old_atime_ns, st.st_mtime_ns))
+    assert _read_all(store, "A")  # maps the file again
+    assert mf.is_mapped
+    assert os.stat(path).st_atime_ns == old_atime_ns
