@@ -12,7 +12,9 @@ awaiting its own ``send()`` in a loop. Printed per run:
 
 * ``client`` — CPU time of the client process (utime+stime, ``resource.getrusage``) per send, in µs;
 * ``broker`` — CPU time of the broker process per send over the same window (``/proc/<pid>/stat``);
-* ``wall`` — µs of wall time per send (for 1 producer: the round trip, latency), and sends/s.
+* ``wall`` — µs of wall time per send (for 1 producer: the round trip, latency), and sends/s;
+* read-type and write-type syscalls per send of the client and of the broker (``/proc/<pid>/io`` syscr,
+  syscw; the broker's include its other work, e.g. the flush thread's writes).
 
 A tree given as ``name=<src>+shared`` runs its producers with one ``instance_name``, so they share one
 ClientInstance and one connection to the broker (``--trees own=src,shared=src+shared``).
@@ -41,6 +43,13 @@ ROOT = HERE.parent
 def _cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+def _syscalls(pid: int | str = "self") -> tuple[int, int]:
+    """(read-type, write-type) syscalls the process made so far (``/proc/<pid>/io`` syscr, syscw)."""
+    with open(f"/proc/{pid}/io") as f:
+        io = dict(line.split(": ") for line in f.read().splitlines())
+    return int(io["syscr"]), int(io["syscw"])
 
 
 def _sys_s() -> float:
@@ -85,9 +94,11 @@ def child(a: argparse.Namespace) -> None:
             profiler = cProfile.Profile()
             profiler.enable()
         b0 = _proc_cpu_s(a.broker_pid) if a.broker_pid else 0.0
+        io0, bio0 = _syscalls(), _syscalls(a.broker_pid) if a.broker_pid else (0, 0)
         s0, c0, t0 = _sys_s(), _cpu_s(), time.perf_counter()
         await asyncio.gather(*(run(p, per) for p in producers))
         s1, c1, t1 = _sys_s(), _cpu_s(), time.perf_counter()
+        io1, bio1 = _syscalls(), _syscalls(a.broker_pid) if a.broker_pid else (0, 0)
         b1 = _proc_cpu_s(a.broker_pid) if a.broker_pid else 0.0
         if profiler is not None:
             import pstats
@@ -99,7 +110,9 @@ def child(a: argparse.Namespace) -> None:
         n = per * a.producers
         return {"n": n, "client_us": (c1 - c0) / n * 1e6, "broker_us": (b1 - b0) / n * 1e6,
                 "sys_us": (s1 - s0) / n * 1e6,
-                "wall_us": (t1 - t0) / n * 1e6, "rate": n / (t1 - t0)}
+                "wall_us": (t1 - t0) / n * 1e6, "rate": n / (t1 - t0),
+                "client_reads": (io1[0] - io0[0]) / n, "client_writes": (io1[1] - io0[1]) / n,
+                "broker_reads": (bio1[0] - bio0[0]) / n, "broker_writes": (bio1[1] - bio0[1]) / n}
 
     print(json.dumps(uvloop.run(main())), flush=True)
 
@@ -208,7 +221,10 @@ def parent(a: argparse.Namespace) -> None:
                         print(f"rep {rep} {name:>8} producers={n:<3} client {r['client_us']:6.1f} us CPU/send "
                               f"({r['sys_us']:5.1f} sys)  "
                               f"broker {r['broker_us']:6.1f} us CPU/send  wall {r['wall_us']:6.1f} us/send  "
-                              f"{r['rate']:8,.0f} sends/s", flush=True)
+                              f"{r['rate']:8,.0f} sends/s" + (
+                                  f"  reads/writes per send: client {r['client_reads']:.2f}/{r['client_writes']:.2f}"
+                                  f" broker {r['broker_reads']:.2f}/{r['broker_writes']:.2f}"
+                                  if "client_reads" in r else ""), flush=True)
         finally:
             cl.stop_all()
     print("median over repeats:")

@@ -30,8 +30,7 @@ def _open_broker_connections(p: Producer, ns_addr: str) -> list[Any]:
 async def test_same_instance_name_shares_one_instance_and_connection(ns_addr: str, broker: Any) -> None:
     await _create(ns_addr, "Shared")
     producers = [Producer(ns_addr, f"pg-shared-{i}", instance_name="shared-a") for i in range(8)]
-    for p in producers:
-        await p.start()
+    await asyncio.gather(*(p.start() for p in producers))  # started together: still one instance
     try:
         inst = producers[0].instance
         assert all(p.instance is inst for p in producers)
@@ -123,3 +122,23 @@ async def test_no_sharing_without_a_name_with_other_options_or_for_transactions(
             await p.close()
     assert all(p._instance is None for p in everything)
     assert not any(e.instance.config.instance_name in ("opt", "tx") for e in _SHARED.values())
+
+
+async def test_producers_on_other_event_loops_do_not_share(ns_addr: str) -> None:
+    from ferrymq.client.sync import SyncProducer
+
+    await _create(ns_addr, "SharedSync")
+
+    def run() -> None:
+        a = SyncProducer(ns_addr, "pg-sync-a", instance_name="sync")
+        b = SyncProducer(ns_addr, "pg-sync-b", instance_name="sync")
+        try:
+            assert a.wrapped.instance is not b.wrapped.instance  # each facade runs its own loop
+            assert a.send(new_message("SharedSync", b"a")).status is SendStatus.SEND_OK
+            assert b.send(new_message("SharedSync", b"b")).status is SendStatus.SEND_OK
+        finally:
+            a.close()
+            b.close()
+
+    await asyncio.to_thread(run)
+    assert not any(e.instance.config.instance_name == "sync" for e in _SHARED.values())

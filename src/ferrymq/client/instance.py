@@ -460,10 +460,16 @@ async def acquire_shared(config: ClientConfig, user: object) -> ClientInstance:
         entry.users.append(user)
         return entry.instance
     instance = ClientInstance(config)
-    await instance.start()
     if entry is None or entry.instance.closing:
+        # registered before it starts, so producers starting meanwhile share it too
         entry = _SHARED[key] = _Shared(loop, instance)
         entry.users.append(user)
+    try:
+        await instance.start()
+    except BaseException:
+        if _SHARED.get(key) is entry and entry.instance is instance:
+            del _SHARED[key]
+        raise
     return instance
 
 
