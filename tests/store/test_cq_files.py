@@ -10,6 +10,7 @@ import errno
 import mmap
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -300,3 +301,49 @@ def test_reopening_a_released_queue_file_leaves_its_access_time(open_store: Open
     assert _read_all(store, "A")  # maps the file again
     assert mf.is_mapped
     assert os.stat(path).st_atime_ns == old_atime_ns
+
+
+def test_a_new_queue_file_made_ahead_on_a_thread_is_the_one_the_put_uses(open_store: Opener, tmp_path: Path) -> None:
+    """``consume_queue_file_to_make`` names the file a put to a new queue would create and
+    ``make_consume_queue_file`` (thread-safe, file system only) makes it; the put then finds it made and uses it:
+    the same layout, blocks and contents as a file the put made itself."""
+    store = open_store(mapped_file_size_consume_queue=BIG_CQ_FILE)
+    path = store.consume_queue_file_to_make("N", 3)
+    assert path == str(tmp_path / "a" / "consumequeue" / "N" / "3" / "00000000000000000000")
+    made = threading.Thread(target=lambda: assert_made(store.make_consume_queue_file(path)))
+    made.start()
+    made.join()
+    assert os.path.getsize(path) == BIG_CQ_FILE
+    assert 0 < _allocated(Path(path)) <= CQ_RESERVE_CHUNK_BYTES
+    assert store.make_consume_queue_file(path) is False  # made already: left alone
+    _put(store, "N", 3, body=b"first")
+    store.reput()
+    assert store.consume_queue_file_to_make("N", 3) is None  # the queue exists now
+    assert _cq_file(tmp_path / "a", "N", 3) == Path(path)
+    assert _read_all(store, "N", 3)
+    assert 0 < _allocated(Path(path)) <= CQ_RESERVE_CHUNK_BYTES
+    assert_cqs_match_commit_log(store)
+
+
+def assert_made(made: bool) -> None:
+    assert made
+
+
+def test_no_file_to_make_where_a_put_would_be_refused(open_store: Opener) -> None:
+    store = open_store()
+    assert store.consume_queue_file_to_make("bad/topic", 0) is None
+    assert store.consume_queue_file_to_make("T", -1) is None
+    store.disk_full = True
+    assert store.consume_queue_file_to_make("T", 0) is None
+
+
+def test_a_file_that_cannot_be_made_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ferrymq.store.queue_table import make_consume_queue_file
+
+    def no_room(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    path = tmp_path / "cq" / "T" / "0" / "00000000000000000000"
+    assert make_consume_queue_file(str(path), BIG_CQ_FILE) is False
+    assert not path.exists()

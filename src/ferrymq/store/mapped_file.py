@@ -61,7 +61,7 @@ _NO_DESCRIPTOR = frozenset({errno.EMFILE, errno.ENFILE})
 _POOLED_MAP_ADVICE: int | None = getattr(mmap, "MADV_RANDOM", None)
 #: open(2) flags of an OpenFilePool's members: no access-time update when one is mapped (with ``relatime``, the map
 #: of a file written since its last access updates it: one more dirty inode to write back per reopen)
-_POOLED_OPEN_FLAGS: int = getattr(os, "O_NOATIME", 0)
+POOLED_OPEN_FLAGS: int = getattr(os, "O_NOATIME", 0)
 #: fewest files an OpenFilePool keeps mapped (an operation may use two files of a queue at once)
 MIN_POOLED_OPEN_FILES = 4
 
@@ -213,14 +213,14 @@ class MappedFile:
         path = self.path
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         if self.pool is not None:
-            flags |= _POOLED_OPEN_FLAGS
+            flags |= POOLED_OPEN_FLAGS
         try:
             try:
                 fd = self._retry_descriptors("open segment", lambda: os.open(path, flags, 0o644))
             except PermissionError:
-                if not flags & _POOLED_OPEN_FLAGS:
+                if not flags & POOLED_OPEN_FLAGS:
                     raise
-                flags &= ~_POOLED_OPEN_FLAGS  # O_NOATIME needs the file's owner: open it as any other
+                flags &= ~POOLED_OPEN_FLAGS  # O_NOATIME needs the file's owner: open it as any other
                 fd = self._retry_descriptors("open segment", lambda: os.open(path, flags, 0o644))
         except StoreOpenFilesError:
             raise

@@ -49,7 +49,7 @@ from ferrymq.store.errors import (
 from ferrymq.store.filter import MessageFilter
 from ferrymq.store.index import IndexService
 from ferrymq.store.mapped_file import MappedFile
-from ferrymq.store.queue_table import ConsumeQueueTable
+from ferrymq.store.queue_table import ConsumeQueueTable, make_consume_queue_file
 from ferrymq.store.reader import StoreReader
 from ferrymq.store.recovery import rebuild_missing_index, rebuild_short_queues, recover
 from ferrymq.store.results import (
@@ -425,6 +425,20 @@ class MessageStore:
         """Persist consume queues and index, then the checkpoint (thread-safe against the writer)."""
         with self._checkpoint_lock:
             self._flush_consume_queues()
+
+    def consume_queue_file_to_make(self, topic: str, queue_id: int) -> str | None:
+        """The consume queue file a put to (topic, queue_id) now would have to create first (a queue's first file),
+        or None: for a caller that has ``make_consume_queue_file`` make it on a thread before the put, so the
+        event loop does not wait on the file system's directory, inode and block allocations. Asks nothing of the
+        file system; None where a put would be refused or stores no unit anyway."""
+        if (not self._running or self.config.is_slave or self.disk_full or not 0 <= queue_id < 1 << 31
+                or self.commit_log._encode_topic(topic) is None):
+            return None
+        return self.queues.file_to_make(topic, queue_id, self.commit_log.topic_queue_table.get((topic, queue_id), 0))
+
+    def make_consume_queue_file(self, path: str) -> bool:
+        """Thread-safe: ``queue_table.make_consume_queue_file`` with this store's consume queue file size."""
+        return make_consume_queue_file(path, self.config.mapped_file_size_consume_queue)
 
     def _flush_consume_queues(self) -> None:
         """Queues written since the last round (their lines appended to the queue offsets snapshot), the index

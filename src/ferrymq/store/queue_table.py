@@ -10,6 +10,8 @@ only the queues written since the last one, and the queues of one topic are foun
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import resource
@@ -18,9 +20,10 @@ import threading
 import time
 
 from ferrymq.store.checkpoint import QueueMark
-from ferrymq.store.consume_queue import ConsumeQueue, LogFloor
+from ferrymq.store.config import CQ_STORE_UNIT_SIZE
+from ferrymq.store.consume_queue import CQ_RESERVE_CHUNK_BYTES, ConsumeQueue, LogFloor
 from ferrymq.store.errors import StoreError
-from ferrymq.store.mapped_file import OpenFilePool
+from ferrymq.store.mapped_file import POOLED_OPEN_FLAGS, OpenFilePool, offset_to_file_name
 from ferrymq.store.syncfs import SyncFs
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,32 @@ CQ_SYNCFS_MIN_QUEUES = 64
 EXPIRE_STEP_BUDGET_S = 0.010
 #: queues an ``expire_step`` looks at between two looks at the clock
 _EXPIRE_CLOCK_EVERY = 64
+
+
+def make_consume_queue_file(path: str, file_size: int) -> bool:
+    """Create the consume queue file ``path`` as ``prepare_unit`` would (its directories, the sparse file of
+    ``file_size`` bytes, its first ``CQ_RESERVE_CHUNK_BYTES`` reserved), so that the event loop's preparation finds
+    it made: for a thread, ahead of a send to a new queue. Touches no store object, only the file system; True if
+    it made the file. A file that exists already is left alone (False). On a failure (no room, no descriptor) it
+    removes what it created and returns False: the loop's own preparation then meets the same failure and
+    refuses the send with its status."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | POOLED_OPEN_FLAGS, 0o644)
+    except OSError:
+        return False
+    try:
+        os.ftruncate(fd, file_size)
+        os.posix_fallocate(fd, 0, min(file_size, CQ_RESERVE_CHUNK_BYTES))
+    except OSError as exc:
+        unsupported = exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+        if not unsupported:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return False
+    os.close(fd)
+    return True
 
 
 def process_fds() -> tuple[int, int]:
@@ -158,6 +187,16 @@ class ConsumeQueueTable:
         StoreError (StoreDiskFullError, StoreOpenFilesError, ...) says why not."""
         cq = self.queues.get((topic, queue_id)) or self.get_or_create(topic, queue_id)
         cq.prepare_unit(queue_offset)
+
+    def file_to_make(self, topic: str, queue_id: int, queue_offset: int) -> str | None:
+        """The path of the consume queue file ``prepare_unit`` would have to create for the unit at
+        ``queue_offset`` of a queue this table does not hold yet (its first file), or None (the queue exists:
+        its files are its own business). Asks nothing of the file system."""
+        if (topic, queue_id) in self.queues or not topic_dir_name_ok(topic):
+            return None
+        expected = queue_offset * CQ_STORE_UNIT_SIZE
+        start = expected - expected % self.file_size
+        return os.path.join(self.root_dir, topic, str(queue_id), offset_to_file_name(start))
 
     def mark_dirty(self, cq: ConsumeQueue) -> None:
         if cq not in self._dirty:
