@@ -163,8 +163,24 @@ class MessageWriter:
             return None  # put answers the refusal
         res = put_raw(topic, queue_id, body, props, cluster, flag, sys_flag, born_timestamp, born_host, store_host,
                       reconsume_times)
-        if res is not None and res[0].append_result is not None:
-            self._appended((topic, queue_id), res[0].append_result)
+        if res is None:
+            return None
+        ar = res[0].append_result
+        if ar is None:
+            return res
+        if self.hold_keys:
+            self._appended((topic, queue_id), ar)
+            return res
+        # _appended written out for the usual case (once per plain send: one frame less)
+        self._pending_keys.add((topic, queue_id))
+        stats = self.stats
+        if stats is not None:
+            stats.on_put(topic, ar.msg_num, ar.wrote_bytes)
+        ha = self.ha_service
+        if ha is not None:
+            ha.notify_data_appended()
+        if not self._reput_scheduled:
+            self.schedule_reput()
         return res
 
     def _appended(self, key: QueueKey, ar: Any) -> None:

@@ -397,8 +397,8 @@ class CommitLog:
 
         Once per plain send, so the usual case (room in the last segment) is written out here: one native call,
         no closure (its cells would be built on every call), enum members read from module constants (an enum
-        class attribute goes through ``EnumType.__getattr__``'s slot); a roll or a missing segment goes to
-        ``_put_one_rolling``."""
+        class attribute goes through ``EnumType.__getattr__``'s slot), ``_put_one_done`` written out; a roll or a
+        missing segment goes to ``_put_one_rolling``."""
         native = self.native
         if native is None or self.queue_metas or not self.accepting_puts:
             return None
@@ -414,9 +414,8 @@ class CommitLog:
         max_props = config.max_properties_size
         if max_props > 32767:
             max_props = 32767
-        files = self.mfq.files
-        if files:
-            mf = files[-1]
+        mf = self.mfq.last()
+        if mf is not None:
             pos = mf.wrote_position
             file_size = mf.file_size
             if pos < file_size:  # not is_full(): as _put_native's first attempt
@@ -438,7 +437,25 @@ class CommitLog:
                                                  flag, sys_flag, born_timestamp, born_host, store_host,
                                                  reconsume_times)
                 mf.wrote_position = pos + total  # published once, like put_messages
-                return self._put_one_done(key, queue_offset, base, total, store_ts, msg_id, store_host), wait
+                # _put_one_done written out (one frame less per send)
+                self.topic_queue_table[key] = queue_offset + 1
+                self.last_store_timestamp = store_ts
+                self.put_message_times_total += 1
+                self.put_message_size_total += total
+                ar = _new_object(AppendMessageResult)
+                ar.status = _APPEND_OK
+                ar.wrote_offset = base
+                ar.wrote_bytes = total
+                ar.store_timestamp = store_ts
+                ar.queue_offset = queue_offset
+                ar.msg_num = 1
+                ar.store_host = store_host
+                ar.record_offsets = ()
+                ar.joined_msg_id = msg_id
+                result = _new_object(PutMessageResult)
+                result.status = _PUT_OK
+                result.append_result = ar
+                return result, wait
         return self._put_one_rolling(topic_bytes, key, queue_offset, max_props, body, props, cluster, flag, sys_flag,
                                      born_timestamp, born_host, store_host, reconsume_times)
 
