@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import inspect
 
 import pytest
 from broker_helpers import make_config, send_v1
@@ -42,11 +43,16 @@ async def test_async_send_is_answered_inline(tmp_path) -> None:
     async with BrokerController(make_config(str(tmp_path / "s"))) as ctl:
         handler = ctl.dispatcher.get(10)
         assert handler is not None
+        first = handler(_Peer(), RemotingCommand.request(10, send_v1("Fast"), b"x"))
+        # the first send to a new queue waits for its consume queue file, made on a thread (queue_files.py)
+        assert inspect.isawaitable(first)
+        first = await first
+        assert isinstance(first, bytes) and FrameDecoder().feed(first)[0].ext_fields["queueOffset"] == "0"
         resp = handler(_Peer(), RemotingCommand.request(10, send_v1("Fast"), b"x"))
         # the usual SEND_OK answer is an already-encoded frame (Connection writes bytes as they are)
         assert isinstance(resp, bytes)
         frame = FrameDecoder().feed(resp)
-        assert len(frame) == 1 and frame[0].code == 0 and frame[0].ext_fields["queueOffset"] == "0"
+        assert len(frame) == 1 and frame[0].code == 0 and frame[0].ext_fields["queueOffset"] == "1"
 
 
 BAD_CONFIG_LINES = [

@@ -62,6 +62,7 @@ from ferrymq.broker.processors.reply import ReplyProcessor
 from ferrymq.broker.processors.send import SendProcessor
 from ferrymq.broker.processors.send_back import SendBackProcessor
 from ferrymq.broker.producer_manager import ProducerManager
+from ferrymq.broker.queue_files import QueueFileGate
 from ferrymq.broker.registration import NameServerRegistrar
 from ferrymq.broker.schedule import ScheduleMessageService
 from ferrymq.broker.stats import SAMPLE_INTERVAL_MS, BrokerStats
@@ -167,6 +168,8 @@ class BrokerController:
         self.flush_service = FlushService(self.store, sync_flush=config.flush_disk_type is FlushDiskType.SYNC_FLUSH,
                                           interval_ms=config.flush_interval_commit_log_ms)
         self.writer = MessageWriter(self.store, config, self.flush_service, self._on_dispatched)
+        #: a send to a new queue has its first consume queue file made on a thread first (broker/queue_files.py)
+        self.queue_files = QueueFileGate(self.store, self.store.queues.queues)
         self.stats = self.writer.stats = BrokerStats(clock_ms)
         self.delay_levels_ms = parse_delay_levels(config.message_delay_level)
         self.schedule = ScheduleMessageService(self.store, self.writer.put, cdir, self.delay_levels_ms, clock_ms)
@@ -276,6 +279,7 @@ class BrokerController:
         self.timer.load()
         self.store.load()
         self.writer.bind(loop)
+        self.queue_files.start(loop)
         if cfg.enable_controller_mode and not cfg.read_uncommitted:
             # consumers see only records every SyncStateSet member holds (docs/failover.md)
             self.store.dispatcher.reput_end = self._controller_reput_end
@@ -413,6 +417,7 @@ class BrokerController:
         for table in (self.topics, self.groups):
             table.persist_if_dirty()
             table.close_journal()
+        self.queue_files.stop()
         self.writer.reput_now()
         await asyncio.get_running_loop().run_in_executor(None, self.flush_service.stop)
         self.store.shutdown()

@@ -53,6 +53,7 @@ from ferrymq.broker.flush import FlushService
 from ferrymq.broker.long_polling import PullRequestHoldService
 from ferrymq.broker.offset_manager import ConsumerOffsetManager
 from ferrymq.broker.producer_manager import ProducerManager
+from ferrymq.broker.queue_files import QueueFileGate
 from ferrymq.broker.registration import NameServerRegistrar
 from ferrymq.broker.schedule import ScheduleMessageService
 from ferrymq.broker.stats import BrokerStats
@@ -101,6 +102,11 @@ class HasStore(Protocol):
 class HasWriter(Protocol):
     @property
     def writer(self) -> MessageWriter: ...
+
+
+class HasQueueFiles(Protocol):
+    @property
+    def queue_files(self) -> QueueFileGate: ...
 
 
 class HasStats(Protocol):
@@ -220,7 +226,7 @@ class HasFlushService(Protocol):
 
 
 class SendContext(HasConfig, HasTopics, HasGroups, HasStore, HasWriter, HasStats, HasControllerRole, HasStoreHost,
-                  HasDelayLevels, HasClock, Protocol):
+                  HasDelayLevels, HasClock, HasQueueFiles, Protocol):
     """processors/send.py: SEND_MESSAGE (10), SEND_MESSAGE_V2 (310), SEND_BATCH_MESSAGE (320)."""
 
 

@@ -21,7 +21,10 @@ declines takes the Python path, which answers as before.
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import functools
+import inspect
 import logging
 import time
 from collections.abc import Awaitable
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.config import BrokerRole
 from ferrymq.broker.headers import SendHeader
+from ferrymq.broker.queue_files import stored_in_named_queue
 from ferrymq.broker.stats import REPLICA_FAILURE_STATUSES
 from ferrymq.broker.status_codes import (
     SERVICE_NOT_AVAILABLE_REMARK,
@@ -128,6 +132,15 @@ _SLAVE = BrokerRole.SLAVE
 _PUT_OK = PutMessageStatus.PUT_OK
 
 
+async def _answer_when_sent(waiting: asyncio.Future[Any]) -> Any:
+    """The answer (RemotingCommand, bytes or None) of a send that waited for its queue's first file
+    (``QueueFileGate.defer``)."""
+    result = await waiting
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
 def _parse_properties(text: str | None) -> dict[str, str]:
     """``string_to_properties`` with a C-level fast path for well-formed strings (same result)."""
     if not text:
@@ -222,6 +235,17 @@ class SendProcessor:
             return cmd.response(R.MESSAGE_ILLEGAL, remark=f"message body size exceeded, max "
                                                           f"{config.max_message_size}")
         queue_id = h.queue_id if h.queue_id >= 0 else ctx.topics.random_queue_id(tc)
+        gate = ctx.queue_files
+        if (gate.may_defer(h.topic, queue_id) and not h.sys_flag & SYSFLAG_TRANSACTION_MASK
+                and not h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and stored_in_named_queue(h.properties)):
+            # a new queue: its first consume queue file is made on a thread, then the send runs (queue_files.py)
+            waiting = gate.defer(h.topic, queue_id, functools.partial(self._send_now, conn, cmd, h, queue_id))
+            if waiting is not None:
+                return _answer_when_sent(waiting)
+        return self._send_now(conn, cmd, h, queue_id)
+
+    def _send_now(self, conn: Any, cmd: RemotingCommand, h: SendHeader, queue_id: int
+                  ) -> RemotingCommand | bytes | Awaitable[RemotingCommand] | None:
         if h.batch:
             return self._send_batch(conn, cmd, h, queue_id)
         return self._send_one(conn, cmd, h, queue_id)
