@@ -303,7 +303,8 @@ def test_reopening_a_released_queue_file_leaves_its_access_time(open_store: Open
     assert os.stat(path).st_atime_ns == old_atime_ns
 
 
-def test_a_new_queue_file_made_ahead_on_a_thread_is_the_one_the_put_uses(open_store: Opener, tmp_path: Path) -> None:
+def test_a_new_queue_file_made_ahead_on_a_thread_is_the_one_the_put_uses(open_store: Opener, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """``consume_queue_file_to_make`` names the file a put to a new queue would create and
     ``make_consume_queue_file`` (thread-safe, file system only) makes it; the put then finds it made and uses it:
     the same layout, blocks and contents as a file the put made itself."""
@@ -316,8 +317,15 @@ def test_a_new_queue_file_made_ahead_on_a_thread_is_the_one_the_put_uses(open_st
     assert os.path.getsize(path) == BIG_CQ_FILE
     assert 0 < _allocated(Path(path)) <= CQ_RESERVE_CHUNK_BYTES
     assert store.make_consume_queue_file(path) is False  # made already: left alone
+    assert store.queues.floor.premade == {path: CQ_RESERVE_CHUNK_BYTES}
+    reserves: list[int] = []
+    real_reserve = MappedFile.reserve
+    monkeypatch.setattr(MappedFile, "reserve", lambda self, pos, length: reserves.append(pos) or
+                        real_reserve(self, pos, length))
     _put(store, "N", 3, body=b"first")
     store.reput()
+    assert reserves == []  # the blocks the thread reserved are not reserved again on the loop
+    assert store.queues.floor.premade == {}
     assert store.consume_queue_file_to_make("N", 3) is None  # the queue exists now
     assert _cq_file(tmp_path / "a", "N", 3) == Path(path)
     assert _read_all(store, "N", 3)
@@ -337,6 +345,20 @@ def test_no_file_to_make_where_a_put_would_be_refused(open_store: Opener) -> Non
     assert store.consume_queue_file_to_make("T", 0) is None
 
 
+def test_a_stale_premade_entry_is_not_trusted_for_a_sparse_file(open_store: Opener) -> None:
+    """An entry left for a path (its file made ahead, then removed with its topic) does not stand for a file made
+    later under that name without reserved blocks: the put reserves them itself."""
+    store = open_store(mapped_file_size_consume_queue=BIG_CQ_FILE)
+    path = store.consume_queue_file_to_make("S", 0)
+    assert path is not None
+    store.queues.floor.premade[path] = CQ_RESERVE_CHUNK_BYTES  # as if made ahead; no file is there
+    _put(store, "S", 0)
+    store.reput()
+    assert 0 < _allocated(Path(path)) <= CQ_RESERVE_CHUNK_BYTES
+    (mf,) = store.queues.queues[("S", 0)].mfq.files
+    assert mf.reserved_position == CQ_RESERVE_CHUNK_BYTES
+
+
 def test_a_file_that_cannot_be_made_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ferrymq.store.queue_table import make_consume_queue_file
 
@@ -345,5 +367,5 @@ def test_a_file_that_cannot_be_made_leaves_nothing_behind(tmp_path: Path, monkey
 
     monkeypatch.setattr(os, "posix_fallocate", no_room)
     path = tmp_path / "cq" / "T" / "0" / "00000000000000000000"
-    assert make_consume_queue_file(str(path), BIG_CQ_FILE) is False
+    assert make_consume_queue_file(str(path), BIG_CQ_FILE) == -1
     assert not path.exists()

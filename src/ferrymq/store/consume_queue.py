@@ -31,7 +31,7 @@ from itertools import chain
 
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE
 from ferrymq.store.errors import StoreError
-from ferrymq.store.mapped_file import MappedFile, OpenFilePool
+from ferrymq.store.mapped_file import MappedFile, OpenFilePool, offset_to_file_name
 from ferrymq.store.mapped_file_queue import MappedFileQueue
 
 UNIT = struct.Struct(">qiq")
@@ -73,15 +73,20 @@ class LogFloor:
       ``queueoffsets`` snapshot said it reached, that number and the end phy offset of the record the snapshot
       named as its newest: fewer (a file damaged on disk) and the store rebuilds the units from the log; more and
       the store's next queue offset follows the queue (it never assigns an offset the queue already holds).
-    * ``flush_lock``: serialises the flushes of the queues' files (one flush thread; shared, not one per queue)."""
+    * ``flush_lock``: serialises the flushes of the queues' files (one flush thread; shared, not one per queue).
+    * ``premade``: path -> bytes reserved from the start, for a queue's first file made ahead of its first put on
+      another thread (``queue_table.make_consume_queue_file``); the queue takes its entry when it opens the file,
+      so it does not reserve those blocks again on the event loop (a ``posix_fallocate`` of an allocated range
+      still updates and dirties the inode)."""
 
-    __slots__ = ("phy_offset", "valid_end", "on_mismatch", "flush_lock")
+    __slots__ = ("phy_offset", "valid_end", "on_mismatch", "flush_lock", "premade")
 
     def __init__(self) -> None:
         self.phy_offset = 0
         self.valid_end = -1
         self.on_mismatch: Callable[[ConsumeQueue, int, int], None] | None = None
         self.flush_lock = threading.Lock()
+        self.premade: dict[str, int] = {}
 
 
 #: ``ConsumeQueue._expected_units`` of a queue that is loaded, or whose size is not known before it is
@@ -311,9 +316,30 @@ class ConsumeQueue:
 
     # --- write -------------------------------------------------------------------------------
 
+    def _start_premade(self, expected: int) -> MappedFileQueue | None:
+        """A queue whose first file was made ahead on another thread (``LogFloor.premade`` names it; it was made
+        only because the store held no such queue, and only where no file was): its files are not listed nor its
+        tail scanned, the queue starts empty and opens that file as its first. None otherwise."""
+        premade = self._floor.premade
+        if not premade:
+            return None
+        path = os.path.join(self.store_path, offset_to_file_name(expected - expected % self.file_size))
+        if path not in premade:
+            return None
+        mfq = MappedFileQueue(self.store_path, self.file_size, pool=self._pool, flush_lock=self._floor.flush_lock)
+        self._mfq = mfq
+        self._expected_units = _UNKNOWN_UNITS
+        return mfq
+
     def _first_file(self, expected: int) -> None:
         """Start the queue with the file holding byte ``expected`` (blank units before it)."""
-        self.mfq.create_file(self.mfq.segment_start_of(expected))
+        mf = self.mfq.create_file(self.mfq.segment_start_of(expected))
+        premade = self._floor.premade
+        if premade:
+            reserved = min(premade.pop(mf.path, 0), mf.file_size)
+            # the file this queue opened holds those blocks (not one made since under the same name, sparse)
+            if reserved > mf.reserved_position and mf.allocated_bytes() >= reserved:
+                mf.reserved_position = reserved
         self._fill_blanks(expected)
         self._min_logic_offset = expected
         self._floor_seen = self._floor.phy_offset  # a new queue's units are all above the log's start
@@ -323,7 +349,7 @@ class ConsumeQueue:
         its blocks reserved. Raises StoreDiskFullError / StoreOpenFilesError / StoreDirError otherwise (the put
         is refused before anything is stored). Writes nothing but blank units a new queue starts with."""
         expected = queue_offset * CQ_STORE_UNIT_SIZE
-        last = (self._mfq or self._load_now()).last()
+        last = (self._mfq or self._start_premade(expected) or self._load_now()).last()
         if last is None:
             self._first_file(expected)
             last = self.mfq.last()

@@ -268,6 +268,12 @@ class MappedFile:
         if self.pool is not None:
             self.pool.admit(self)
 
+    def allocated_bytes(self) -> int:
+        """Bytes of disk the file holds (``st_blocks`` × 512; reserved and written blocks); -1 if it is not open."""
+        if self._fd < 0:
+            return -1
+        return os.fstat(self._fd).st_blocks * 512
+
     @property
     def is_mapped(self) -> bool:
         return self._fd >= 0

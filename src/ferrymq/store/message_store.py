@@ -68,6 +68,8 @@ _HOUR_MS = 3_600_000
 QUEUE_OFFSETS_COMPACT_MIN_LINES = 10_000
 #: a put refused because a consume queue file cannot be had is logged at most once per this interval
 PUT_REFUSED_LOG_INTERVAL_S = 5.0
+#: entries of ``LogFloor.premade`` at most (files made ahead whose queue never opened them stay until then)
+PREMADE_FILES_MAX = 100_000
 #: queues whose prepared consume queue file ``prepare_put`` remembers (its check without a call into the queue:
 #: the file is still mapped and its reserved blocks reach the next unit); cleared when full, so at most this many
 #: entries whatever the number of queues
@@ -437,8 +439,16 @@ class MessageStore:
         return self.queues.file_to_make(topic, queue_id, self.commit_log.topic_queue_table.get((topic, queue_id), 0))
 
     def make_consume_queue_file(self, path: str) -> bool:
-        """Thread-safe: ``queue_table.make_consume_queue_file`` with this store's consume queue file size."""
-        return make_consume_queue_file(path, self.config.mapped_file_size_consume_queue)
+        """Thread-safe: ``queue_table.make_consume_queue_file`` with this store's consume queue file size; True if
+        it made the file (its reserved blocks are then handed to the queue that opens it: ``LogFloor.premade``)."""
+        reserved = make_consume_queue_file(path, self.config.mapped_file_size_consume_queue)
+        if reserved < 0:
+            return False
+        if reserved > 0:
+            premade = self.queues.floor.premade
+            if len(premade) < PREMADE_FILES_MAX:
+                premade[path] = reserved
+        return True
 
     def _flush_consume_queues(self) -> None:
         """Queues written since the last round (their lines appended to the queue offsets snapshot), the index

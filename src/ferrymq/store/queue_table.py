@@ -70,30 +70,31 @@ EXPIRE_STEP_BUDGET_S = 0.010
 _EXPIRE_CLOCK_EVERY = 64
 
 
-def make_consume_queue_file(path: str, file_size: int) -> bool:
+def make_consume_queue_file(path: str, file_size: int) -> int:
     """Create the consume queue file ``path`` as ``prepare_unit`` would (its directories, the sparse file of
     ``file_size`` bytes, its first ``CQ_RESERVE_CHUNK_BYTES`` reserved), so that the event loop's preparation finds
-    it made: for a thread, ahead of a send to a new queue. Touches no store object, only the file system; True if
-    it made the file. A file that exists already is left alone (False). On a failure (no room, no descriptor) it
-    removes what it created and returns False: the loop's own preparation then meets the same failure and
-    refuses the send with its status."""
+    it made: for a thread, ahead of a send to a new queue. Touches no store object, only the file system. Returns
+    the bytes it reserved from the start of the file it made (0 on a file system without ``posix_fallocate``), or
+    -1: a file that exists already is left alone; on a failure (no room, no descriptor) it removes what it created,
+    and the loop's own preparation then meets the same failure and refuses the send with its status."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | POOLED_OPEN_FLAGS, 0o644)
     except OSError:
-        return False
+        return -1
+    reserved = min(file_size, CQ_RESERVE_CHUNK_BYTES)
     try:
         os.ftruncate(fd, file_size)
-        os.posix_fallocate(fd, 0, min(file_size, CQ_RESERVE_CHUNK_BYTES))
+        os.posix_fallocate(fd, 0, reserved)
     except OSError as exc:
-        unsupported = exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
-        if not unsupported:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            return False
+            return -1
+        reserved = 0  # a file system without fallocate: the loop's preparation finds that out itself
     os.close(fd)
-    return True
+    return reserved
 
 
 def process_fds() -> tuple[int, int]:
