@@ -87,3 +87,24 @@ async def test_no_stall_tracer_without_the_variable(monkeypatch: pytest.MonkeyPa
         assert probe.tracer is None
     finally:
         await probe.stop()
+
+
+def test_a_stall_no_sample_caught_is_still_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A stall the tracer's thread could not sample (it needs the GIL too) is logged from the probe's lag."""
+    import threading
+
+    from ferrymq.common.aio import StallTracer
+
+    tracer = StallTracer(0.02, threading.get_ident())
+    with caplog.at_level(logging.WARNING, logger="ferrymq.common.aio"):
+        tracer.start()
+        try:
+            tracer.tick(0.5)
+            deadline = time.monotonic() + 10
+            while tracer.stalls_logged < 1 and time.monotonic() < deadline:
+                tracer.tick(0.0)  # the loop runs on
+                time.sleep(0.005)
+        finally:
+            tracer.stop()
+    assert tracer.stalls_logged == 1
+    assert any("about 500 ms; no sample" in r.getMessage() for r in caplog.records)

@@ -74,6 +74,9 @@ class StallTracer:
         self.loop_thread_id = loop_thread_id
         self.last_tick = time.monotonic()
         self.stalls_logged = 0
+        #: a stall is being sampled (set by the tracer's thread); stalls the probe saw that no sample caught
+        self._sampling = False
+        self._unsampled: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ferrymq-stall-tracer", daemon=True)
 
@@ -93,6 +96,14 @@ class StallTracer:
     def stop(self) -> None:
         self._stop.set()
 
+    def tick(self, lag_s: float) -> None:
+        """The probe ran again, ``lag_s`` late (loop thread). A lag past the threshold that the tracer's thread
+        did not sample (it could not run: another thread held the GIL, or the process got no CPU) is logged
+        without stacks."""
+        self.last_tick = time.monotonic()
+        if lag_s >= self.threshold_s and not self._sampling:
+            self._unsampled.append(lag_s)
+
     def _run(self) -> None:
         period = self.threshold_s / STALL_TRACE_SAMPLES_PER_THRESHOLD
         stacks: collections.Counter[str] = collections.Counter()
@@ -101,6 +112,7 @@ class StallTracer:
             tick = self.last_tick
             now = time.monotonic()
             if now - tick >= self.threshold_s:
+                self._sampling = True
                 frame = sys._current_frames().get(self.loop_thread_id)
                 if frame is not None:
                     stacks["".join(traceback.format_stack(frame))] += 1
@@ -110,6 +122,12 @@ class StallTracer:
                 self._report(tick - stalled_tick, stacks)
                 stacks = collections.Counter()
                 stalled_tick = -1.0
+                self._sampling = False
+            unsampled, self._unsampled = self._unsampled, []
+            for lag_s in unsampled:
+                self.stalls_logged += 1
+                log.warning("the event loop stalled for about %.0f ms; no sample of it (another thread held the "
+                            "GIL, or the process got no CPU)", lag_s * 1000)
 
     def _report(self, stall_s: float, stacks: collections.Counter[str]) -> None:
         self.stalls_logged += 1
@@ -157,7 +175,7 @@ class LoopLagProbe:
             await asyncio.sleep(self.interval_s)
             lag_s = max(0.0, loop.time() - before - self.interval_s)
             if self.tracer is not None:
-                self.tracer.last_tick = time.monotonic()
+                self.tracer.tick(lag_s)
             self.last_lag_s = lag_s
             self.count += 1
             self.sum_s += lag_s
