@@ -274,15 +274,16 @@ class Producer:
         instance = self._instance
         if instance is None:
             return
-        self._instance = None
         others = release_shared(instance, self) if self._share_instance else []
         if others:
             # other producers still use the instance: only this producer's group leaves it (unless one of
             # them is of the same group)
+            self._instance = None
             if not any(getattr(p, "group", None) == self.group for p in others):
                 await instance.unregister_producer(self.group)
             return
         await instance.close()
+        self._instance = None
 
     async def __aenter__(self) -> Producer:
         await self.start()

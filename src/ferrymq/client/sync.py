@@ -2,11 +2,19 @@
 
     with SyncProducer("127.0.0.1:9876", "pg") as p:
         p.send(new_message("T", b"hi"))
+
+The private loop is uvloop's when it is installed (as in the servers), else asyncio's own. A blocking call
+hands its coroutine to the loop thread with one ``call_soon_threadsafe`` and waits on a plain lock that the
+task's completion releases: no ``concurrent.futures.Future`` and no chained callbacks in between. A
+uvloop loop and the lock together cost about half the CPU per send of asyncio's loop with
+``run_coroutine_threadsafe`` (benchmarks/RESULTS.md, issue 29, stop 34).
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
@@ -22,9 +30,18 @@ T = TypeVar("T")
 LOOP_STOP_TIMEOUT_S = 30
 
 
+def new_private_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop when it is installed, else asyncio's default one."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class _LoopThread:
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_private_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -33,7 +50,38 @@ class _LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+        """Run ``coro`` on the loop thread and return its result, or raise its exception here. As
+        ``run_coroutine_threadsafe(coro, loop).result(timeout_s)`` did: TimeoutError after ``timeout_s``
+        (the coroutine goes on), ``concurrent.futures.CancelledError`` when its task was cancelled."""
+        if not asyncio.iscoroutine(coro):
+            raise TypeError("a coroutine object is required")
+        done = _thread.allocate_lock()
+        done.acquire()
+        #: the finished task, or the exception that kept it from starting
+        finished: list[asyncio.Task[T] | BaseException] = []
+        loop = self.loop
+
+        def on_done(task: asyncio.Task[T]) -> None:
+            finished.append(task)
+            done.release()
+
+        def begin() -> None:
+            try:
+                loop.create_task(coro).add_done_callback(on_done)
+            except BaseException as exc:  # the waiting caller gets it, as run_coroutine_threadsafe's future did
+                finished.append(exc)
+                done.release()
+                raise
+
+        loop.call_soon_threadsafe(begin)
+        if not done.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise TimeoutError
+        outcome = finished[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome.cancelled():
+            raise concurrent.futures.CancelledError()
+        return outcome.result()
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
