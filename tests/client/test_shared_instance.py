@@ -142,3 +142,29 @@ async def test_producers_on_other_event_loops_do_not_share(ns_addr: str) -> None
 
     await asyncio.to_thread(run)
     assert not any(e.instance.config.instance_name == "sync" for e in _SHARED.values())
+
+
+async def test_sharing_producers_recover_together_from_a_dropped_connection(ns_addr: str) -> None:
+    await _create(ns_addr, "SharedDrop")
+    producers = [Producer(ns_addr, f"pg-drop-{i}", instance_name="drop", send_timeout_ms=10_000) for i in range(4)]
+    await asyncio.gather(*(p.start() for p in producers))
+    try:
+        for p in producers:
+            assert (await p.send(new_message("SharedDrop", b"before"))).status is SendStatus.SEND_OK
+        (conn,) = _open_broker_connections(producers[0], ns_addr)
+        conn.abort()  # the one connection all four send through
+
+        async def send_until_ok(p: Producer) -> None:
+            async def ok() -> bool:
+                try:
+                    return (await p.send(new_message("SharedDrop", b"after"))).status is SendStatus.SEND_OK
+                except Exception:  # noqa: BLE001 - reconnecting: try again until the deadline
+                    return False
+            await wait_for(ok)
+
+        await asyncio.gather(*(send_until_ok(p) for p in producers))
+        conns = _open_broker_connections(producers[0], ns_addr)
+        assert len(conns) == 1 and conns[0] is not conn
+    finally:
+        for p in producers:
+            await p.close()
