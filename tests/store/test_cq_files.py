@@ -369,3 +369,33 @@ def test_a_file_that_cannot_be_made_leaves_nothing_behind(tmp_path: Path, monkey
     path = tmp_path / "cq" / "T" / "0" / "00000000000000000000"
     assert make_consume_queue_file(str(path), BIG_CQ_FILE) == -1
     assert not path.exists()
+
+
+@pytest.mark.parametrize("fails", [1, 10_000])
+def test_a_queue_listed_when_no_descriptor_is_left_is_refused_or_served(open_store: Opener, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        fails: int) -> None:
+    """A queue loaded on its first use lists its directory, which takes a descriptor: with none left, the pool
+    releases its least recently used file and lists again (served), or the put is refused as OPEN_FILES_EXHAUSTED
+    when nothing is left to release, never a raw OSError (answered SYSTEM_ERROR before)."""
+    store = open_store(max_open_segment_files=MIN_POOLED_OPEN_FILES)
+    for i in range(MIN_POOLED_OPEN_FILES):
+        _put(store, f"Open{i}")  # files the pool can release
+    store.reput()
+    (tmp_path / "a" / "consumequeue" / "Listed" / "0").mkdir(parents=True)  # a queue directory, not loaded
+    real_listdir = os.listdir
+    left = [fails]
+
+    def listdir(path: str) -> list[str]:
+        if "Listed" in str(path) and left[0] > 0:
+            left[0] -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    status = store.prepare_put("Listed", 0, 0)
+    if fails == 1:
+        assert status is None
+        assert store.put_message(inner(topic="Listed", queue_id=0)).status is PutMessageStatus.PUT_OK
+    else:
+        assert status is PutMessageStatus.OPEN_FILES_EXHAUSTED

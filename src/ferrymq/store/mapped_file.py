@@ -118,6 +118,21 @@ def _abandon(fd: int, created_path: str | None) -> None:
             pass
 
 
+def with_descriptor(pool: OpenFilePool | None, what: str, path: str, call: Callable[[], _T]) -> _T:
+    """``call()`` (a listing, an open: anything that takes a descriptor); when none is left, release the pool's least
+    recently used file and try again. StoreOpenFilesError when none is left to release."""
+    while True:
+        try:
+            return call()
+        except OSError as exc:
+            if exc.errno not in _NO_DESCRIPTOR:
+                raise
+            if pool is None or not pool.release_oldest(None):
+                if pool is not None:
+                    pool.open_failures_total += 1
+                raise StoreOpenFilesError(f"cannot {what} {path}: {exc}") from exc
+
+
 class OpenFilePool:
     """The files mapped at once among its members, at most ``max_open``, least recently used first out.
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 
 from ferrymq.store.errors import StoreCorruptError, StoreDirError
-from ferrymq.store.mapped_file import MappedFile, OpenFilePool, offset_to_file_name
+from ferrymq.store.mapped_file import MappedFile, OpenFilePool, offset_to_file_name, with_descriptor
 from ferrymq.store.segment_warmer import SegmentWarmer, remove_stray_prepared
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,9 @@ class MappedFileQueue:
     def _load_files(self) -> None:
         if not os.path.isdir(self.store_path):
             return
-        names = sorted(n for n in os.listdir(self.store_path) if len(n) == 20 and n.isdigit())
+        store_path = self.store_path
+        listed = with_descriptor(self.pool, "list", store_path, lambda: os.listdir(store_path))
+        names = sorted(n for n in listed if len(n) == 20 and n.isdigit())
         files: list[MappedFile] = []
         for n, name in enumerate(names):
             path = os.path.join(self.store_path, name)
