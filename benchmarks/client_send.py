@@ -17,7 +17,9 @@ awaiting its own ``send()`` in a loop. Printed per run:
   syscw; the broker's include its other work, e.g. the flush thread's writes).
 
 A tree given as ``name=<src>+shared`` runs its producers with one ``instance_name``, so they share one
-ClientInstance and one connection to the broker (``--trees own=src,shared=src+shared``).
+ClientInstance and one connection to the broker (``--trees own=src,shared=src+shared``). ``name=echo`` runs the
+``raw`` load against ``ferry bench``'s echo server (row 11a's ceiling; "broker" is then the echo server), so
+the ratio to the ceiling is measured in the same run, interleaved.
 
 The figure to trust on a shared machine is the client CPU per send; a summary prints the median per tree.
 """
@@ -166,7 +168,7 @@ def parent(a: argparse.Namespace) -> None:
     import hotpath
 
     trees = dict(t.split("=", 1) for t in a.trees.split(",")) if a.trees else {"this": str(ROOT / "src")}
-    trees = {k: v if v == "raw" else _resolve_tree(v) for k, v in trees.items()}
+    trees = {k: v if v in ("raw", "echo") else _resolve_tree(v) for k, v in trees.items()}
     broker_tree = str(Path(a.broker_tree).resolve()) if a.broker_tree else str(ROOT / "src")
     os.environ["PYTHONPATH"] = broker_tree
     counts = [int(x) for x in a.producers.split(",")]
@@ -180,6 +182,15 @@ def parent(a: argparse.Namespace) -> None:
             hotpath.create_topic(port)
             time.sleep(1.0)
             bpid = cl.procs["master"].pid
+            eport, epid = 0, 0
+            if "echo" in trees.values():  # the echo ceiling (ferry bench 11a's server), loaded like 'raw'
+                eport = hotpath.free_port()
+                elog = open(Path(tmp) / "echo.log", "ab")
+                cl.procs["echo"] = subprocess.Popen(
+                    [sys.executable, "-m", "ferrymq.cli.bench_impl.echo", "--port", str(eport), "--mode", "codec"],
+                    stdout=elog, stderr=subprocess.STDOUT)
+                hotpath.wait_port(eport)
+                epid = cl.procs["echo"].pid
             for rep in range(a.reps):
                 for n in counts:
                     for name, tree in trees.items():
@@ -190,9 +201,12 @@ def parent(a: argparse.Namespace) -> None:
                         if tree.endswith("+shared"):
                             argv.append("--shared")
                             env["PYTHONPATH"] = tree[:-len("+shared")]
-                        if tree == "raw":
+                        if tree in ("raw", "echo"):
                             argv.append("--raw")
                             env["PYTHONPATH"] = broker_tree
+                        if tree == "echo":
+                            argv[argv.index("--broker-pid") + 1] = str(epid)
+                            argv[argv.index("--broker-port") + 1] = str(eport)
                         if a.profile == "cprofile":
                             argv += ["--profile", "cprofile"]
                         if a.pin_client is not None:
@@ -250,6 +264,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--trees", default="", help="name=src-dir,... client trees run interleaved (default: this); "
                     "a tree 'raw' runs the floor: raw Protocols writing pre-encoded frames, no client library; "
+                    "'echo' runs the same load against ferry bench's echo server (the 11a ceiling); "
                     "a path ending in '+shared' runs the producers on one ClientInstance (one connection)")
     ap.add_argument("--broker-tree", dest="broker_tree", default="", help="src dir the broker runs from")
     ap.add_argument("--profile", choices=["cprofile", "pyspy", "perf"], default=None)
