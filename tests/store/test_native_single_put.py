@@ -118,37 +118,3 @@ def test_writer_puts_through_the_commit_log_and_declines_like_the_store(open_sto
         assert writer.put_one_raw("TopicA", 3, b"x", b"", b"C", 0, 0, 1, HOST, HOST, 0) is None
 
     asyncio.run(run())
-
-
-def test_a_sync_flush_store_writes_the_same_records_with_pwrite_not_the_map(open_store: Opener,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """SYNC_FLUSH: ``put_one_raw`` encodes into its scratch buffer and writes the record with ``pwrite`` (an
-    ``fdatasync`` of pages written through the map costs about twice as much). The segments hold the same bytes,
-    byte for byte, as an ASYNC_FLUSH store's given the same sends, rolls included."""
-    from ferrymq.store.config import FlushDiskType
-    from ferrymq.store.mapped_file import MappedFile
-
-    written: list[int] = []
-    real = MappedFile.append_written
-    monkeypatch.setattr(MappedFile, "append_written", lambda self, data: written.append(len(data)) or real(self, data))
-    plain = native_store(open_store, name="plain")
-    synced = native_store(open_store, name="synced", flush_disk_type=FlushDiskType.SYNC_FLUSH)
-    assert plain.commit_log.put_scratch is None and synced.commit_log.put_scratch is not None
-    for store in (plain, synced):
-        store.commit_log.clock_ms = lambda: 1_700_000_000_123  # the same store timestamps
-    outs = []
-    for i in range(200):
-        body = bytes([i % 251]) * (100 + 37 * i % 2900)
-        for store in (plain, synced):
-            out = store.put_one_raw("TopicA", i % 3, body, b"TAGS\x01t\x02KEYS\x01k" + str(i).encode(), b"C", 0, 0,
-                                    1_700_000_000_000 + i, HOST, HOST, 0)
-            assert isinstance(out, tuple)
-            outs.append(out[0].append_result.wrote_offset)
-    assert outs[0::2] == outs[1::2]
-    assert len(synced.commit_log.mfq.files) >= 3  # rolled (the roll itself is written through the map)
-    assert len(written) >= 150
-    plain_files = [bytes(mf.mm[: mf.wrote_position]) for mf in plain.commit_log.mfq.files]
-    synced_files = [bytes(mf.mm[: mf.wrote_position]) for mf in synced.commit_log.mfq.files]
-    assert [len(f) for f in plain_files] == [len(f) for f in synced_files]
-    for a, b in zip(plain_files, synced_files, strict=True):
-        assert a == b

@@ -2,11 +2,7 @@
 
 Hot path (``put_message``): validate, encode with precompiled structs, one memcpy into the
 preallocated mmap, bump the per-queue counter, queue a ``RecordMeta`` for dispatch (only without the C
-extension: its reput scans the bytes instead). Replicated chunks (``append_at``) go in with ``pwrite``, and so do
-a SYNC_FLUSH store's plain single sends (``put_one_raw``: encoded into a scratch buffer first). The ``fdatasync``
-of a page written through a shared mapping cost 170-190 us on the test machine against 85-95 us for the same bytes
-written with ``pwrite`` (the page's mapping must be write-protected and the other CPUs' TLBs flushed, which a
-virtual machine pays dearly for), and every SYNC_FLUSH send waits for one. No fsync
+extension: its reput scans the bytes instead). Replicated chunks (``append_at``) go in with ``pwrite``. No fsync
 (flushing is ``flush``'s job, on the broker's flush thread) and no consume-queue work (``reput``).
 A record never spans segments: when it plus an 8-byte filler does not fit, the rest of the segment
 becomes a BLANK filler (§4.8) and the record opens the next segment.
@@ -62,9 +58,6 @@ _I16 = struct.Struct(">h")  # PROPERTIESLENGTH
 HEAD_V4_SIZE = HEAD_V4.size  # fields 1..15 (body length included)
 #: replicated chunks at least this long are written with pwrite(2) (MappedFile.append_written), not the mapping
 APPEND_WRITTEN_MIN_BYTES = 16 * 1024
-#: a SYNC_FLUSH store's scratch buffer for ``put_one_raw`` holds a record of ``maxMessageSize`` body and this much
-#: more (header, topic, properties: at most 32,767 bytes of properties, 127 of topic, 107 of fixed fields)
-PUT_SCRATCH_EXTRA_BYTES = 64 * 1024
 
 
 _SLAVE = BrokerRole.SLAVE
@@ -123,11 +116,6 @@ class CommitLog:
         self.native = speedups.NATIVE
         #: False while the owning store is not running (``MessageStore`` keeps it): ``put_one_raw`` declines
         self.accepting_puts = True
-        #: SYNC_FLUSH: ``put_one_raw`` encodes into this buffer and writes the record with ``pwrite`` (see the module
-        #: docstring); None: it encodes straight into the mapped segment
-        self.put_scratch: bytearray | None = None
-        if config.flush_disk_type is FlushDiskType.SYNC_FLUSH and config.broker_role is not BrokerRole.SLAVE:
-            self.put_scratch = bytearray(config.max_message_size + PUT_SCRATCH_EXTRA_BYTES)
         #: the last segment creation found the disk full (MessageStore.check_disk_space clears it)
         self.out_of_space = False
         #: what a put is answered when the last segment creation failed for another reason than a full disk
@@ -432,36 +420,22 @@ class CommitLog:
             file_size = mf.file_size
             if pos < file_size:  # not is_full(): as _put_native's first attempt
                 base = mf.file_from_offset + pos
-                room = file_size - pos - END_FILE_MIN_BLANK_LENGTH
-                scratch = self.put_scratch
                 try:
-                    if scratch is None:
-                        res = native.put_one(mf.mm, pos, room, body, props, topic_bytes, queue_id, queue_offset, base,
-                                             cluster, born_host, store_host, born_timestamp, self.clock_ms, flag,
-                                             sys_flag & _HOST_V4_MASK, reconsume_times, max_props,
-                                             config.max_message_size)
-                    else:
-                        res = native.put_one(scratch, 0, min(room, len(scratch)), body, props, topic_bytes, queue_id,
-                                             queue_offset, base, cluster, born_host, store_host, born_timestamp,
-                                             self.clock_ms, flag, sys_flag & _HOST_V4_MASK, reconsume_times,
-                                             max_props, config.max_message_size)
+                    res = native.put_one(mf.mm, pos, file_size - pos - END_FILE_MIN_BLANK_LENGTH, body, props,
+                                         topic_bytes, queue_id, queue_offset, base, cluster, born_host, store_host,
+                                         born_timestamp, self.clock_ms, flag, sys_flag & _HOST_V4_MASK,
+                                         reconsume_times, max_props, config.max_message_size)
                 except OverflowError:  # a field out of its record range: the Python path raises as before
                     return None
                 if res is None:
                     return None
                 total, wait, msg_id, store_ts = res
                 if msg_id is None:  # no room: roll (BLANK filler, next segment) and put it there
-                    if total + END_FILE_MIN_BLANK_LENGTH > self.file_size or (scratch is not None and total <= room):
-                        return None  # too large for any segment (or for the scratch buffer): the Python path
+                    if total + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+                        return None  # too large for any segment: MESSAGE_ILLEGAL from the Python path
                     return self._put_one_rolling(topic_bytes, key, queue_offset, max_props, body, props, cluster,
                                                  flag, sys_flag, born_timestamp, born_host, store_host,
                                                  reconsume_times)
-                if scratch is not None:
-                    try:
-                        mf.append_written(memoryview(scratch)[:total])
-                    except OSError:
-                        mf.wrote_position = pos  # nothing is published: the Python path puts it, or refuses
-                        return None
                 mf.wrote_position = pos + total  # published once, like put_messages
                 # _put_one_done written out (one frame less per send)
                 self.topic_queue_table[key] = queue_offset + 1
