@@ -118,16 +118,17 @@ def _abandon(fd: int, created_path: str | None) -> None:
             pass
 
 
-def with_descriptor(pool: OpenFilePool | None, what: str, path: str, call: Callable[[], _T]) -> _T:
+def with_descriptor(pool: OpenFilePool | None, what: str, path: str, call: Callable[[], _T],
+                    keep: MappedFile | None = None) -> _T:
     """``call()`` (a listing, an open: anything that takes a descriptor); when none is left, release the pool's least
-    recently used file and try again. StoreOpenFilesError when none is left to release."""
+    recently used file (other than ``keep``) and try again. StoreOpenFilesError when none is left to release."""
     while True:
         try:
             return call()
         except OSError as exc:
             if exc.errno not in _NO_DESCRIPTOR:
                 raise
-            if pool is None or not pool.release_oldest(None):
+            if pool is None or not pool.release_oldest(keep):
                 if pool is not None:
                     pool.open_failures_total += 1
                 raise StoreOpenFilesError(f"cannot {what} {path}: {exc}") from exc
@@ -212,17 +213,7 @@ class MappedFile:
     def _retry_descriptors(self, what: str, call: Callable[[], _T]) -> _T:
         """``call()``; when it finds no descriptor left, release the pool's least recently used file and try
         again (StoreOpenFilesError when none is left to release)."""
-        while True:
-            try:
-                return call()
-            except OSError as exc:
-                if exc.errno not in _NO_DESCRIPTOR:
-                    raise
-                pool = self.pool
-                if pool is None or not pool.release_oldest(self):
-                    if pool is not None:
-                        pool.open_failures_total += 1
-                    raise StoreOpenFilesError(f"cannot {what} {self.path}: {exc}") from exc
+        return with_descriptor(self.pool, what, self.path, call, keep=self)
 
     def _open(self, *, create: bool, preallocate: bool = False) -> None:
         path = self.path
