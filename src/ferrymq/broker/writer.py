@@ -72,6 +72,11 @@ class MessageWriter:
         self._wake_all = False
         self._reput_scheduled = False
         self._retry_handle: asyncio.TimerHandle | None = None
+        #: where the last put through this writer ended: a reput that dispatched records and got there is not
+        #: behind, so ``_reput`` asks the store's ``dispatch_behind_bytes`` only otherwise (0: no put yet)
+        self._put_end_phy_offset = 0
+        #: the store's ``Dispatcher`` when it has one (its ``cut_short`` and ``reput_phy_offset`` read directly)
+        self._dispatcher: Any = getattr(store, "dispatcher", None)
         #: the store's check before a put (``MessageStore.prepare_put``), if it has one
         self._prepare: Callable[[str, int, int], Any] | None = getattr(store, "prepare_put", None)
         #: ``BrokerStats`` (set by the broker): stored messages/bytes per topic, SYNC_MASTER wait times
@@ -172,6 +177,7 @@ class MessageWriter:
             self._appended((topic, queue_id), ar)
             return res
         # _appended written out for the usual case (once per plain send: one frame less)
+        self._put_end_phy_offset = ar.wrote_offset + ar.wrote_bytes
         self._pending_keys.add((topic, queue_id))
         stats = self.stats
         if stats is not None:
@@ -184,13 +190,14 @@ class MessageWriter:
         return res
 
     def _appended(self, key: QueueKey, ar: Any) -> None:
+        self._put_end_phy_offset = end = ar.wrote_offset + ar.wrote_bytes
         if self.hold_keys:
             held = self._held_keys
             if len(held) >= HELD_KEYS_MAX:
                 held.clear()
-                self._wake_all_at = ar.wrote_offset + ar.wrote_bytes
+                self._wake_all_at = end
             else:
-                held.append((ar.wrote_offset + ar.wrote_bytes, key))
+                held.append((end, key))
         else:
             self._pending_keys.add(key)
         stats = self.stats
@@ -247,10 +254,15 @@ class MessageWriter:
         except Exception:
             log.exception("reput failed")
             n = 0
-        if n >= REPUT_BATCH_RECORDS or getattr(self._store, "reput_cut_short", False):
+        d = self._dispatcher
+        if n >= REPUT_BATCH_RECORDS or (d.cut_short if d is not None else getattr(self._store, "reput_cut_short", False)):
             self.schedule_reput()
-        elif getattr(self._store, "dispatch_behind_bytes", 0) > 0:
-            self._schedule_retry()  # stopped short (a file could not be had): again by itself, no send needed
+        elif ((d is None or n == 0 or d.reput_phy_offset < self._put_end_phy_offset or not self._put_end_phy_offset)
+              and getattr(self._store, "dispatch_behind_bytes", 0) > 0):
+            # stopped short (a file could not be had): again by itself, no send needed. A reput that dispatched
+            # records up to the end of the last put is not behind (the usual case: no walk to the log's end);
+            # a stalled one dispatched nothing, so it is asked as before
+            self._schedule_retry()
         held = self._held_keys
         if held or self._wake_all_at >= 0:  # the queues whose puts this reput (or an earlier one) dispatched
             dispatched_to = self._store.reput_phy_offset
