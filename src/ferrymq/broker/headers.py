@@ -185,6 +185,9 @@ def _native_send_header() -> Any:
 
 #: ``send_header_v2(ext_fields, is_batch)`` of the extension: a ``SendHeader`` equal to ``_parse_v2``'s, or None
 _native_v2 = _native_send_header()
+#: the same for the send processor, which calls it for a SEND_MESSAGE_V2 before ``SendHeader.parse`` (one frame
+#: less per send); None without the extension (or with ``FERRYMQ_PURE_PYTHON=1``)
+native_send_header_v2 = _native_v2
 
 
 # PullSysFlag bits (§2.7 PULL)

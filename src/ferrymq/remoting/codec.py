@@ -200,6 +200,9 @@ def _load_extension() -> ModuleType | None:
 EXTENSION: ModuleType | None = _load_extension()
 NATIVE: ModuleType | None = None if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0") else EXTENSION
 _native_send_ok = NATIVE.encode_send_ok if NATIVE is not None else None
+#: ``encode_send_ok_response``'s extension call for the send processor (one frame less per send): the frame, or
+#: None when the extension declines the values (then ``encode_send_ok_response`` answers); None without it
+native_send_ok = _native_send_ok
 _native_decode_frames = NATIVE.decode_frames if NATIVE is not None else None
 _native_encode = NATIVE.encode_json if NATIVE is not None else None
 
