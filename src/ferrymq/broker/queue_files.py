@@ -55,14 +55,15 @@ def stored_in_named_queue(properties: str) -> bool:
 
 class QueueFileGate:
     def __init__(self, store: QueueFileStore, queue_table: dict[QueueKey, Any]) -> None:
-        """``queue_table``: the store's consume queues by key (a queue in it needs no first file)."""
+        """``queue_table``: the store's consume queues by key (a queue in it needs no first file). ``queues`` and
+        ``lines`` are read by the send path's first look (``may_defer`` written out)."""
         self._store = store
-        self._queues = queue_table
+        self.queues = queue_table
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: ThreadPoolExecutor | None = None
         #: queue -> the sends waiting for its file, in arrival order: (the future answered with the send's
         #: result, the send)
-        self._lines: dict[QueueKey, list[tuple[asyncio.Future[Any], Callable[[], Any]]]] = {}
+        self.lines: dict[QueueKey, list[tuple[asyncio.Future[Any], Callable[[], Any]]]] = {}
         #: files the thread made, and sends that waited for one (metrics and tests)
         self.made_total = 0
         self.deferred_total = 0
@@ -81,23 +82,23 @@ class QueueFileGate:
         """Cheap first look for a send: False when its queue exists and no file of it is in the making (the
         usual case: ``defer`` would return None)."""
         key = (topic, queue_id)
-        return key in self._lines or key not in self._queues
+        return key in self.lines or key not in self.queues
 
     @property
     def in_the_making(self) -> int:
-        return len(self._lines)
+        return len(self.lines)
 
     def defer(self, topic: str, queue_id: int, send: Callable[[], Any]) -> asyncio.Future[Any] | None:
         """None: run ``send`` now. Otherwise a future answered with ``send()``'s result (or its exception),
         run on the loop once the queue's first file is made."""
         key = (topic, queue_id)
-        line = self._lines.get(key)
+        line = self.lines.get(key)
         if line is None:
-            if key in self._queues:
+            if key in self.queues:
                 return None
             executor = self._executor
             loop = self._loop
-            if executor is None or loop is None or len(self._lines) >= MAX_QUEUES_IN_THE_MAKING:
+            if executor is None or loop is None or len(self.lines) >= MAX_QUEUES_IN_THE_MAKING:
                 return None
             path = self._store.consume_queue_file_to_make(topic, queue_id)
             if path is None:
@@ -106,7 +107,7 @@ class QueueFileGate:
                 job = loop.run_in_executor(executor, self._store.make_consume_queue_file, path)
             except RuntimeError:  # the executor shut down meanwhile
                 return None
-            line = self._lines[key] = []
+            line = self.lines[key] = []
             job.add_done_callback(functools.partial(self._made, key))
         assert self._loop is not None
         fut: asyncio.Future[Any] = self._loop.create_future()
@@ -115,7 +116,7 @@ class QueueFileGate:
         return fut
 
     def _made(self, key: QueueKey, job: asyncio.Future[bool]) -> None:
-        line = self._lines.pop(key, [])
+        line = self.lines.pop(key, [])
         if job.cancelled():
             pass
         elif job.exception() is not None:

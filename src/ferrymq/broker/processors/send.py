@@ -246,7 +246,8 @@ class SendProcessor:
                                                           f"{config.max_message_size}")
         queue_id = h.queue_id if h.queue_id >= 0 else ctx.topics.random_queue_id(tc)
         gate = ctx.queue_files
-        if (gate.may_defer(h.topic, queue_id) and not h.sys_flag & SYSFLAG_TRANSACTION_MASK
+        # gate.may_defer() written out (once per send): a queue in the making, or none yet
+        if ((gate.lines or (h.topic, queue_id) not in gate.queues) and not h.sys_flag & SYSFLAG_TRANSACTION_MASK
                 and not h.topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and stored_in_named_queue(h.properties)):
             # a new queue: its first consume queue file is made on a thread, then the send runs (queue_files.py)
             waiting = gate.defer(h.topic, queue_id, functools.partial(self._send_now, conn, cmd, h, queue_id))
