@@ -322,6 +322,7 @@ class BrokerController:
             on_master_info=self._on_master_info, topic_table=self._topic_table_copy,
             compressed=cfg.compressed_register)
         self.topics.on_change = self.registrar.trigger
+        self.topics.on_topic_put = self.registrar.register_topic
         if self.controller_role is not None:
             role = self.controller_role
             # never advertised as the master once the lease lapsed (a paused old master that resumes must not

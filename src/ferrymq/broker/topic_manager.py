@@ -62,6 +62,9 @@ class TopicManager(JournaledJsonTable):
         #: called after each change; ``urgent`` for a topic a client's request created (auto-create in a send,
         #: a group's %RETRY% / %DLQ% topic): the client asks for its route next
         self.on_change: Callable[..., None] | None = None
+        #: called instead of ``on_change`` with a topic created or replaced (its config), ``urgent`` as there:
+        #: registers that topic alone (``NameServerRegistrar.register_topic``); deletions call ``on_change``
+        self.on_topic_put: Callable[..., None] | None = None
         #: on a slave: topic -> how many queues its store holds (``get`` answers read-only configs from it for
         #: topics the master's config has not brought yet)
         self.replica_queue_count: Callable[[str], int] | None = None
@@ -139,7 +142,9 @@ class TopicManager(JournaledJsonTable):
             self.journal_put(topic, tc.to_json())
             if self._fragments is not None:
                 self._fragments[topic] = _fragment(tc)
-        if self.on_change is not None:
+        if tc is not None and self.on_topic_put is not None:
+            self.on_topic_put(tc, urgent=urgent)
+        elif self.on_change is not None:
             if urgent:
                 self.on_change(urgent=True)
             else:

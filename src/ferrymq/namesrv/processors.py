@@ -112,6 +112,7 @@ class NamesrvProcessors:
             (rc.ADD_WRITE_PERM_OF_BROKER, self.add_write_perm),
             (rc.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self.get_all_topics),
             (rc.DELETE_TOPIC_IN_NAMESRV, self.delete_topic),
+            (rc.REGISTER_TOPIC_IN_NAMESRV, self.register_topic),
             (rc.GET_KVLIST_BY_NAMESPACE, self.get_kv_list),
             (rc.GET_TOPICS_BY_CLUSTER, self.get_topics_by_cluster),
             (rc.QUERY_DATA_VERSION, self.query_data_version),
@@ -274,6 +275,31 @@ class NamesrvProcessors:
         if self.routes.delete_topic(topic, cluster):
             log.info("deleted topic %s%s (from %s)", topic, f" in cluster {cluster}" if cluster else "",
                      conn.peer_addr)
+        return cmd.response(SUCCESS)
+
+    def register_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """REGISTER_TOPIC_IN_NAMESRV (RocketMQ 5): one topic's queue data, as a broker sends it for a topic just
+        created or changed instead of its whole table. Applied for a broker name whose master registered over
+        this very connection; anything else (a broker this name server does not hold, another connection) is
+        answered SYSTEM_ERROR, and the broker registers its whole table instead."""
+        topic = _required(cmd, "topic")
+        try:
+            obj = jsonx.loads(cmd.body) if cmd.body else {}
+            queue_datas = obj.get("queueDatas") or [] if isinstance(obj, dict) else None
+            if not isinstance(queue_datas, list):
+                raise ValueError("queueDatas is not a list")
+            configs = [(str(qd["brokerName"]), TopicConfig(topic, int(qd["readQueueNums"]),
+                                                           int(qd["writeQueueNums"]), int(qd["perm"]),
+                                                           "SINGLE_TAG", int(qd.get("topicSysFlag", 0))))
+                       for qd in queue_datas]
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"bad topic route body: {exc}")
+        for broker_name, _tc in configs:
+            if self.routes.master_channel(broker_name) is not conn:
+                return cmd.response(ResponseCode.SYSTEM_ERROR,
+                                    remark=f"broker {broker_name} is not registered over this connection")
+        for broker_name, tc in configs:
+            self.routes.upsert_topics(broker_name, (tc,))
         return cmd.response(SUCCESS)
 
     # ---- KV config ------------------------------------------------------------------------

@@ -227,6 +227,13 @@ class RouteTable:
                 cluster_topics[name] = cluster_topics.get(name, 0) + 1
         return n
 
+    def master_channel(self, broker_name: str) -> Hashable | None:
+        """The connection the master of ``broker_name`` registered over (None: no live master)."""
+        bd = self._brokers.get(broker_name)
+        addr = bd.broker_addrs.get(MASTER_ID) if bd is not None else None
+        live = self._live.get(addr) if addr is not None else None
+        return live.channel if live is not None else None
+
     def finish_registration(self, broker_addr: str, data_version: DataVersion | None,
                             filter_servers: Iterable[str] = ()) -> None:
         """Record the DataVersion whose table is now fully applied (after the steps of ``upsert_topics``),
