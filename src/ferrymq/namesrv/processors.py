@@ -12,6 +12,7 @@
 | 205  | WIPE_WRITE_PERM_OF_BROKER          | wipe_write_perm      |
 | 206  | GET_ALL_TOPIC_LIST_FROM_NAMESERVER | get_all_topics       |
 | 216  | DELETE_TOPIC_IN_NAMESRV            | delete_topic         |
+| 217  | REGISTER_TOPIC_IN_NAMESRV          | register_topic       |
 | 219  | GET_KVLIST_BY_NAMESPACE            | get_kv_list          |
 | 224  | GET_TOPICS_BY_CLUSTER              | get_topics_by_cluster|
 | 322  | QUERY_DATA_VERSION                 | query_data_version   |
