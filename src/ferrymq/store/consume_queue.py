@@ -47,6 +47,11 @@ _UNITS_PACKERS: dict[int, struct.Struct] = {}
 CQ_RESERVE_CHUNK_BYTES = 64 * 1024
 
 
+def queue_file_path(root_dir: str, topic: str, queue_id: int, byte_offset: int, file_size: int) -> str:
+    """The path of the file of queue (topic, queue_id) under ``root_dir`` that holds global byte ``byte_offset``."""
+    return os.path.join(root_dir, topic, str(queue_id), offset_to_file_name(byte_offset - byte_offset % file_size))
+
+
 def _chunk_all_valid(chunk: bytes) -> bool:
     """True if every unit in ``chunk`` has phy >= 0 and size > 0 (min() over strided int32 views)."""
     if not chunk or len(chunk) % CQ_STORE_UNIT_SIZE:
@@ -323,7 +328,7 @@ class ConsumeQueue:
         premade = self._floor.premade
         if not premade:
             return None
-        path = os.path.join(self.store_path, offset_to_file_name(expected - expected % self.file_size))
+        path = queue_file_path(self._root_dir, self.topic, self.queue_id, expected, self.file_size)
         if path not in premade:
             return None
         mfq = MappedFileQueue(self.store_path, self.file_size, pool=self._pool, flush_lock=self._floor.flush_lock)

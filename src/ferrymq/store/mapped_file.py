@@ -118,6 +118,29 @@ def _abandon(fd: int, created_path: str | None) -> None:
             pass
 
 
+def make_sparse_segment(path: str, file_size: int, reserve_bytes: int, flags: int = 0) -> int:
+    """Create the segment file ``path`` (and its directories) as a sparse file of ``file_size`` bytes with its first
+    ``reserve_bytes`` reserved, without mapping it: for a thread making a file ahead of the one that maps it.
+    Returns the bytes reserved (0 on a file system without ``posix_fallocate``), or -1: the file exists already
+    (left alone), or it could not be made (what was created is removed)."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o644)
+    except OSError:
+        return -1
+    reserved = min(file_size, reserve_bytes)
+    try:
+        os.ftruncate(fd, file_size)
+        os.posix_fallocate(fd, 0, reserved)
+    except OSError as exc:
+        if exc.errno not in _FALLOCATE_UNSUPPORTED:
+            _abandon(fd, path)
+            return -1
+        reserved = 0
+    os.close(fd)
+    return reserved
+
+
 def with_descriptor(pool: OpenFilePool | None, what: str, path: str, call: Callable[[], _T],
                     keep: MappedFile | None = None) -> _T:
     """``call()`` (a listing, an open: anything that takes a descriptor); when none is left, release the pool's least

@@ -352,8 +352,7 @@ class MessageStore:
             rel = self.commit_log.topic_queue_table.get(key, 0) * CQ_STORE_UNIT_SIZE - mf.file_from_offset
             if 0 <= rel <= mf.reserved_position - CQ_STORE_UNIT_SIZE:
                 return None
-        if ((sys_flag & SYSFLAG_TRANSACTION_MASK) in _NO_CQ or not self._running or self.config.is_slave
-                or self.disk_full or self.commit_log._encode_topic(topic) is None or not 0 <= queue_id < 1 << 31):
+        if (sys_flag & SYSFLAG_TRANSACTION_MASK) in _NO_CQ or self._put_prepares_nothing(topic, queue_id):
             return None  # no consume queue unit / the put itself refuses
         try:
             self.queues.prepare_unit(topic, queue_id, self.commit_log.topic_queue_table.get(key, 0))
@@ -367,6 +366,12 @@ class MessageStore:
                 prepared.clear()
             prepared[key] = last
         return None
+
+    def _put_prepares_nothing(self, topic: str, queue_id: int) -> bool:
+        """A put to (topic, queue_id) now would be refused by the put itself (not running, a slave, a full disk, a
+        bad topic or queue id): there is no consume queue file to prepare for it."""
+        return (not self._running or self.config.is_slave or self.disk_full or not 0 <= queue_id < 1 << 31
+                or self.commit_log._encode_topic(topic) is None)
 
     def _refuse_put(self, key: tuple[str, int], exc: StoreError) -> PutMessageStatus:
         status = (PutMessageStatus.DISK_FULL if isinstance(exc, StoreDiskFullError)
@@ -433,8 +438,7 @@ class MessageStore:
         or None: for a caller that has ``make_consume_queue_file`` make it on a thread before the put, so the
         event loop does not wait on the file system's directory, inode and block allocations. Asks nothing of the
         file system; None where a put would be refused or stores no unit anyway."""
-        if (not self._running or self.config.is_slave or self.disk_full or not 0 <= queue_id < 1 << 31
-                or self.commit_log._encode_topic(topic) is None):
+        if self._put_prepares_nothing(topic, queue_id):
             return None
         return self.queues.file_to_make(topic, queue_id, self.commit_log.topic_queue_table.get((topic, queue_id), 0))
 

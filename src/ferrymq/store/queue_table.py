@@ -10,8 +10,6 @@ only the queues written since the last one, and the queues of one topic are foun
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
 import resource
@@ -21,9 +19,9 @@ import time
 
 from ferrymq.store.checkpoint import QueueMark
 from ferrymq.store.config import CQ_STORE_UNIT_SIZE
-from ferrymq.store.consume_queue import CQ_RESERVE_CHUNK_BYTES, ConsumeQueue, LogFloor
+from ferrymq.store.consume_queue import CQ_RESERVE_CHUNK_BYTES, ConsumeQueue, LogFloor, queue_file_path
 from ferrymq.store.errors import StoreError
-from ferrymq.store.mapped_file import POOLED_OPEN_FLAGS, OpenFilePool, offset_to_file_name
+from ferrymq.store.mapped_file import POOLED_OPEN_FLAGS, OpenFilePool, make_sparse_segment
 from ferrymq.store.syncfs import SyncFs
 
 log = logging.getLogger(__name__)
@@ -77,24 +75,7 @@ def make_consume_queue_file(path: str, file_size: int) -> int:
     the bytes it reserved from the start of the file it made (0 on a file system without ``posix_fallocate``), or
     -1: a file that exists already is left alone; on a failure (no room, no descriptor) it removes what it created,
     and the loop's own preparation then meets the same failure and refuses the send with its status."""
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | POOLED_OPEN_FLAGS, 0o644)
-    except OSError:
-        return -1
-    reserved = min(file_size, CQ_RESERVE_CHUNK_BYTES)
-    try:
-        os.ftruncate(fd, file_size)
-        os.posix_fallocate(fd, 0, reserved)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            return -1
-        reserved = 0  # a file system without fallocate: the loop's preparation finds that out itself
-    os.close(fd)
-    return reserved
+    return make_sparse_segment(path, file_size, CQ_RESERVE_CHUNK_BYTES, POOLED_OPEN_FLAGS)
 
 
 def process_fds() -> tuple[int, int]:
@@ -134,7 +115,6 @@ class ConsumeQueueTable:
         self.expired_files_total = 0
         #: flushes of many queues at once (``syncfs`` of the file system holding the root)
         self._syncfs = SyncFs(root_dir)
-        self.syncfs_flushes_total = 0
 
     def load(self, marks: dict[QueueKey, QueueMark] | None = None) -> None:
         """Find the queues on disk: one listing of the root and one per topic directory. A queue the
@@ -195,9 +175,7 @@ class ConsumeQueueTable:
         its files are its own business). Asks nothing of the file system."""
         if (topic, queue_id) in self.queues or not topic_dir_name_ok(topic):
             return None
-        expected = queue_offset * CQ_STORE_UNIT_SIZE
-        start = expected - expected % self.file_size
-        return os.path.join(self.root_dir, topic, str(queue_id), offset_to_file_name(start))
+        return queue_file_path(self.root_dir, topic, queue_id, queue_offset * CQ_STORE_UNIT_SIZE, self.file_size)
 
     def mark_dirty(self, cq: ConsumeQueue) -> None:
         if cq not in self._dirty:
@@ -245,8 +223,12 @@ class ConsumeQueueTable:
         for cq, mark, synced in taken:
             cq.note_flushed(synced)
             flushed[(cq.topic, cq.queue_id)] = mark
-        self.syncfs_flushes_total += 1
         return flushed
+
+    @property
+    def syncfs_flushes_total(self) -> int:
+        """Flushes of many queues at once done (each one ``syncfs``)."""
+        return self._syncfs.calls_total
 
     def max_phy_end(self) -> int:
         return max((cq.max_phy_end for cq in self.queues.values()), default=0)
