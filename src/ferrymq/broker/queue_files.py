@@ -30,14 +30,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from ferrymq.broker.writer import STORED_ELSEWHERE_MARKS
+
 log = logging.getLogger(__name__)
 
 #: queues whose first file may be in the making at once; a send to a further new queue prepares its file on the
 #: loop, as before (bounds the lines of waiting sends)
 MAX_QUEUES_IN_THE_MAKING = 10_000
-#: properties of a message the store puts in another queue than the one it names (delay level, transaction half,
-#: timer): the gate does not make that queue's file
-_STORED_ELSEWHERE_MARKS = ("DELAY\x01", "TRAN_MSG\x01", "TIMER_", "__STARTDELIVERTIME\x01")
 
 QueueKey = tuple[str, int]
 
@@ -50,7 +49,7 @@ class QueueFileStore(Protocol):
 
 def stored_in_named_queue(properties: str) -> bool:
     """Whether a message with these (encoded) properties is stored in the queue its send names."""
-    return not any(mark in properties for mark in _STORED_ELSEWHERE_MARKS)
+    return not any(mark in properties for mark in STORED_ELSEWHERE_MARKS)
 
 
 class QueueFileGate:

@@ -35,6 +35,7 @@ from typing import Any
 
 from ferrymq.common.aio import wait_event
 from ferrymq.common.register_body_codec import body_crc32, encode_compressed_register_body
+from ferrymq.common.route import QueueData, TopicRouteData
 from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.remoting import jsonx
 from ferrymq.remoting.codec import RemotingCommand
@@ -189,10 +190,8 @@ class NameServerRegistrar:
         while pending:
             name = next(iter(pending))
             tc = pending.pop(name)
-            body = jsonx.dumps({"queueDatas": [{
-                "brokerName": self.broker_name, "readQueueNums": tc.read_queue_nums,
-                "writeQueueNums": tc.write_queue_nums, "perm": tc.perm, "topicSysFlag": tc.topic_sys_flag}],
-                "brokerDatas": []})
+            body = jsonx.dumps(TopicRouteData(queue_datas=[QueueData(
+                self.broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag)]).to_json())
             results = await asyncio.gather(*(self._pool.invoke(
                 addr, RemotingCommand.request(RequestCode.REGISTER_TOPIC_IN_NAMESRV, {"topic": name}, body),
                 REGISTER_TIMEOUT_MS) for addr in self.namesrv_addrs), return_exceptions=True)

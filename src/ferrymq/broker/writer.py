@@ -49,12 +49,12 @@ HELD_KEYS_MAX = 65_536
 QueueKey = tuple[str, int]
 
 
-#: properties (as sent) that take a single send off the native path and into another queue
-_GOES_ELSEWHERE_DELAY = b"DELAY\x01"
-_GOES_ELSEWHERE_TRAN = b"TRAN_MSG\x01"
-#: a timer property (TIMER_DELAY_SEC/_MS, TIMER_DELIVER_MS; common/timer.py) may be there: the Python path decides
-_MAYBE_TIMER = b"TIMER_"
-_MAYBE_START_DELIVER = b"__STARTDELIVERTIME\x01"
+#: properties (as sent) of a message stored in another queue than the one its send names: a delay level, a
+#: transaction half, and maybe a timer (TIMER_DELAY_SEC/_MS, TIMER_DELIVER_MS, __STARTDELIVERTIME; common/timer.py:
+#: the Python path decides). They take a single send off the native path (and out of queue_files.py's gate)
+STORED_ELSEWHERE_MARKS = ("DELAY\x01", "TRAN_MSG\x01", "TIMER_", "__STARTDELIVERTIME\x01")
+_GOES_ELSEWHERE_DELAY, _GOES_ELSEWHERE_TRAN, _MAYBE_TIMER, _MAYBE_START_DELIVER = (
+    mark.encode() for mark in STORED_ELSEWHERE_MARKS)
 
 class MessageWriter:
     def __init__(self, store: Any, config: BrokerConfig, flush: FlushService,

@@ -47,6 +47,7 @@ from ferrymq.common.register_body_codec import (
     decode_register_envelope,
     topic_config_from_json,
 )
+from ferrymq.common.route import QueueData
 from ferrymq.common.topic import DataVersion, TopicConfig
 from ferrymq.errors import ProtocolError
 from ferrymq.namesrv.kv_config import NAMESPACE_ORDER_TOPIC_CONFIG, KVConfigManager
@@ -289,10 +290,9 @@ class NamesrvProcessors:
             queue_datas = obj.get("queueDatas") or [] if isinstance(obj, dict) else None
             if not isinstance(queue_datas, list):
                 raise ValueError("queueDatas is not a list")
-            configs = [(str(qd["brokerName"]), TopicConfig(topic, int(qd["readQueueNums"]),
-                                                           int(qd["writeQueueNums"]), int(qd["perm"]),
-                                                           "SINGLE_TAG", int(qd.get("topicSysFlag", 0))))
-                       for qd in queue_datas]
+            configs = [(qd.broker_name, TopicConfig(topic, qd.read_queue_nums, qd.write_queue_nums, qd.perm,
+                                                    "SINGLE_TAG", qd.topic_sys_flag))
+                       for qd in map(QueueData.from_json, queue_datas)]
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"bad topic route body: {exc}")
         for broker_name, _tc in configs:
