@@ -16,6 +16,7 @@ from store_helpers import assert_cqs_match_commit_log, inner
 from ferrymq.store import MessageStore, PutMessageStatus
 from ferrymq.store import message_store as message_store_mod
 from ferrymq.store.consume_queue import CQ_RESERVE_CHUNK_BYTES
+from ferrymq.store.mapped_file import MappedFile
 from ferrymq.store.results import GetMessageStatus
 
 Opener = Callable[..., MessageStore]
@@ -67,14 +68,20 @@ def test_a_ready_queue_is_not_prepared_again_on_every_put(open_store: Opener,
     assert_cqs_match_commit_log(store)
 
 
-def test_a_released_file_is_mapped_again_before_the_put(open_store: Opener,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    store = open_store(mapped_file_size_consume_queue=BIG_CQ_FILE)
+def _released_cold_file(store: MessageStore) -> MappedFile:
+    """A put to queue ("Cold", 0), then its file released, as the open-file pool does under pressure."""
     assert _put(store, "Cold") is None
     cq = store.queues.find("Cold", 0)
     assert cq is not None
     mf = cq.mfq.last()
-    assert mf is not None and mf.release() and not mf.is_mapped  # as the open-file pool does under pressure
+    assert mf is not None and mf.release() and not mf.is_mapped
+    return mf
+
+
+def test_a_released_file_is_mapped_again_before_the_put(open_store: Opener,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(mapped_file_size_consume_queue=BIG_CQ_FILE)
+    mf = _released_cold_file(store)
     calls = _count_preparations(store, monkeypatch)
     assert store.prepare_put("Cold", 0, 0) is None
     assert calls == [("Cold", 0, 1)] and mf.is_mapped
@@ -83,11 +90,7 @@ def test_a_released_file_is_mapped_again_before_the_put(open_store: Opener,
 def test_a_released_file_that_cannot_be_reopened_refuses_the_put(open_store: Opener,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     store = open_store(mapped_file_size_consume_queue=BIG_CQ_FILE)
-    assert _put(store, "Cold") is None
-    cq = store.queues.find("Cold", 0)
-    assert cq is not None
-    mf = cq.mfq.last()
-    assert mf is not None and mf.release()
+    _released_cold_file(store)
     real_open = os.open
 
     def no_descriptor(path: str, flags: int, mode: int = 0o777, **kw: object) -> int:
