@@ -121,6 +121,15 @@ def disk_ms(took_ms: float, fd: int, run_delay_before_ns: int) -> float:
     return max(0.0, took_ms - (after - run_delay_before_ns) / 1e6)
 
 
+def _log_failure_once(what: str, exc: BaseException, failing: str | None) -> str:
+    """The cause of a failed flush round (logged when it is not ``failing``, the cause already logged: a full disk
+    fails every round, one line is enough); returns it."""
+    cause = f"{type(exc).__name__}: {exc}"
+    if cause != failing:
+        log.error("%s failed (retried every round until it succeeds): %s", what, cause)
+    return cause
+
+
 class _Waiter:
     """One SYNC_FLUSH wait: answered once (True: flushed; False: timed out, refused or stopped)."""
 
@@ -433,10 +442,7 @@ class FlushService:
             try:
                 self._store.flush_consume_queues()
             except (OSError, StoreError) as exc:
-                cause = f"{type(exc).__name__}: {exc}"
-                if cause != failing:
-                    failing = cause
-                    log.error("consume queue flush failed (retried every round until it succeeds): %s", cause)
+                failing = _log_failure_once("consume queue flush", exc, failing)
                 continue
             except Exception:
                 if failing is None:
@@ -471,10 +477,7 @@ class FlushService:
             except (OSError, StoreError) as exc:  # the disk refused (full, I/O error): one line, not a traceback
                 self._in_flight = False
                 self._inline_off_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
-                cause = f"{type(exc).__name__}: {exc}"
-                if cause != failing:
-                    failing = cause
-                    log.error("flush failed (retried every round until it succeeds): %s", cause)
+                failing = _log_failure_once("flush", exc, failing)
                 continue
             except Exception:
                 self._in_flight = False
