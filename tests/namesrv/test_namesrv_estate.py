@@ -75,6 +75,30 @@ async def test_large_changed_table_is_applied_in_steps(server: NameServer, compr
     assert server.routes.live_info(ADDR).data_version == version  # type: ignore[union-attr]
 
 
+async def test_a_large_plain_body_is_parsed_in_steps_and_an_unchanged_one_not_at_all(
+        server: NameServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    topics = table_of(4 * N_TOPICS)
+    body = body_of(topics, DataVersion(1, 5), False)
+    parsed: list[int] = []
+    real_loads = orjson.loads
+
+    def loads(data: object) -> object:
+        parsed.append(len(data))  # type: ignore[arg-type]
+        return real_loads(data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(orjson, "loads", loads)
+    conn = Connection()
+    answer = server.processors.register_broker(conn, register_cmd(body, False))
+    assert asyncio.iscoroutine(answer)
+    assert (await answer).code == ResponseCode.SUCCESS
+    assert routed(server, topics) == len(topics)
+    assert max(parsed) < len(body) / 10  # each parse a step of the table, never the whole body
+    parsed.clear()
+    again = server.processors.register_broker(conn, register_cmd(body, False))  # the same DataVersion
+    assert not asyncio.iscoroutine(again) and again.code == ResponseCode.SUCCESS
+    assert sum(parsed) < 1024  # only the text before the table
+
+
 async def test_same_version_arriving_during_steps_is_not_skipped(server: NameServer) -> None:
     conn = Connection()
     topics = table_of(N_TOPICS)

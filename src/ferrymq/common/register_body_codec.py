@@ -44,6 +44,35 @@ API
     Either form, for a ``RegisterBrokerBody``. ``body_crc32(body)`` the header checksum.
 ``decode_register_envelope(body)``
     A plain body with its topic table left as parsed JSON (``topic_config_from_json`` converts one entry).
+``PlainRegisterBodyReader(body)``
+    A plain body in steps, so that a 10,000-topic table is never one parse: ``.data_version`` and
+    ``.filter_server_list`` after the constructor, then ``read_topics(max_count)`` until it returns an empty
+    list. ``.stepped`` is False when the body is not in the layout the steps need (below): it was then
+    parsed whole by the constructor and ``read_topics`` hands out that table.
+
+Plain body in steps
+-------------------
+Every broker we know writes the keys in this order (fastjson sorts a bean's properties, and so does our
+encoder): ``{"filterServerList":[...],"topicConfigSerializeWrapper":{"dataVersion":{...},
+"topicConfigTable":{ENTRIES}...}...}``. The reader needs only that the table's key comes after
+``filterServerList`` and ``dataVersion``:
+
+| step        | what is parsed                                        | how                                         |
+|-------------|-------------------------------------------------------|---------------------------------------------|
+| constructor | the text before the table, closed by a probe          | first ``"topicConfigTable":{``; the text    |
+|             | ``{"\u0000":0}}}`` (one parse of a few hundred bytes)  | before it plus the probe must parse, with   |
+|             |                                                       | the probe in the wrapper's table            |
+| each step   | ``{`` + entries + ``}``, about ``max_count`` x         | ends at a ``}`` followed by ``, "key": {``  |
+|             | ``PLAIN_TOPIC_BYTES_ESTIMATE`` bytes                   | at or after the step's size                 |
+| last step   | the body with the entries already read cut out        | one parse of the rest: the table's last     |
+|             |                                                       | entries and everything after the table      |
+
+A step's text parses only if its end closes an entry of the table: an end inside a string, or inside an
+entry's nested object or array, leaves the text with an open string or container, so the parse fails and
+the step tries the next such ``}`` (at most ``PLAIN_SPLIT_TRIALS`` times, then the last step takes the
+rest). The entries of a well-formed body therefore come out exactly as one parse would give them. A
+malformed body is refused (``ProtocolError``) when the step that reaches the fault parses, possibly after
+earlier steps handed out entries, as with the compressed reader.
 """
 
 from __future__ import annotations
@@ -71,9 +100,21 @@ COMPRESS_LEVEL = 9
 CRC32_MASK = 0x7FFFFFFF
 #: Fields of a topic entry RocketMQ 4.x decodes (it refuses any other count).
 TOPIC_ENTRY_FIELDS = 5
+#: Plain body in steps: bytes of one topic entry, about (a fastjson TopicConfig with a 20-character name is 165),
+#: so a step of ``read_topics(n)`` parses about n entries
+PLAIN_TOPIC_BYTES_ESTIMATE = 160
+#: Plain body in steps: ends a step tries (each a parse of the step's text) before the last step takes the rest
+PLAIN_SPLIT_TRIALS = 8
 
 _INT = struct.Struct(">i")
 _FASTJSON_BARE_KEY = re.compile(rb'([{,]\s*)(-?\d+)(\s*:)')
+#: the wrapper's topic table key and the brace opening the table
+_PLAIN_TABLE_KEY = re.compile(rb'"topicConfigTable"\s*:\s*(\{)')
+#: a possible end of a step: a '}' (group 1's end) then ', "key": {' (the next entry starts at group 2)
+_PLAIN_ENTRY_END = re.compile(rb'\}()\s*,\s*("(?:[^"\\]|\\.)*"\s*:\s*\{)')
+#: closes the text before the table for the constructor's probe parse
+_PLAIN_PROBE_KEY = "\u0000"
+_PLAIN_PROBE = b'{"\\u0000":0}}}'
 
 
 @dataclass(slots=True)
@@ -267,6 +308,90 @@ def decode_register_envelope(body: bytes) -> RegisterEnvelope:
         filters = obj.get("filterServerList") or []
         return RegisterEnvelope(DataVersion.from_json(version if isinstance(version, dict) else None), table,
                                 [str(a) for a in filters])
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed register body: {exc}") from None
+
+
+class PlainRegisterBodyReader:
+    """A plain body decoded in steps (module docstring, "Plain body in steps"). ``data_version`` and
+    ``filter_server_list`` are known after the constructor; ``read_topics`` hands out the entries."""
+
+    __slots__ = ("_body", "_table_open", "_cursor", "_rest", "stepped", "data_version", "filter_server_list")
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        #: whole-parsed table still to hand out (the fallback, and the last step's entries)
+        self._rest: list[tuple[str, Any]] | None = None
+        located = _locate_plain_table(body)
+        if located is None:
+            envelope = decode_register_envelope(body)
+            self.stepped = False
+            self.data_version = envelope.data_version
+            self.filter_server_list = envelope.filter_server_list
+            self._rest = list(envelope.raw_topic_table.items())
+            self._table_open = self._cursor = -1
+            return
+        self.stepped = True
+        self._table_open, self.data_version, self.filter_server_list = located
+        #: where the next step's text starts (the first entry's key); -1 once the last step ran
+        self._cursor = self._table_open + 1
+
+    def read_topics(self, max_count: int) -> list[TopicConfig]:
+        """About ``max_count`` entries (a step ends at an entry's end); ``[]`` once every entry was read."""
+        max_count = max(1, max_count)
+        if self._cursor >= 0:
+            raw = self._next_step(max_count * PLAIN_TOPIC_BYTES_ESTIMATE)
+            if raw is not None:
+                return [topic_config_from_json(name, value) for name, value in raw.items()]
+            self._last_step()
+        rest = self._rest or []
+        take, self._rest = rest[:max_count], rest[max_count:]
+        return [topic_config_from_json(name, value) for name, value in take]
+
+    def _next_step(self, step_bytes: int) -> dict[str, Any] | None:
+        """The entries of the next step, or None when the rest is left to the last step."""
+        body, start = self._body, self._cursor
+        search_from = start + step_bytes
+        for _ in range(PLAIN_SPLIT_TRIALS):
+            m = _PLAIN_ENTRY_END.search(body, search_from)
+            if m is None:
+                return None
+            try:
+                raw = orjson.loads(b"{" + body[start:m.start(1)] + b"}")
+            except orjson.JSONDecodeError:
+                search_from = m.start(2)  # the '}' closed something inside an entry: try the next one
+                continue
+            self._cursor = m.start(2)
+            return raw if isinstance(raw, dict) else None
+        return None
+
+    def _last_step(self) -> None:
+        """Parse the body with the entries already read cut out: the table's last entries, and the rest."""
+        body = self._body
+        envelope = decode_register_envelope(body[: self._table_open + 1] + body[self._cursor:])
+        self._cursor = -1
+        self._rest = list(envelope.raw_topic_table.items())
+        self.filter_server_list = envelope.filter_server_list
+
+
+def _locate_plain_table(body: bytes) -> tuple[int, DataVersion, list[str]] | None:
+    """(index of the table's '{', data version, filter server list) when the body has the layout the steps
+    need; None otherwise (then parse it whole)."""
+    m = _PLAIN_TABLE_KEY.search(body)
+    if m is None:
+        return None
+    try:
+        probe = orjson.loads(body[: m.start(1)] + _PLAIN_PROBE)
+    except orjson.JSONDecodeError:
+        return None  # the match was inside a string, or the table is not at the wrapper's depth
+    wrapper = probe.get("topicConfigSerializeWrapper") if isinstance(probe, dict) else None
+    if not isinstance(wrapper, dict) or wrapper.get("topicConfigTable") != {_PLAIN_PROBE_KEY: 0}:
+        return None
+    version, filters = wrapper.get("dataVersion"), probe.get("filterServerList")
+    if not isinstance(version, dict) or not isinstance(filters, list):
+        return None  # written after the table: known only from a whole parse
+    try:
+        return m.start(1), DataVersion.from_json(version), [str(a) for a in filters]
     except (TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed register body: {exc}") from None
 

@@ -22,8 +22,9 @@ A missing required header field raises ProtocolError, which the connection answe
 
 REGISTER_BROKER at estate size: a registration whose DataVersion the name server already holds is answered at
 once without reading its topic table (RocketMQ skips unchanged tables too). A changed table with more than
-``REGISTER_INLINE_MAX_TOPICS`` topics is decoded and applied in steps of ``REGISTER_STEP_TOPICS``, yielding to
-the event loop between steps, so a 10,000-topic registration never holds the loop for long; registrations
+``REGISTER_INLINE_MAX_TOPICS`` topics (a plain body: more than ``REGISTER_INLINE_MAX_BODY_BYTES``) is parsed,
+decoded and applied in steps of about ``REGISTER_STEP_TOPICS``, yielding to the event loop between steps, so
+a 10,000-topic registration never holds the loop for long; registrations
 of one broker address are applied one at a time, and a broker removed meanwhile (unregister, connection
 closed, expiry) stops the steps. The DataVersion is recorded only once the whole table is applied.
 
@@ -43,6 +44,7 @@ from typing import Any
 
 from ferrymq.common.register_body_codec import (
     CompressedRegisterBodyReader,
+    PlainRegisterBodyReader,
     body_crc32,
     decode_register_envelope,
     topic_config_from_json,
@@ -65,6 +67,8 @@ REGISTER_INLINE_MAX_TOPICS = 500
 #: Topics decoded and applied per step of a large registration: about 0.8 ms of the event loop on the 2-core test
 #: machine (decoding is ~2.6 us a topic, applying ~0.4 us), the longest a route query waits behind one
 REGISTER_STEP_TOPICS = 250
+#: A plain body up to this size is parsed in one go (about 500 topics); a larger one in steps
+REGISTER_INLINE_MAX_BODY_BYTES = 80 * 1024
 
 #: (conn, cmd) -> True when the request may act on a broker registered over another connection
 #: (the app passes an admin-signature check when aclEnable is on)
@@ -140,7 +144,7 @@ class NamesrvProcessors:
         if broker_addr in self._applying:  # another registration of this address is being applied
             return self._register_in_steps(cmd, reg)
         wanted = self.routes.topics_wanted(broker_addr, broker_name, broker_id, table.data_version)
-        if not wanted or table.topic_count <= REGISTER_INLINE_MAX_TOPICS:
+        if not wanted or table.small:
             if wanted:
                 result = self._register(reg, table.all_topics(), table.data_version)
             else:
@@ -177,8 +181,7 @@ class NamesrvProcessors:
                 for batch in table.batches(REGISTER_STEP_TOPICS):
                     await asyncio.sleep(0)
                     if self.routes.live_info(reg.broker_addr) is not live:
-                        log.info("registration of %s superseded after %d of %d topics", reg.broker_addr,
-                                 applied, table.topic_count)
+                        log.info("registration of %s superseded after %d topics", reg.broker_addr, applied)
                         return self._register_answer(cmd, result)
                     applied += self.routes.upsert_topics(reg.broker_name, batch)
                 self.routes.finish_registration(reg.broker_addr, table.data_version, table.filter_server_list)
@@ -333,25 +336,40 @@ def _peer_host(conn: Connection) -> str:
 
 
 class _TopicTable:
-    """A REGISTER_BROKER body read as far as needed: the DataVersion and the topic count at once, the topic
-    entries only when asked (all, or in batches)."""
+    """A REGISTER_BROKER body read as far as needed: the DataVersion at once, the topic entries only when
+    asked (all, or in batches). A plain body larger than ``REGISTER_INLINE_MAX_BODY_BYTES`` is parsed in
+    steps too (``PlainRegisterBodyReader``), so its parse never holds the loop in one block."""
 
-    __slots__ = ("data_version", "topic_count", "filter_server_list", "_reader", "_raw_table")
+    __slots__ = ("data_version", "topic_count", "filter_server_list", "_reader", "_plain", "_raw_table")
 
     def __init__(self, body: bytes, compressed: bool) -> None:
         self._reader: CompressedRegisterBodyReader | None = None
+        self._plain: PlainRegisterBodyReader | None = None
         self._raw_table: dict[str, Any] = {}
+        #: topics in the table; None: not known before the steps have read them (a large plain body)
+        self.topic_count: int | None
         if compressed and body:
             self._reader = CompressedRegisterBodyReader(body)
             self.data_version = self._reader.data_version
             self.topic_count = self._reader.topic_count
             self.filter_server_list: list[str] = []
             return
+        if len(body) > REGISTER_INLINE_MAX_BODY_BYTES:
+            self._plain = PlainRegisterBodyReader(body)
+            self.data_version = self._plain.data_version
+            self.filter_server_list = self._plain.filter_server_list
+            self.topic_count = None
+            return
         envelope = decode_register_envelope(body)
         self.data_version = envelope.data_version
         self.filter_server_list = envelope.filter_server_list
         self._raw_table = envelope.raw_topic_table
         self.topic_count = len(self._raw_table)
+
+    @property
+    def small(self) -> bool:
+        """Few enough topics to apply in one go."""
+        return self.topic_count is not None and self.topic_count <= REGISTER_INLINE_MAX_TOPICS
 
     def skip_topics(self) -> None:
         """Pass over the topic entries unread (an unchanged table); the filter server list is then known."""
@@ -366,12 +384,18 @@ class _TopicTable:
                 yield batch
             self.filter_server_list = reader.filter_server_list()
             return
+        plain = self._plain
+        if plain is not None:
+            while batch := plain.read_topics(size):
+                yield batch
+            self.filter_server_list = plain.filter_server_list  # the last step read what follows the table
+            return
         items = list(self._raw_table.items())
         for start in range(0, len(items), size):
             yield [topic_config_from_json(name, raw) for name, raw in items[start:start + size]]
 
     def all_topics(self) -> list[TopicConfig]:
-        return [tc for batch in self.batches(max(1, self.topic_count)) for tc in batch]
+        return [tc for batch in self.batches(max(1, self.topic_count or REGISTER_STEP_TOPICS)) for tc in batch]
 
 
 class _Registration:
