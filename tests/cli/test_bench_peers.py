@@ -1,9 +1,12 @@
 """``ferry bench`` workload 13 (ferrymq beside Redis, RabbitMQ and NATS, interleaved): ratios are computed repeat
 by repeat, targets judged on their median, missing peers skipped with the reason, and every row carries the
-load average it was measured at, flagged above 1.0 per core."""
+load average it was measured at, flagged above 1.0 per core. The servers' CPU per message and the floors
+(the echo server answering one client in lockstep) are put beside the targets."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import shutil
 import sys
@@ -12,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ferrymq.cli.bench_impl import nats_peer, peers, rabbit_peer
-from ferrymq.cli.bench_impl.report import load_cell
+from ferrymq.cli.bench_impl import echo, nats_peer, peers, rabbit_peer
+from ferrymq.cli.bench_impl.report import _detail, load_cell
 from ferrymq.cli.bench_impl.runner import Bench, Options, Row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _rows(values: dict[str, list[float | None]]) -> dict[str, Row]:
     rows = {}
-    for wid in ("13a", "13b", "13c", "13d", "13e", "13f", "13g", "13h", "13i"):
+    for wid in peers.ROW_ORDER:
         r = Row(wid, wid, 1024, "msgs/s", "msgs/s")
         if wid in values:
             r.values = list(values[wid])
@@ -98,4 +101,94 @@ def test_every_row_notes_the_load_average_of_its_repeats_and_flags_a_busy_machin
 def test_workload_13_is_planned_in_the_step_count() -> None:
     assert "13" in Bench(Options()).o.only
     bench = Bench(Options(only=["13"], repeats=3))
-    assert bench.total_steps() == peers.steps(3) == 27
+    assert bench.total_steps() == peers.steps(3) == 30
+
+
+def test_cpu_per_message_of_the_broker_and_of_all_server_processes() -> None:
+    c0 = {10: 1.0, 11: 2.0}
+    c1 = {10: 1.5, 11: 2.25}
+    # a master (pid 10) and its slave: the broker's own CPU and the pair's
+    assert peers.cpu_per_message(c0, c1, 10_000, broker=10) == {"cpu_us_msg": 50.0, "server_cpu_us_msg": 75.0}
+    # a broker alone: no second figure repeating the first
+    assert peers.cpu_per_message({10: 1.0}, {10: 1.5}, 10_000, broker=10) == {"cpu_us_msg": 50.0}
+    # a peer's processes: their sum
+    assert peers.cpu_per_message(c0, c1, 25_000) == {"server_cpu_us_msg": 30.0}
+    # nothing acknowledged: no figure (never a division by zero)
+    assert peers.cpu_per_message(c0, c1, 0) == {}
+
+
+def test_process_tree_follows_parents_down_from_the_root(tmp_path: Path) -> None:
+    for pid, ppid, comm in ((1, 0, "init"), (50, 1, "rabbitmq-server"), (51, 50, "beam.smp"),
+                            (52, 51, "erl_child_setup"), (53, 52, "inet_gethost"), (60, 1, "other")):
+        (tmp_path / str(pid)).mkdir()
+        # the command name may hold spaces and parentheses: the parent is the 2nd field after the last ")"
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm} (x) y) S {ppid} 1 1 0 -1\n")
+    (tmp_path / "self").mkdir()
+    (tmp_path / "77").mkdir()  # a process gone between the listing and the read
+    assert sorted(peers.process_tree(50, str(tmp_path))) == [50, 51, 52, 53]
+    assert peers.process_tree(60, str(tmp_path)) == [60]
+    assert peers.process_tree(os.getpid())[0] == os.getpid()
+
+
+def test_floors_are_put_beside_the_targets_repeat_by_repeat() -> None:
+    rows = _rows({"13a": [4000, 4000], "13b": [3500, 3500], "13d": [9000, 9000], "13e": [5000, 5000],
+                  "13f": [8000, 8000], "13g": [11000, 12000], "13h": [12000, 12000], "13i": [8000, 8000],
+                  "13j": [40000, 42000]})
+    rows["13g"].extra["cpu_us_msg"] = [50.0, 40.0]
+    rows["13j"].extra["server_cpu_us_msg"] = [10.0, 8.0]
+    rows["13h"].extra["server_cpu_us_msg"] = [16.0, 16.0]
+    rows["13i"].extra["server_cpu_us_msg"] = [55.0, 57.0]
+    rows["13j"].extra["p50_us"] = [20.0, 25.0]
+    rows["13e"].extra["p50_us"] = [160.0, 150.0]
+    rows["13a"].extra["p50_us"] = [240.0, 250.0]
+    rows["13d"].extra["p50_us"] = [100.0, 100.0]
+    peers._evaluate(rows)
+    g = rows["13g"].note
+    assert "floor: echo server CPU (13j) 9.0 us/req" in g and "13h 16.0, 13i 56.0 us/op" in g
+    assert "broker/echo CPU per repeat 5.00/5.00" in g
+    assert rows["13g"].status == "MISS"  # the target itself is judged as before
+    e = rows["13e"].note
+    assert "2 echo round trips (13j) p50 40/50 us" in e and "p50/floor per repeat 4.00/3.00" in e
+    a = rows["13a"].note
+    assert "fdatasync (13d) + echo round trip (13j) p50 120/125 us" in a and "per repeat 2.00/2.00" in a
+    assert "server CPU 9.00 us/msg" in _detail(rows["13j"])
+
+
+def test_no_floor_without_the_echo_row_or_its_partner() -> None:
+    rows = _rows({"13a": [4000], "13e": [5000], "13g": [11000]})  # 13j, 13d skipped
+    rows["13g"].extra["cpu_us_msg"] = [50.0]
+    rows["13e"].extra["p50_us"] = [160.0]
+    peers._evaluate(rows)
+    assert "floor" not in rows["13g"].note and "floor" not in rows["13e"].note and "floor" not in rows["13a"].note
+    rows = _rows({"13g": [11000], "13j": [40000]})
+    rows["13j"].extra["server_cpu_us_msg"] = [10.0]  # 13g measured no CPU (nothing stored)
+    peers._evaluate(rows)
+    assert "floor" not in rows["13g"].note
+
+
+class _Ctl:
+    async def ready(self) -> None:
+        return None
+
+
+def test_lockstep_times_one_request_in_flight_against_the_echo_server() -> None:
+    """The 13j worker against the real echo protocol: every reply of the run counted in ``acked`` (warm-up
+    included), round trips only from the counted window, one per counted reply."""
+
+    async def go() -> dict:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(echo.CodecEcho, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await echo.lockstep({"port": port, "body_bytes": 1024, "warmup_s": 0.05, "duration_s": 0.2},
+                                       _Ctl())
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    m = asyncio.run(go())
+    assert m["count"] > 0 and m["acked"] > m["count"]
+    assert m["bytes"] == m["count"] * 1024 and m["errors"] == 0 and m["not_ok"] == 0
+    # one round trip per reply of the counted window (give or take the replies at its two edges)
+    assert abs(len(m["lat_ns"]) - m["count"]) <= 2
+    assert all(x > 0 for x in m["lat_ns"]) and m["lat_ns"] == sorted(m["lat_ns"])

@@ -73,11 +73,11 @@ def test_bench_echo_ceiling_is_paired_with_workload_1(tmp_path):
 @pytest.mark.skipif(not _stack_available(), reason="broker/name server CLI not available yet")
 def test_bench_quick_peers_run_in_order_and_stop_everything(tmp_path):
     """Workload 13: every row is measured or skipped with the reason, the ferrymq rows carry the broker's CPU
-    per message and every measured row its load average; every server it started (brokers, Redis, NATS,
+    per message, the peers and the echo floor (13j) their server's, and every measured row its load average; every server it started (brokers, Redis, NATS,
     RabbitMQ and its port mapper) is gone afterwards, the work dir removed."""
     proc, data = _bench(tmp_path, "--only", "13")
     rows = {r["wid"]: r for r in data["rows"]}
-    assert set(rows) == {f"13{c}" for c in "abcdefghi"}
+    assert set(rows) == {f"13{c}" for c in "abcdefghij"}
     for wid, row in rows.items():
         assert row["median"] is not None or (row["error"] or "").startswith("SKIPPED: "), (wid, row["error"])
         if row["median"] is not None:
@@ -85,4 +85,9 @@ def test_bench_quick_peers_run_in_order_and_stop_everything(tmp_path):
     for wid in ("13a", "13e", "13g"):
         assert rows[wid]["error"] is None and rows[wid]["extra_median"]["cpu_us_msg"] > 0
     assert rows["13d"]["median"] > 0
+    # every server's CPU per acknowledged message: the peers', the echo floor's, the SYNC_MASTER pair's
+    for wid in ("13b", "13c", "13e", "13f", "13h", "13i", "13j"):
+        if rows[wid]["median"] is not None:
+            assert rows[wid]["extra_median"]["server_cpu_us_msg"] > 0, wid
+    assert rows["13j"]["extra_median"]["p50_us"] > 0 and "floor: echo server CPU (13j)" in rows["13g"]["note"]
     assert list((tmp_path / "work").iterdir()) == []

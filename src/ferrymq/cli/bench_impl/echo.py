@@ -9,6 +9,12 @@ splits frames by the length prefix and echoes a fixed small frame (the framing-f
 Load generator (worker ``load``): N connections, one request in flight per connection (closed loop,
 like a producer doing sync sends), a pre-encoded SEND_MESSAGE_V2-shaped request with an X-byte body.
 It splits replies by the length prefix only, so it stays cheaper than the server.
+
+Worker ``lockstep`` (row 13j of ``ferry bench``): the same load with ONE connection, each request written
+when the previous reply arrived, timing every round trip of the counted window: the request/reply floor of
+one client over loopback TCP, which the one-client rows of workload 13 are put beside. Its result has the
+shape of a producer worker's (``count``, ``lat_ns``, ...) plus ``acked``: every reply of the run, warm-up
+included (the divisor of the server's CPU over the whole run).
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ import struct
 import time
 from typing import Any
 
+from ferrymq.cli.bench_impl.stats import thin
 from ferrymq.common import aio
 from ferrymq.remoting.codec import FrameDecoder, RemotingCommand, encode
 
 _LEN = struct.Struct(">i")
+#: round-trip samples a ``lockstep`` worker ships back (thinned, sorted)
+LATENCY_SAMPLE_CAP = 50_000
 
 
 def take_frames(buf: bytearray) -> int:
@@ -97,7 +106,8 @@ async def serve(port: int, mode: str) -> None:
 
 
 class _Client(asyncio.Protocol):
-    def __init__(self, frame: bytes, stop_at: list[float]) -> None:
+    def __init__(self, frame: bytes, stop_at: list[float], lat_ns: list[int] | None = None,
+                 measure_at: list[float] | None = None) -> None:
         self.frame = frame
         self.stop_at = stop_at
         self.buf = bytearray()
@@ -105,6 +115,10 @@ class _Client(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.running = False
+        #: round trips (ns) of replies arriving after ``measure_at[0]`` (only with one request in flight)
+        self.lat_ns = lat_ns
+        self.measure_at = measure_at or [0.0]
+        self.sent_ns = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -112,6 +126,7 @@ class _Client(asyncio.Protocol):
     def start(self) -> None:
         self.running = True
         assert self.transport is not None
+        self.sent_ns = time.perf_counter_ns()
         self.transport.write(self.frame)
 
     def data_received(self, data: bytes) -> None:
@@ -120,7 +135,13 @@ class _Client(asyncio.Protocol):
         if not got:
             return
         self.count += got
-        if time.monotonic() < self.stop_at[0]:
+        now = time.monotonic()
+        if self.lat_ns is not None:
+            t = time.perf_counter_ns()
+            if now >= self.measure_at[0]:
+                self.lat_ns.append(t - self.sent_ns)
+            self.sent_ns = t
+        if now < self.stop_at[0]:
             assert self.transport is not None
             self.transport.write(self.frame * got)
         elif not self.done.done():
@@ -155,6 +176,32 @@ async def load(spec: dict[str, Any], ctl: Any) -> dict[str, Any]:
         if c.transport is not None:
             c.transport.close()
     return {"count": c2 - c0, "elapsed_s": t2 - t1}
+
+
+async def lockstep(spec: dict[str, Any], ctl: Any) -> dict[str, Any]:
+    """Worker: ``spec`` = {port, body_bytes, duration_s, warmup_s}; one connection, one request in flight,
+    every round trip of the counted window timed."""
+    loop = asyncio.get_running_loop()
+    frame = request_frame(spec["body_bytes"])
+    stop_at, measure_at = [float("inf")], [float("inf")]
+    lat_ns: list[int] = []
+    _, client = await loop.create_connection(lambda: _Client(frame, stop_at, lat_ns, measure_at), "127.0.0.1",
+                                             spec["port"])
+    await ctl.ready()
+    t0 = time.monotonic()
+    measure_at[0] = t0 + spec["warmup_s"]
+    stop_at[0] = measure_at[0] + spec["duration_s"]
+    client.start()
+    await asyncio.sleep(spec["warmup_s"])
+    c0 = client.count
+    t1 = time.monotonic()
+    await aio.wait_for(client.done, spec["duration_s"] + 30)
+    t2 = time.monotonic()
+    if client.transport is not None:
+        client.transport.close()
+    count = client.count - c0
+    return {"count": count, "bytes": count * spec["body_bytes"], "elapsed_s": t2 - t1, "errors": 0, "not_ok": 0,
+            "first_error": None, "lat_ns": thin(sorted(lat_ns), LATENCY_SAMPLE_CAP), "acked": client.count}
 
 
 def main() -> None:

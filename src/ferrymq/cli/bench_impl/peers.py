@@ -17,12 +17,30 @@ within minutes, and other jobs come and go):
 | 13g | ferrymq ASYNC_MASTER + ASYNC_FLUSH, 1 client | page cache (flushed every ``flushIntervalCommitLog``) |
 | 13h | Redis XADD, ``appendfsync everysec``, 1 client | AOF write, fsync once a second |
 | 13i | NATS JetStream publish, file storage, 1 client | file store write, fsync every 2 min |
+| 13j | limit: the echo server of row 11a, 1 client in lockstep | none (a send-like reply, nothing stored) |
 
 Ratios (median of the per-repeat ratios; each repeat's ratio in ``detail``): 13a against 13b (target
 ≥ 1.0), 13c and 13d (target ≥ 0.5 of the disk's rate); 13e against 13f (target ≥ 1.3); 13g against 13h and
-13i. ferrymq rows also show the broker's CPU per message (utime + stime of the broker process over the
-whole run, divided by the messages it stored; target ≤ 25 µs at 1 producer for 13g). A peer that is not
-installed is skipped with the reason; its ratios are left out.
+13i.
+
+CPU per message, every row with a server: utime + stime of the server's processes over the whole run
+(warm-up included) divided by the messages the server acknowledged in it, counted on the server:
+
+| row | processes | acknowledged messages |
+|-----|-----------|-----------------------|
+| 13a, 13g | the broker (``broker CPU``) | growth of the topic's max offsets |
+| 13e | the master (``broker CPU``); master + slave (``server CPU``) | growth of the topic's max offsets |
+| 13b, 13h | the AOF Redis | ``XLEN`` of the run's stream |
+| 13f | Redis master + replica | ``XLEN`` of the run's stream |
+| 13c | RabbitMQ's start script and every process under it (``beam.smp``) | the queue's depth, purged after |
+| 13i | ``nats-server`` | growth of JetStream's message count (``/jsz``) |
+| 13j | the echo server | replies the client received |
+
+13g's target is broker CPU ≤ 25 µs at 1 producer. The floors are printed beside the targets (``detail``):
+13g's broker CPU against the echo server's CPU per request (13j) and Redis's and NATS's per operation
+(13h, 13i), 13e's round trip (p50) against two echo round trips (13j: client → master → slave is two
+request/reply hops), and 13a's against the disk's ``fdatasync`` (13d) plus one echo round trip, each per
+repeat. A peer that is not installed is skipped with the reason; its ratios are left out.
 """
 
 from __future__ import annotations
@@ -35,7 +53,7 @@ from typing import Any
 
 from ferrymq.cli.bench_impl import limits, nats_peer, rabbit_peer, redis_peer
 from ferrymq.cli.bench_impl.mpwork import run_workers
-from ferrymq.cli.bench_impl.procs import Supervisor
+from ferrymq.cli.bench_impl.procs import Supervisor, free_port, python_argv
 from ferrymq.cli.bench_impl.stack import Stack, create_topic, max_offsets, wait_send_ok
 from ferrymq.cli.bench_impl.stats import median
 from ferrymq.cli.bench_impl.units import fmt_size
@@ -47,6 +65,12 @@ TARGET_SYNC_MASTER_VS_REDIS_WAIT = 1.3
 TARGET_BROKER_CPU_US_PER_MSG = 25.0
 #: seconds of the per-repeat disk measurement (13d)
 DISK_PROBE_S = 2.0
+#: request/reply hops of one SYNC_MASTER send (client -> master, master -> slave)
+SYNC_MASTER_HOPS = 2
+#: the stream of the Redis WAIT row (13f)
+REDIS_WAIT_STREAM = "benchwait"
+#: the rows, in the order every repeat runs them
+ROW_ORDER = ("13a", "13b", "13c", "13d", "13e", "13f", "13g", "13h", "13i", "13j")
 
 
 @dataclass
@@ -54,9 +78,14 @@ class _Entry:
     row: Any
     run: Callable[[], dict[str, Any] | None]
     skip: str | None = None
-    #: broker process whose CPU per message is measured (ferrymq rows)
-    broker: Any = None
-    topic: str = ""
+    #: the server's processes whose CPU per message is measured (read at the start of each repeat)
+    pids: Callable[[], list[int]] | None = None
+    #: the broker among them (ferrymq rows): its own CPU is ``broker CPU``
+    broker_pid: Callable[[], int] | None = None
+    #: messages the server has acknowledged so far, read before and after the run; None = the run's ``acked``
+    acked: Callable[[], int] | None = None
+    #: run after the CPU sample (emptying a peer's stream or queue is not part of its cost per message)
+    cleanup: Callable[[], None] | None = None
 
 
 @dataclass
@@ -65,11 +94,13 @@ class _Servers:
     redis_pair: Any = None
     nats: Any = None
     rabbit: Any = None
+    echo_port: int = 0
+    echo_pid: int = 0
     closers: list[Callable[[], None]] = field(default_factory=list)
 
 
 def steps(repeats: int) -> int:
-    return 9 * repeats
+    return len(ROW_ORDER) * repeats
 
 
 def run(bench: Any, sup: Supervisor) -> None:
@@ -92,7 +123,10 @@ def run(bench: Any, sup: Supervisor) -> None:
         "13h": bench.row("13h", "Redis appendfsync everysec, 1 client (AOF write, fsync each second)", size,
                          "ops/s", "ops/s"),
         "13i": bench.row("13i", f"NATS JetStream, 1 client ({nats_peer.DURABILITY})", size, "msgs/s", "msgs/s"),
+        "13j": bench.row("13j", "limit: echo server of 11a, 1 client in lockstep (request/reply floor)", size,
+                         "req/s", "req/s"),
     }
+    assert tuple(rows) == ROW_ORDER
     stack = Stack(sup, "peers", common_conf=o.broker_conf)
     servers = _Servers()
     try:
@@ -123,7 +157,8 @@ def _run(bench: Any, sup: Supervisor, stack: Stack, servers: _Servers, rows: dic
     async_b = stack.broker("bench-pa")
     for bp in (flush_b, sm_b, async_b):
         stack.start(bp)
-    stack.start(stack.broker("bench-pm", broker_id=1, master=sm_b))
+    slave_b = stack.broker("bench-pm", broker_id=1, master=sm_b)
+    stack.start(slave_b)
     topics = {"13a": ("BenchPeerFlush", flush_b), "13e": ("BenchPeerSync", sm_b), "13g": ("BenchPeerAsync", async_b)}
     for topic, bp in topics.values():
         asyncio.run(create_topic(stack.name_server, bp, topic))
@@ -153,6 +188,13 @@ def _run(bench: Any, sup: Supervisor, stack: Stack, servers: _Servers, rows: dic
         except Exception as exc:  # noqa: BLE001 - the row says why
             rabbit_reason = f"rabbitmq-server did not start: {exc}".splitlines()[0][:200]
 
+    servers.echo_port = free_port()
+    echo = sup.spawn("echo-floor", python_argv("-m", "ferrymq.cli.bench_impl.echo", "--port",
+                                               str(servers.echo_port), "--mode", "codec"), port=servers.echo_port)
+    servers.closers.append(lambda: sup.stop(echo))
+    sup.wait_port(echo)
+    servers.echo_pid = echo.pid
+
     timing = {"warmup_s": o.warmup_s, "duration_s": o.duration_s, "body_bytes": size}
     run_s = o.warmup_s + o.duration_s
 
@@ -165,26 +207,24 @@ def _run(bench: Any, sup: Supervisor, stack: Stack, servers: _Servers, rows: dic
         def go() -> dict[str, Any]:
             servers.redis_durable.set_fsync(mode)
             spec = {"port": servers.redis_durable.port, "stream": f"bench{mode}", **timing}
-            try:
-                return _merge1(run_workers("ferrymq.cli.bench_impl.workers:redis_xadd", [spec], run_s=run_s))
-            finally:
-                redis_peer.cli(servers.redis_durable.port, "del", f"bench{mode}")
+            return _merge1(run_workers("ferrymq.cli.bench_impl.workers:redis_xadd", [spec], run_s=run_s))
         return go
 
     def redis_wait() -> dict[str, Any]:
-        spec = {"port": servers.redis_pair.port, **timing}
-        try:
-            return _merge1(run_workers("ferrymq.cli.bench_impl.workers:redis_wait", [spec], run_s=run_s))
-        finally:
-            redis_peer.cli(servers.redis_pair.port, "del", "benchwait")
+        spec = {"port": servers.redis_pair.port, "stream": REDIS_WAIT_STREAM, **timing}
+        return _merge1(run_workers("ferrymq.cli.bench_impl.workers:redis_wait", [spec], run_s=run_s))
 
     def nats() -> dict[str, Any]:
         spec = {"url": servers.nats.url, "stream": nats_peer.STREAM, "subject": nats_peer.SUBJECT, **timing}
         return _merge1(run_workers("ferrymq.cli.bench_impl.workers:nats_publish", [spec], run_s=run_s))
 
     def rabbit() -> dict[str, Any]:
-        spec = {"url": servers.rabbit.url, "queue": rabbit_peer.QUEUE, **timing}
+        spec = {"url": servers.rabbit.url, "queue": rabbit_peer.QUEUE, "purge": False, **timing}
         return _merge1(run_workers("ferrymq.cli.bench_impl.workers:rabbit_publish", [spec], run_s=run_s))
+
+    def echo_floor() -> dict[str, Any]:
+        spec = {"port": servers.echo_port, **timing}
+        return _merge1(run_workers("ferrymq.cli.bench_impl.echo:lockstep", [spec], run_s=run_s))
 
     disk_dir = sup.path("peers", "disk")
     os.makedirs(disk_dir, exist_ok=True)
@@ -196,17 +236,37 @@ def _run(bench: Any, sup: Supervisor, stack: Stack, servers: _Servers, rows: dic
             rows["13d"].add_extra(k, r[k])
         return None
 
+    def ferry_entry(key: str, *more: Any) -> _Entry:
+        topic, bp = topics[key]
+        return _Entry(rows[key], ferry(key), pids=lambda: [_pid(bp), *(_pid(m) for m in more)],
+                      broker_pid=lambda: _pid(bp),
+                      acked=lambda: sum(asyncio.run(max_offsets(bp.addr, topic))))
+
+    def redis_entry(mode: str) -> _Entry:
+        stream = f"bench{mode}"
+        return _Entry(rows["13b" if mode == "always" else "13h"], redis_durable(mode), skip=redis_reason,
+                      pids=lambda: [servers.redis_durable.child.pid],
+                      acked=lambda: _xlen(servers.redis_durable.port, stream),
+                      cleanup=lambda: _del(servers.redis_durable.port, stream))
+
     plan = [
-        _Entry(rows["13a"], ferry("13a"), broker=flush_b, topic=topics["13a"][0]),
-        _Entry(rows["13b"], redis_durable("always"), skip=redis_reason),
-        _Entry(rows["13c"], rabbit, skip=rabbit_reason),
+        ferry_entry("13a"),
+        redis_entry("always"),
+        _Entry(rows["13c"], rabbit, skip=rabbit_reason, pids=lambda: process_tree(servers.rabbit.child.pid),
+               acked=lambda: servers.rabbit.queue_depth(), cleanup=lambda: servers.rabbit.purge()),
         _Entry(rows["13d"], disk),
-        _Entry(rows["13e"], ferry("13e"), broker=sm_b, topic=topics["13e"][0]),
-        _Entry(rows["13f"], redis_wait, skip=redis_reason),
-        _Entry(rows["13g"], ferry("13g"), broker=async_b, topic=topics["13g"][0]),
-        _Entry(rows["13h"], redis_durable("everysec"), skip=redis_reason),
-        _Entry(rows["13i"], nats, skip=nats_reason),
+        ferry_entry("13e", slave_b),
+        _Entry(rows["13f"], redis_wait, skip=redis_reason,
+               pids=lambda: [servers.redis_pair.master.pid, *_opt_pid(servers.redis_pair.replica)],
+               acked=lambda: _xlen(servers.redis_pair.port, REDIS_WAIT_STREAM),
+               cleanup=lambda: _del(servers.redis_pair.port, REDIS_WAIT_STREAM)),
+        ferry_entry("13g"),
+        redis_entry("everysec"),
+        _Entry(rows["13i"], nats, skip=nats_reason, pids=lambda: [servers.nats.child.pid],
+               acked=lambda: servers.nats.stored_messages()),
+        _Entry(rows["13j"], echo_floor, pids=lambda: [servers.echo_pid]),
     ]
+    assert tuple(e.row.wid for e in plan) == ROW_ORDER
     for entry in plan:
         if entry.skip:
             entry.row.error = f"SKIPPED: {entry.skip}"
@@ -229,29 +289,90 @@ def _run(bench: Any, sup: Supervisor, stack: Stack, servers: _Servers, rows: dic
 
 
 def _one(bench: Any, stack: Stack, entry: _Entry) -> None:
-    bp = entry.broker
-    if bp is None:
+    if entry.pids is None:
         m = entry.run()
         if m is not None:
             bench._record_produce(entry.row, m)
         return
-    pid = bp.child.pid
-    before = sum(asyncio.run(max_offsets(bp.addr, entry.topic)))
-    c0 = _cpu_s(pid)
+    pids = entry.pids()
+    broker = entry.broker_pid() if entry.broker_pid is not None else None
+    before = entry.acked() if entry.acked is not None else 0
+    c0 = {pid: _cpu_s(pid) for pid in pids}
     m = entry.run()
-    c1 = _cpu_s(pid)
-    stored = sum(asyncio.run(max_offsets(bp.addr, entry.topic))) - before
+    c1 = {pid: _cpu_s(pid) for pid in pids}
     assert m is not None
+    acked = entry.acked() - before if entry.acked is not None else int(m.get("acked", 0))
+    if entry.cleanup is not None:
+        entry.cleanup()
     bench._record_produce(entry.row, m)
-    if stored > 0:
-        entry.row.add_extra("cpu_us_msg", (c1 - c0) / stored * 1e6)
+    for key, cpu_us in cpu_per_message(c0, c1, acked, broker).items():
+        entry.row.add_extra(key, cpu_us)
+
+
+def cpu_per_message(c0: dict[int, float], c1: dict[int, float], acked: int,
+                    broker: int | None = None) -> dict[str, float]:
+    """CPU per acknowledged message in microseconds from the CPU seconds of each process before and after a
+    run: ``cpu_us_msg`` of the broker (when one is named), ``server_cpu_us_msg`` of all the processes (left
+    out when the broker is the only one: it would repeat ``cpu_us_msg``). Empty when nothing was acknowledged."""
+    if acked <= 0:
+        return {}
+    used = {pid: c1[pid] - c0[pid] for pid in c0 if pid in c1}
+    out = {}
+    if broker is not None and broker in used:
+        out["cpu_us_msg"] = used[broker] / acked * 1e6
+    if broker is None or len(used) > 1:
+        out["server_cpu_us_msg"] = sum(used.values()) / acked * 1e6
+    return out
 
 
 def _cpu_s(pid: int) -> float:
-    """utime + stime of a process (all its threads), seconds."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rpartition(")")[2].split()
+    """utime + stime of a process (all its threads), seconds; 0 for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(root: int, proc_dir: str = "/proc") -> list[int]:
+    """``root`` and every process under it (RabbitMQ's start script execs the Erlang VM, which starts helpers)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir(proc_dir):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_dir, name, "stat")) as fh:
+                ppid = int(fh.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def _xlen(port: int, stream: str) -> int:
+    text = redis_peer.cli(port, "xlen", stream).strip()
+    return int(text) if text.isdigit() else 0
+
+
+def _del(port: int, stream: str) -> None:
+    redis_peer.cli(port, "del", stream)
+
+
+def _pid(bp: Any) -> int:
+    """The running broker process of a stack's broker."""
+    if bp.child is None:
+        raise RuntimeError(f"broker {bp.name} is not running")
+    return int(bp.child.pid)
+
+
+def _opt_pid(child: Any) -> list[int]:
+    return [child.pid] if child is not None else []
 
 
 def _merge1(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -303,3 +424,50 @@ def _evaluate(rows: dict[str, Any]) -> None:
     if not g.error and cpu is not None:
         g.target = f"broker CPU <= {TARGET_BROKER_CPU_US_PER_MSG:.0f} us/msg"
         g.status = "PASS" if cpu <= TARGET_BROKER_CPU_US_PER_MSG else "MISS"
+    _floors(rows)
+
+
+def _per_repeat(xs: list[float], ys: list[float], fn: Callable[[float, float], float]) -> list[float]:
+    return [fn(x, y) for x, y in zip(xs, ys, strict=False) if y]
+
+
+def _add_note(row: Any, text: str) -> None:
+    row.note = "; ".join(x for x in (row.note, text) if x)
+
+
+def _floors(rows: dict[str, Any]) -> None:
+    """The floors beside the targets, in ``detail``, per repeat: 13g's broker CPU against the echo server's CPU
+    per request (13j) with Redis's and NATS's per operation beside it; 13e's round trip against two echo round
+    trips; 13a's against the disk's fdatasync plus one echo round trip."""
+    echo = rows["13j"]
+    if echo.error:
+        return
+
+    def xs(key: str, name: str) -> list[float]:
+        row = rows[key]
+        return [] if row.error else list(row.extra.get(name, []))
+
+    echo_cpu, echo_p50 = xs("13j", "server_cpu_us_msg"), xs("13j", "p50_us")
+    g_cpu = xs("13g", "cpu_us_msg")
+    if g_cpu and echo_cpu:
+        beside = [f"{key} {rows[key].x('server_cpu_us_msg'):.1f}" for key in ("13h", "13i")
+                  if xs(key, "server_cpu_us_msg")]
+        per = _per_repeat(g_cpu, echo_cpu, lambda a, b: a / b)
+        _add_note(rows["13g"], f"floor: echo server CPU (13j) {rows['13j'].x('server_cpu_us_msg'):.1f} us/req"
+                  + (f", server CPU {', '.join(beside)} us/op" if beside else "")
+                  + "; broker/echo CPU per repeat " + "/".join(f"{x:.2f}" for x in per))
+    e_p50 = xs("13e", "p50_us")
+    if e_p50 and echo_p50:
+        floor = [SYNC_MASTER_HOPS * y for y in echo_p50]
+        per = _per_repeat(e_p50, floor, lambda a, b: a / b)
+        _add_note(rows["13e"], f"floor: {SYNC_MASTER_HOPS} echo round trips (13j) p50 "
+                  + "/".join(f"{y:.0f}" for y in floor) + " us; p50/floor per repeat "
+                  + "/".join(f"{x:.2f}" for x in per))
+    a_p50, d_p50 = xs("13a", "p50_us"), xs("13d", "p50_us")
+    if a_p50 and d_p50:
+        floor = [d + y for d, y in zip(d_p50, echo_p50, strict=False)]
+        per = _per_repeat(a_p50, floor, lambda a, b: a / b)
+        if per:
+            _add_note(rows["13a"], "floor: fdatasync (13d) + echo round trip (13j) p50 "
+                      + "/".join(f"{y:.0f}" for y in floor) + " us; p50/floor per repeat "
+                      + "/".join(f"{x:.2f}" for x in per))

@@ -3,11 +3,13 @@ messages, one client publishing with publisher confirms and awaiting each confir
 
 Durability: a persistent message to a durable queue is confirmed once it is written to the message store and
 fsynced (RabbitMQ batches the fsyncs of concurrent publishers): the fsync-before-ack peer of SYNC_FLUSH.
-Single node, no mirrors. The node runs with its own data, log and config directories under the bench's
+Single node, no mirrors. ``queue_depth()`` reads the messages the queue holds (the acknowledged publishes the
+server's CPU per message is divided by) and ``purge()`` empties it after a run. The node runs with its own data, log and config directories under the bench's
 work dir, on free ports (AMQP and the Erlang distribution port), and is stopped with the bench."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -88,6 +90,27 @@ class RabbitServer:
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@{HOST}:{self.port}/"
+
+    def queue_depth(self) -> int:
+        """Messages in the bench's queue (0 before its first declaration)."""
+        return asyncio.run(self._on_queue(purge=False))
+
+    def purge(self) -> None:
+        asyncio.run(self._on_queue(purge=True))
+
+    async def _on_queue(self, *, purge: bool) -> int:
+        import aio_pika  # type: ignore[import-not-found]
+
+        conn = await aio_pika.connect(self.url)
+        try:
+            channel = await conn.channel()
+            queue = await channel.declare_queue(QUEUE, durable=True)
+            if purge:
+                await queue.purge()
+                return 0
+            return int(queue.declaration_result.message_count or 0)
+        finally:
+            await conn.close()
 
     def close(self) -> None:
         self.sup.stop(self.child)

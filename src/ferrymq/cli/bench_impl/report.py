@@ -38,6 +38,9 @@ def _detail(r: Any) -> str:
     cpu = r.x("cpu_us_msg")
     if cpu is not None:
         parts.append(f"broker CPU {fmt_num(cpu)} us/msg")
+    server_cpu = r.x("server_cpu_us_msg")
+    if server_cpu is not None:
+        parts.append(f"server CPU {fmt_num(server_cpu)} us/msg")
     if len(r.values) > 1:
         parts.append("runs " + "/".join(fmt_num(v, r.unit) for v in r.values))
     if r.note:
