@@ -192,3 +192,35 @@ def test_lockstep_times_one_request_in_flight_against_the_echo_server() -> None:
     # one round trip per reply of the counted window (give or take the replies at its two edges)
     assert abs(len(m["lat_ns"]) - m["count"]) <= 2
     assert all(x > 0 for x in m["lat_ns"]) and m["lat_ns"] == sorted(m["lat_ns"])
+
+
+def test_a_peer_is_counted_before_its_cleanup_and_cleaned_up_when_its_run_fails() -> None:
+    calls: list[str] = []
+    counts = iter([100, 1100])
+    m = {"count": 900, "bytes": 900 * 1024, "elapsed_s": 1.0, "lat_ns": [50_000], "errors": 0, "not_ok": 0,
+         "first_error": None}
+
+    def acked() -> int:
+        calls.append("acked")
+        return next(counts)
+
+    def run() -> dict:
+        calls.append("run")
+        return m
+
+    row = Row("13h", "13h", 1024, "ops/s", "ops/s")
+    entry = peers._Entry(row, run, pids=lambda: [os.getpid()], acked=acked, cleanup=lambda: calls.append("cleanup"))
+    peers._one(Bench(Options(only=["13"])), None, entry)  # type: ignore[arg-type]
+    # the stream is counted before it is deleted, and its deletion is outside the CPU sample
+    assert calls == ["acked", "run", "acked", "cleanup"]
+    assert row.values == [900.0] and len(row.extra["server_cpu_us_msg"]) == 1  # 1,000 messages acknowledged
+
+    def fail() -> dict:
+        raise RuntimeError("worker died")
+
+    calls.clear()
+    entry = peers._Entry(Row("13f", "13f", 1024, "ops/s", "ops/s"), fail, pids=lambda: [os.getpid()],
+                         cleanup=lambda: calls.append("cleanup"))
+    with pytest.raises(RuntimeError, match="worker died"):
+        peers._one(Bench(Options(only=["13"])), None, entry)  # type: ignore[arg-type]
+    assert calls == ["cleanup"]

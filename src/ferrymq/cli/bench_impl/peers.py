@@ -298,12 +298,14 @@ def _one(bench: Any, stack: Stack, entry: _Entry) -> None:
     broker = entry.broker_pid() if entry.broker_pid is not None else None
     before = entry.acked() if entry.acked is not None else 0
     c0 = {pid: _cpu_s(pid) for pid in pids}
-    m = entry.run()
-    c1 = {pid: _cpu_s(pid) for pid in pids}
-    assert m is not None
-    acked = entry.acked() - before if entry.acked is not None else int(m.get("acked", 0))
-    if entry.cleanup is not None:
-        entry.cleanup()
+    try:
+        m = entry.run()
+        c1 = {pid: _cpu_s(pid) for pid in pids}
+        assert m is not None
+        acked = entry.acked() - before if entry.acked is not None else int(m.get("acked", 0))
+    finally:  # a failed run's stream or queue is emptied too
+        if entry.cleanup is not None:
+            entry.cleanup()
     bench._record_produce(entry.row, m)
     for key, cpu_us in cpu_per_message(c0, c1, acked, broker).items():
         entry.row.add_extra(key, cpu_us)
