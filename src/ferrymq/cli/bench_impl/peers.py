@@ -338,7 +338,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def process_tree(root: int, proc_dir: str = "/proc") -> list[int]:
-    """``root`` and every process under it (RabbitMQ's start script execs the Erlang VM, which starts helpers)."""
+    """``root`` and every process under it (RabbitMQ's start script execs the Erlang VM, which starts child processes)."""
     children: dict[int, list[int]] = {}
     for name in os.listdir(proc_dir):
         if not name.isdigit():
