@@ -119,6 +119,8 @@ class _Client(asyncio.Protocol):
         self.lat_ns = lat_ns
         self.measure_at = measure_at or [0.0]
         self.sent_ns = 0
+        #: when the last timed reply arrived (monotonic seconds)
+        self.last_timed_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -140,6 +142,7 @@ class _Client(asyncio.Protocol):
             t = time.perf_counter_ns()
             if now >= self.measure_at[0]:
                 self.lat_ns.append(t - self.sent_ns)
+                self.last_timed_at = now
             self.sent_ns = t
         if now < self.stop_at[0]:
             assert self.transport is not None
@@ -192,15 +195,13 @@ async def lockstep(spec: dict[str, Any], ctl: Any) -> dict[str, Any]:
     measure_at[0] = t0 + spec["warmup_s"]
     stop_at[0] = measure_at[0] + spec["duration_s"]
     client.start()
-    await asyncio.sleep(spec["warmup_s"])
-    c0 = client.count
-    t1 = time.monotonic()
-    await aio.wait_for(client.done, spec["duration_s"] + 30)
-    t2 = time.monotonic()
+    await aio.wait_for(client.done, spec["warmup_s"] + spec["duration_s"] + 30)
     if client.transport is not None:
         client.transport.close()
-    count = client.count - c0
-    return {"count": count, "bytes": count * spec["body_bytes"], "elapsed_s": t2 - t1, "errors": 0, "not_ok": 0,
+    # the counted window: the replies that arrived from measure_at on, each with its round trip
+    count = len(lat_ns)
+    elapsed_s = max(client.last_timed_at - measure_at[0], 1e-9)
+    return {"count": count, "bytes": count * spec["body_bytes"], "elapsed_s": elapsed_s, "errors": 0, "not_ok": 0,
             "first_error": None, "lat_ns": thin(sorted(lat_ns), LATENCY_SAMPLE_CAP), "acked": client.count}
 
 
