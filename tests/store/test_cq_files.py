@@ -5,7 +5,6 @@ and a dispatch that stops short resumed by the next reput (store/consume_queue.p
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import os
@@ -21,6 +20,7 @@ from ferrymq.store import MessageStore, PutMessageStatus
 from ferrymq.store.consume_queue import CQ_RESERVE_CHUNK_BYTES
 from ferrymq.store.mapped_file import MIN_POOLED_OPEN_FILES, MappedFile
 from ferrymq.store.results import GetMessageStatus
+from support.pagecache import resident_pages
 
 Opener = Callable[..., MessageStore]
 #: a consume queue file as large as RocketMQ's default (300,000 units): sparse, so cheap here too
@@ -34,24 +34,6 @@ def _allocated(path: Path) -> int:
 def _cq_file(root: Path, topic: str, queue_id: int) -> Path:
     (path,) = (root / "consumequeue" / topic / str(queue_id)).iterdir()
     return path
-
-
-def _resident_pages(path: Path) -> int:
-    """Pages of ``path`` in the page cache (mincore(2) on a private map of it, which faults nothing in)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        mm = mmap.mmap(fh.fileno(), size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-    try:
-        anchor = ctypes.c_char.from_buffer(mm)
-        pages = -(-size // mmap.PAGESIZE)
-        vec = (ctypes.c_ubyte * pages)()
-        rc = libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vec)
-        assert rc == 0, os.strerror(ctypes.get_errno())
-        del anchor
-        return sum(b & 1 for b in vec)
-    finally:
-        mm.close()
 
 
 def _put(store: MessageStore, topic: str, queue_id: int = 0, **kw: object) -> None:
@@ -88,7 +70,7 @@ def test_a_new_queue_brings_no_read_around_into_the_page_cache(open_store: Opene
         _put(store, f"R{i}")
     store.reput()
     for i in range(5):
-        resident = _resident_pages(_cq_file(tmp_path / "a", f"R{i}", 0))
+        resident = resident_pages(_cq_file(tmp_path / "a", f"R{i}", 0))
         assert 1 <= resident <= CQ_RESERVE_CHUNK_BYTES // mmap.PAGESIZE, resident
 
 

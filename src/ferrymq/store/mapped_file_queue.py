@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from ferrymq.store.errors import StoreCorruptError, StoreDirError
 from ferrymq.store.mapped_file import MappedFile, OpenFilePool, offset_to_file_name, with_descriptor
-from ferrymq.store.segment_warmer import SegmentWarmer, remove_stray_prepared
+from ferrymq.store.segment_warmer import SegmentPrefetcher, SegmentWarmer, remove_stray_prepared
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,8 @@ class MappedFileQueue:
     else as a tuple: a queue with one segment adds no container the garbage collector's full passes walk
     (``files`` returns a tuple either way)."""
 
-    __slots__ = ("store_path", "mapped_file_size", "preallocate", "pool", "warm", "_warmer", "_files",
-                 "flushed_where", "_flush_lock")
+    __slots__ = ("store_path", "mapped_file_size", "preallocate", "pool", "warm", "_warmer", "_prefetcher",
+                 "_files", "flushed_where", "_flush_lock")
 
     def __init__(self, store_path: str, mapped_file_size: int, *, preallocate: bool = False,
                  warm: bool = False, pool: OpenFilePool | None = None,
@@ -44,6 +44,8 @@ class MappedFileQueue:
         #: the next segment is zero-filled ahead of need on a background thread (segment_warmer.py)
         self.warm = warm
         self._warmer: SegmentWarmer | None = None
+        #: reads a segment made cold (its zero-fill not done in time) into the page cache ahead of the writer
+        self._prefetcher: SegmentPrefetcher | None = None
         self._files: MappedFile | tuple[MappedFile, ...] = ()
         self.flushed_where = 0  # global offset persisted so far
         self._flush_lock = flush_lock if flush_lock is not None else threading.Lock()
@@ -112,12 +114,12 @@ class MappedFileQueue:
             self.flushed_where = files[-1].end_offset
 
     def close(self) -> None:
-        self._stop_warmer()
+        self._stop_background()
         for mf in self.files:
             mf.close()
 
     def destroy(self) -> None:
-        self._stop_warmer()
+        self._stop_background()
         for mf in self.files:
             mf.destroy()
         self.files = ()
@@ -177,18 +179,25 @@ class MappedFileQueue:
         except OSError as exc:
             raise StoreDirError(f"cannot create {self.store_path}: {exc}") from exc
         warmer, self._warmer = self._warmer, None
+        self._stop_prefetch()
+        cold = False
         if warmer is not None:
             if warmer.file_from_offset == file_from_offset and warmer.ready:
-                warmer.take()  # the zero-filled file is now at ``path`` (False: MappedFile makes it)
+                cold = not warmer.take()  # the zero-filled file is now at ``path`` (False: MappedFile makes it)
             else:
                 # a zero-fill still running (the first segment right after a start, a slow disk) is not
                 # waited for: that would hold the caller, the broker's event loop, for up to seconds
                 warmer.abandon()
+                cold = True
         mf = MappedFile(self.store_path, file_from_offset, self.mapped_file_size, preallocate=self.preallocate,
                         pool=self.pool, named_by_offset=True)
         if not self.files:
             self.flushed_where = file_from_offset
         self.files = [*self.files, mf]
+        if cold:
+            log.info("segment %s made without its zero-fill (not finished in time); its pages are read ahead of "
+                     "the writer instead", offset_to_file_name(file_from_offset))
+            self._prefetcher = SegmentPrefetcher(mf.path, self.mapped_file_size, lambda: mf.wrote_position)
         if self.warm:
             self._start_warmer(mf.end_offset)
         return mf
@@ -209,6 +218,16 @@ class MappedFileQueue:
         warmer, self._warmer = self._warmer, None
         if warmer is not None:
             warmer.cancel()
+
+    def _stop_background(self) -> None:
+        """The warmer and the prefetcher (close, destroy)."""
+        self._stop_warmer()
+        self._stop_prefetch()
+
+    def _stop_prefetch(self) -> None:
+        prefetcher, self._prefetcher = self._prefetcher, None
+        if prefetcher is not None:
+            prefetcher.cancel()
 
     def last_for_write(self, start_offset: int = 0) -> MappedFile:
         """The last segment if it has room, else a new one (the first at ``start_offset``'s segment)."""

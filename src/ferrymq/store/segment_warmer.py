@@ -10,6 +10,15 @@ GiB, so it is done ahead of need, like RocketMQ's pre-allocated, warmed mapped f
 A prepared segment is written under ``<name>.prep`` and renamed to its 20-digit name only when the queue
 takes it, so a crash never leaves a zero-filled segment that looks like part of the log (``load`` deletes
 stray ``.prep`` files).
+
+A segment needed before its zero-fill ended (the first one right after a start, or a writer faster than the
+zero-fill) is made cold instead (``MappedFileQueue.create_file``: the event loop does not wait for a zero-fill).
+The writer's first touch of each page of a cold segment faults, and the kernel then zero-fills the whole
+read-ahead window around it in the page cache, on the event loop thread: with the device's 8 MiB window that
+was 16 % of a broker's samples under 256 KiB batches, and ~15 % of their throughput. ``SegmentPrefetcher``
+does that reading on a thread instead, ahead of the writer (``posix_fadvise(POSIX_FADV_WILLNEED)``, in
+``PREFETCH_CHUNK_BYTES`` steps): reading changes no byte of the file, so it needs no coordination with the
+writer, and a page the writer dirtied first is left as it is.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 from ferrymq.store.mapped_file import pwrite_all
 
@@ -25,6 +35,9 @@ log = logging.getLogger(__name__)
 #: zeros written per ``pwrite`` (the thread takes the GIL once per chunk)
 ZERO_FILL_CHUNK_BYTES = 8 << 20
 PREPARED_SUFFIX = ".prep"
+#: a cold segment is read into the page cache this many bytes per ``posix_fadvise`` call (the GIL is released
+#: for each; the kernel reads at most its read-ahead maximum per call anyway)
+PREFETCH_CHUNK_BYTES = 8 << 20
 
 
 class SegmentWarmer:
@@ -111,6 +124,50 @@ class SegmentWarmer:
             pass
         except OSError as exc:
             log.warning("cannot remove %s: %s", self.tmp_path, exc)
+
+
+class SegmentPrefetcher:
+    """Reads a cold segment of ``file_size`` bytes at ``path`` into the page cache, from the writer's position
+    (``position()``, bytes into the segment) to its end, on a daemon thread; ``cancel`` stops it after its
+    current chunk without waiting."""
+
+    def __init__(self, path: str, file_size: int, position: Callable[[], int]) -> None:
+        self.path = path
+        self.file_size = file_size
+        self._position = position
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ferrymq-segment-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is None:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:  # advice only: the writer faults its pages in as before
+            log.debug("cannot prefetch %s: %s", self.path, exc)
+            return
+        try:
+            pos = self._position() // PREFETCH_CHUNK_BYTES * PREFETCH_CHUNK_BYTES
+            while pos < self.file_size and not self._cancelled.is_set():
+                pos = max(pos, self._position() // PREFETCH_CHUNK_BYTES * PREFETCH_CHUNK_BYTES)
+                advise(fd, pos, min(PREFETCH_CHUNK_BYTES, self.file_size - pos), os.POSIX_FADV_WILLNEED)
+                pos += PREFETCH_CHUNK_BYTES
+        except OSError as exc:
+            log.debug("prefetching %s stopped: %s", self.path, exc)
+        finally:
+            os.close(fd)
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
 
 
 def remove_stray_prepared(directory: str) -> None:
