@@ -1,7 +1,8 @@
 """``CommitLog.put_batch_raw`` (the C extension's ``put_batch``) stores exactly what ``put_messages`` stores for
 the ``MessageExtBrokerInner`` list the send processor builds from the same batch body: the same result,
 commit log bytes (BLANK fillers and segment rolls included), consume queues and index; and it declines
-(None) whatever the Python path must answer (malformed bodies, DELAY / TRAN_MSG, non-ASCII, size limits)."""
+(None) whatever the Python path must answer (malformed bodies, DELAY / TRAN_MSG, a delivery time, non-ASCII,
+size limits)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from ferrymq.store.results import PutMessageResult
 SEGMENT = 4096
 CLUSTER = "DefaultCluster"
 BORN_TS = 1_690_000_000_000
-NAMES = ["TAGS", "KEYS", "UNIQ_KEY"] * 3 + ["WAIT", "CLUSTER", "X", "DELAY", "TRAN_MSG"]
+NAMES = ["TAGS", "KEYS", "UNIQ_KEY"] * 3 + ["WAIT", "CLUSTER", "X", "DELAY", "TRAN_MSG", "TIMER_DELAY_SEC",
+                                               "__STARTDELIVERTIME"]
 value_st = st.one_of(st.sampled_from(["", "0", "2", "true", "k1 k2", "v\x01w"]),
                      st.text(alphabet="abXY09 #-", max_size=12), st.text(alphabet="ab", min_size=50, max_size=200))
 item_st = st.one_of(st.tuples(st.sampled_from(NAMES), value_st).map(lambda nv: f"{nv[0]}\x01{nv[1]}"),
@@ -75,7 +77,8 @@ def test_put_batch_raw_matches_put_messages(batches: list[tuple]) -> None:  # ty
             body = encode_batch_body(entries)
             ref = pure.put_messages(reference_inners(body, header_props, "TopicA", queue_id))
             got = put_raw(native, body, header_props, queue_id=queue_id)
-            odd = any(("DELAY\x01" in p or "TRAN_MSG\x01" in p or "é" in p)
+            odd = any(("DELAY\x01" in p or "TRAN_MSG\x01" in p or "TIMER_" in p or "__STARTDELIVERTIME\x01" in p
+                       or "é" in p)
                       for p in [header_props, *(e[2] for e in entries)])
             if got is None:  # the processor's Python path: put_messages (or its own refusal first)
                 assert odd or ref.append_result is None
@@ -109,6 +112,9 @@ def test_put_batch_raw_declines_what_python_answers() -> None:
         struct.pack(">i", 99) + good[4:],  # totalSize does not match
         encode_batch_body([(0, b"x", "DELAY\x010")]),
         encode_batch_body([(0, b"x", "TRAN_MSG\x01false")]),
+        encode_batch_body([(0, b"x", "TIMER_DELIVER_MS\x011")]),
+        encode_batch_body([(0, b"x", "TIMER_ROLL_FROM\x011")]),
+        encode_batch_body([(0, b"x", "X\x01y\x02__STARTDELIVERTIME\x011")]),
         encode_batch_body([(0, b"x", "K\x01é")]),
         encode_batch_body([(0, b"x", "\x02".join(f"k{i}\x01v" for i in range(70)))]),  # too many items
         encode_batch_body([(0, b"x", "K\x01" + "v" * 200)]),  # merged properties over max_properties_size

@@ -137,9 +137,11 @@ class MessageWriter:
                       reconsume_times: int) -> Any:
         """The native SEND_BATCH put (``MessageStore.put_batch_raw``); None = use ``put_batch``."""
         put_raw = getattr(self._store, "put_batch_raw", None)
-        if put_raw is None or _MAYBE_TIMER in batch_body or _MAYBE_TIMER in merge_props or \
-                _MAYBE_START_DELIVER in batch_body or _MAYBE_START_DELIVER in merge_props:
-            return None  # (an entry may ask for a delivery time: the Python path refuses it)
+        if put_raw is None:
+            # (an entry that asks for a delivery time is declined by the extension, which reads the entries'
+            # properties: the Python path refuses it. A scan of the whole body here took ~40 % of the loop
+            # thread under 256 KiB batches.)
+            return None
         prepare = self._prepare
         if prepare is not None and prepare(topic, queue_id, sys_flag) is not None:
             return None  # put_batch answers the refusal

@@ -38,6 +38,9 @@ static const char PROP_WAIT[] = "WAIT";
 static const char PROP_DELAY[] = "DELAY";
 static const char PROP_TRAN_MSG[] = "TRAN_MSG";
 static const char PROP_CLUSTER[] = "CLUSTER";
+/* a delivery time (common/timer.py: TIMER_DELAY_SEC / _MS, TIMER_DELIVER_MS; ali-ons' __STARTDELIVERTIME) */
+static const char PROP_TIMER_PREFIX[] = "TIMER_";
+static const char PROP_START_DELIVER_TIME[] = "__STARTDELIVERTIME";
 
 typedef struct {
     const uint8_t *name, *value;
@@ -63,6 +66,15 @@ static int prop_find(const PropList *pl, const char *name, Py_ssize_t name_len)
         if (pl->items[i].name_len == name_len && memcmp(pl->items[i].name, name, (size_t)name_len) == 0)
             return i;
     return -1;
+}
+
+/* 1 when an item's name starts with prefix */
+static int prop_prefixed(const PropList *pl, const char *prefix, Py_ssize_t prefix_len)
+{
+    for (int i = 0; i < pl->n; i++)
+        if (pl->items[i].name_len >= prefix_len && memcmp(pl->items[i].name, prefix, (size_t)prefix_len) == 0)
+            return 1;
+    return 0;
 }
 
 /* dict __setitem__: replace the value in place, or append; -1 when the list is full */
@@ -210,9 +222,12 @@ static int batch_plan(Batch *b, const uint8_t *buf, Py_ssize_t len, const PropLi
                          merge->items[i].value_len) < 0)
                 return BATCH_PYTHON;
         prop_del(&pl, PROP_WAIT, NEEDLE_LEN(PROP_WAIT));
-        /* DELAY / TRAN_MSG: the Python path decides (refuses the batch or stores the value as is) */
+        /* DELAY / TRAN_MSG / a delivery time: the Python path decides (refuses the batch or stores the value
+         * as is) */
         if (prop_find(&pl, PROP_DELAY, NEEDLE_LEN(PROP_DELAY)) >= 0 ||
-            prop_find(&pl, PROP_TRAN_MSG, NEEDLE_LEN(PROP_TRAN_MSG)) >= 0)
+            prop_find(&pl, PROP_TRAN_MSG, NEEDLE_LEN(PROP_TRAN_MSG)) >= 0 ||
+            prop_prefixed(&pl, PROP_TIMER_PREFIX, NEEDLE_LEN(PROP_TIMER_PREFIX)) ||
+            prop_find(&pl, PROP_START_DELIVER_TIME, NEEDLE_LEN(PROP_START_DELIVER_TIME)) >= 0)
             return BATCH_PYTHON;
         if (prop_set(&pl, (const uint8_t *)PROP_CLUSTER, NEEDLE_LEN(PROP_CLUSTER), cluster, cluster_len) < 0)
             return BATCH_PYTHON;
@@ -382,7 +397,8 @@ FERRY_DOC(put_batch_doc,
 "The SEND_BATCH_MESSAGE put of CommitLog.put_batch_raw: validate the batch body and write one commit\n"
 "log record per entry into mm at pos (queue offsets from queue_offset, phy offsets from phy_offset,\n"
 "BODYCRC = zlib crc32 & 0x7FFFFFFF, properties merged with merge_props, WAIT dropped, CLUSTER set).\n"
-"None: not handled (malformed, empty, non-ASCII properties, DELAY/TRAN_MSG, too many items, a size\n"
+"None: not handled (malformed, empty, non-ASCII properties, DELAY/TRAN_MSG, a TIMER_* or\n"
+"__STARTDELIVERTIME property, too many items, a size\n"
 "limit, a negative or int64-overflowing offset, IPv6 host flags): the Python path answers.\n"
 "total > room: nothing written, offsets and msg_ids None (roll the segment and call again). Else clock_ms() was called once (STORETIMESTAMP), offsets = tuple of each\n"
 "record's phy offset, msg_ids = the comma-joined offset msgIds. merge_props and cluster are ASCII\n"
