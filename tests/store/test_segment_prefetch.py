@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 import random
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,16 @@ def _cold_queue(path: Path) -> MappedFileQueue:
     return mfq
 
 
+def _eventually(cond: Callable[[], bool], timeout_s: float = JOIN_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        pause.wait(0.005)
+    return True
+
+
 def _prefetcher(mfq: MappedFileQueue) -> SegmentPrefetcher:
     prefetcher = mfq._prefetcher
     assert prefetcher is not None
@@ -51,6 +64,27 @@ def test_a_cold_segment_is_read_into_the_page_cache_ahead_of_the_writer(tmp_path
         pages = SEGMENT // os.sysconf("SC_PAGESIZE")
         # nothing was written: without the prefetch no page of the fallocated segment is in the page cache
         assert resident_pages(mf.path) >= pages * 9 // 10
+    finally:
+        mfq.destroy()
+
+
+def test_the_prefetch_keeps_a_bounded_distance_ahead_of_the_writer(tmp_path: Path, never_ready: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle broker does not read its whole segment in: the prefetch waits for the writer to come nearer."""
+    monkeypatch.setattr(segment_warmer, "PREFETCH_CHUNK_BYTES", 1 << 20)
+    monkeypatch.setattr(segment_warmer, "PREFETCH_AHEAD_BYTES", 2 << 20)
+    monkeypatch.setattr(segment_warmer, "PREFETCH_POLL_S", 0.005)
+    page = os.sysconf("SC_PAGESIZE")
+    mfq = _cold_queue(tmp_path / "commitlog")
+    try:
+        mf = mfq.create_file(0)
+        assert _eventually(lambda: resident_pages(mf.path) >= (2 << 20) // page)
+        assert not _prefetcher(mfq).done  # waiting, not finished
+        assert resident_pages(mf.path) <= (4 << 20) // page
+        mf.append(b"w" * (SEGMENT - (1 << 20)))  # the writer moves on: the prefetch follows it to the end
+        _prefetcher(mfq).join(JOIN_S)
+        assert _prefetcher(mfq).done
+        assert resident_pages(mf.path) >= SEGMENT // page * 9 // 10
     finally:
         mfq.destroy()
 

@@ -17,7 +17,7 @@ The writer's first touch of each page of a cold segment faults, and the kernel t
 read-ahead window around it in the page cache, on the event loop thread: with the device's 8 MiB window that
 was 16 % of a broker's samples under 256 KiB batches, and ~15 % of their throughput. ``SegmentPrefetcher``
 does that reading on a thread instead, ahead of the writer (``posix_fadvise(POSIX_FADV_WILLNEED)``, in
-``PREFETCH_CHUNK_BYTES`` steps): reading changes no byte of the file, so it needs no coordination with the
+``PREFETCH_CHUNK_BYTES`` steps, at most ``PREFETCH_AHEAD_BYTES`` ahead): reading changes no byte of the file, so it needs no coordination with the
 writer, and a page the writer dirtied first is left as it is.
 """
 
@@ -38,6 +38,10 @@ PREPARED_SUFFIX = ".prep"
 #: a cold segment is read into the page cache this many bytes per ``posix_fadvise`` call (the GIL is released
 #: for each; the kernel reads at most its read-ahead maximum per call anyway)
 PREFETCH_CHUNK_BYTES = 8 << 20
+#: the prefetch stays at most this far ahead of the writer (an idle broker does not read its whole segment in)
+PREFETCH_AHEAD_BYTES = 64 << 20
+#: how often a prefetch that is far enough ahead looks at the writer's position again
+PREFETCH_POLL_S = 0.05
 
 
 class SegmentWarmer:
@@ -127,9 +131,9 @@ class SegmentWarmer:
 
 
 class SegmentPrefetcher:
-    """Reads a cold segment of ``file_size`` bytes at ``path`` into the page cache, from the writer's position
-    (``position()``, bytes into the segment) to its end, on a daemon thread; ``cancel`` stops it after its
-    current chunk without waiting."""
+    """Reads a cold segment of ``file_size`` bytes at ``path`` into the page cache on a daemon thread, from the
+    writer's position (``position()``, bytes into the segment) on, at most ``PREFETCH_AHEAD_BYTES`` ahead of it,
+    until the segment's end; ``cancel`` stops it after its current chunk without waiting."""
 
     def __init__(self, path: str, file_size: int, position: Callable[[], int]) -> None:
         self.path = path
@@ -148,12 +152,17 @@ class SegmentPrefetcher:
         except OSError as exc:  # advice only: the writer faults its pages in as before
             log.debug("cannot prefetch %s: %s", self.path, exc)
             return
+        chunk = PREFETCH_CHUNK_BYTES
         try:
-            pos = self._position() // PREFETCH_CHUNK_BYTES * PREFETCH_CHUNK_BYTES
+            pos = 0
             while pos < self.file_size and not self._cancelled.is_set():
-                pos = max(pos, self._position() // PREFETCH_CHUNK_BYTES * PREFETCH_CHUNK_BYTES)
-                advise(fd, pos, min(PREFETCH_CHUNK_BYTES, self.file_size - pos), os.POSIX_FADV_WILLNEED)
-                pos += PREFETCH_CHUNK_BYTES
+                writer = self._position()
+                if pos >= writer + PREFETCH_AHEAD_BYTES:
+                    self._cancelled.wait(PREFETCH_POLL_S)
+                    continue
+                pos = max(pos, writer // chunk * chunk)
+                advise(fd, pos, min(chunk, self.file_size - pos), os.POSIX_FADV_WILLNEED)
+                pos += chunk
         except OSError as exc:
             log.debug("prefetching %s stopped: %s", self.path, exc)
         finally:
