@@ -21,6 +21,12 @@ READY_TIMEOUT_S = 60.0
 RESULT_GRACE_S = 60.0
 
 
+def _failure(idx: int, payload: Any) -> str:
+    """A worker's traceback, its last line (the exception) first: a row shows only the first line."""
+    text = str(payload).rstrip()
+    return f"worker {idx} failed: {text.splitlines()[-1] if text else '(no traceback)'}\n{text}"
+
+
 class WorkerFailed(RuntimeError):
     pass
 
@@ -79,7 +85,7 @@ def run_workers(fn_path: str, specs: list[dict[str, Any]], *, run_s: float) -> l
                     raise WorkerFailed(f"workers {dead} died before becoming ready") from None
                 continue
             if kind == "error":
-                raise WorkerFailed(f"worker {idx} failed:\n{payload}")
+                raise WorkerFailed(_failure(idx, payload))
             pending.discard(idx)
         go.set()
         results: dict[int, dict[str, Any]] = {}
@@ -95,7 +101,7 @@ def run_workers(fn_path: str, specs: list[dict[str, Any]], *, run_s: float) -> l
                     raise WorkerFailed("a worker died while running") from None
                 continue
             if kind == "error":
-                raise WorkerFailed(f"worker {idx} failed:\n{payload}")
+                raise WorkerFailed(_failure(idx, payload))
             results[idx] = payload
         for p in procs:
             p.join(timeout=10)
@@ -116,6 +122,6 @@ def _drain_errors(result_q: Any) -> None:
         while True:
             kind, idx, payload = result_q.get_nowait()
             if kind == "error":
-                raise WorkerFailed(f"worker {idx} failed:\n{payload}")
+                raise WorkerFailed(_failure(idx, payload))
     except queue.Empty:
         return
