@@ -27,21 +27,13 @@ import sys
 from typing import Any
 
 from ferrymq.cli.bench_impl.mpwork import run_workers
-from ferrymq.cli.bench_impl.procs import Supervisor, free_port, python_argv
+from ferrymq.cli.bench_impl.procs import Supervisor, cpu_times_s, free_port, python_argv
 from ferrymq.cli.bench_impl.stack import Stack, create_topic, max_offsets, wait_send_ok
 from ferrymq.cli.bench_impl.stats import latency_summary_us, median
 
 PLACEMENTS = ("same", "split", "free")
 TOPIC = "BenchFloor"
 WARMUP_S = 1.0
-
-
-def cpu_split_s(pid: int) -> tuple[float, float]:
-    """(utime, stime) of a process, all its threads, seconds."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rpartition(")")[2].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def pin_all_threads(pid: int, cpus: str | None) -> None:
@@ -90,7 +82,7 @@ def main() -> None:
                 srv_cpu, cli_cpu = placement_cpus[place]
                 for name, pid in (("echo", echo.pid), ("broker", broker.child.pid)):
                     pin_all_threads(pid, srv_cpu)
-                    u0, s0 = cpu_split_s(pid)
+                    u0, s0 = cpu_times_s(pid)
                     if name == "echo":
                         m = run_pinned(cli_cpu, "ferrymq.cli.bench_impl.echo:lockstep", {"port": port, **timing},
                                        run_s)
@@ -100,7 +92,7 @@ def main() -> None:
                         spec = {"name_server": stack.name_server, "topic": TOPIC, "worker": rep, "producers": 1,
                                 "batch": 0, **timing}
                         m = run_pinned(cli_cpu, "ferrymq.cli.bench_impl.workers:produce", spec, run_s)
-                    u1, s1 = cpu_split_s(pid)
+                    u1, s1 = cpu_times_s(pid)
                     if name == "broker":
                         acked = sum(asyncio.run(max_offsets(broker.addr, TOPIC))) - before
                     rate = m["count"] / m["elapsed_s"]

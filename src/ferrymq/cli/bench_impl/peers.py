@@ -53,7 +53,7 @@ from typing import Any
 
 from ferrymq.cli.bench_impl import limits, nats_peer, rabbit_peer, redis_peer
 from ferrymq.cli.bench_impl.mpwork import run_workers
-from ferrymq.cli.bench_impl.procs import Supervisor, free_port, python_argv
+from ferrymq.cli.bench_impl.procs import Supervisor, cpu_times_s, free_port, python_argv
 from ferrymq.cli.bench_impl.stack import Stack, create_topic, max_offsets, wait_send_ok
 from ferrymq.cli.bench_impl.stats import median
 from ferrymq.cli.bench_impl.units import fmt_size
@@ -329,12 +329,7 @@ def cpu_per_message(c0: dict[int, float], c1: dict[int, float], acked: int,
 
 def _cpu_s(pid: int) -> float:
     """utime + stime of a process (all its threads), seconds; 0 for a process that is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rpartition(")")[2].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(cpu_times_s(pid))
 
 
 def process_tree(root: int, proc_dir: str = "/proc") -> list[int]:

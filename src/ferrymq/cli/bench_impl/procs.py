@@ -188,6 +188,17 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def cpu_times_s(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process, all its threads, seconds; (0, 0) for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def python_argv(*args: str) -> list[str]:
     return [sys.executable, *args]
 
