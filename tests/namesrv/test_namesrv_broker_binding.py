@@ -9,9 +9,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import orjson
 import pytest
 from namesrv_acl_accounts import ACL, ADMIN, USER
+from namesrv_requests import BROKER, register_cmd
 
 from ferrymq.common.properties import parse_properties
 from ferrymq.namesrv.app import NameServer
@@ -19,17 +19,6 @@ from ferrymq.remoting import signature
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Connection, connect
-
-BROKER = {"brokerName": "broker-a", "brokerAddr": "127.0.0.1:10911", "clusterName": "DefaultCluster",
-          "brokerId": 0}
-
-
-def register_cmd(topic: str = "TopicA", addr: str = "127.0.0.1:10911") -> RemotingCommand:
-    body = orjson.dumps({"filterServerList": [], "topicConfigSerializeWrapper": {
-        "dataVersion": {"counter": 1, "timestamp": 1},
-        "topicConfigTable": {topic: {"topicName": topic, "perm": 6, "readQueueNums": 4, "writeQueueNums": 4}}}})
-    return RemotingCommand.request(RequestCode.REGISTER_BROKER,
-                                   {**BROKER, "brokerAddr": addr, "haServerAddr": "", "compressed": False}, body)
 
 
 def unregister_cmd(keys: tuple[str, str] | None = None) -> RemotingCommand:

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from namesrv_requests import register_cmd
 
 from ferrymq.broker.registration import NameServerRegistrar
 from ferrymq.common.topic import DataVersion, TopicConfig
@@ -17,16 +18,6 @@ from ferrymq.namesrv.app import NameServer
 from ferrymq.remoting.codec import RemotingCommand
 from ferrymq.remoting.codes import RequestCode, ResponseCode
 from ferrymq.remoting.connection import Connection, connect
-
-BROKER = {"brokerName": "broker-a", "brokerAddr": "127.0.0.1:10911", "clusterName": "DefaultCluster",
-          "brokerId": 0, "haServerAddr": "", "compressed": False}
-
-
-def register_cmd() -> RemotingCommand:
-    body = orjson.dumps({"filterServerList": [], "topicConfigSerializeWrapper": {
-        "dataVersion": {"counter": 1, "timestamp": 1},
-        "topicConfigTable": {"TopicA": {"topicName": "TopicA", "perm": 6, "readQueueNums": 4, "writeQueueNums": 4}}}})
-    return RemotingCommand.request(RequestCode.REGISTER_BROKER, BROKER, body)
 
 
 def topic_cmd(topic: str, broker_name: str = "broker-a", body: bytes | None = None) -> RemotingCommand:
