@@ -362,7 +362,7 @@ class PlainRegisterBodyReader:
                 search_from = m.start(2)  # the '}' closed something inside an entry: try the next one
                 continue
             self._cursor = m.start(2)
-            return raw if isinstance(raw, dict) else None
+            return raw  # "{" ... "}" parsed: an object
         return None
 
     def _last_step(self) -> None:

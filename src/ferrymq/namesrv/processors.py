@@ -24,9 +24,9 @@ REGISTER_BROKER at estate size: a registration whose DataVersion the name server
 once without reading its topic table (RocketMQ skips unchanged tables too). A changed table with more than
 ``REGISTER_INLINE_MAX_TOPICS`` topics (a plain body: more than ``REGISTER_INLINE_MAX_BODY_BYTES``) is parsed,
 decoded and applied in steps of about ``REGISTER_STEP_TOPICS``, yielding to the event loop between steps, so
-a 10,000-topic registration never holds the loop for long; registrations
-of one broker address are applied one at a time, and a broker removed meanwhile (unregister, connection
-closed, expiry) stops the steps. The DataVersion is recorded only once the whole table is applied.
+a 10,000-topic registration never holds the loop for long; registrations of one broker address are applied
+one at a time, and a broker removed meanwhile (unregister, connection closed, expiry) stops the steps. The
+DataVersion is recorded only once the whole table is applied.
 
 UNREGISTER_BROKER is accepted only over the connection the address registered on (a broker unregisters over
 the connection it registers on), or, with aclEnable, from an admin account: an unsigned request from

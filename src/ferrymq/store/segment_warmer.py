@@ -17,8 +17,8 @@ The writer's first touch of each page of a cold segment faults, and the kernel t
 read-ahead window around it in the page cache, on the event loop thread: with the device's 8 MiB window that
 was 16 % of a broker's samples under 256 KiB batches, and ~15 % of their throughput. ``SegmentPrefetcher``
 does that reading on a thread instead, ahead of the writer (``posix_fadvise(POSIX_FADV_WILLNEED)``, in
-``PREFETCH_CHUNK_BYTES`` steps, at most ``PREFETCH_AHEAD_BYTES`` ahead): reading changes no byte of the file, so it needs no coordination with the
-writer, and a page the writer dirtied first is left as it is.
+``PREFETCH_CHUNK_BYTES`` steps, at most ``PREFETCH_AHEAD_BYTES`` ahead): reading changes no byte of the
+file, so it needs no coordination with the writer, and a page the writer dirtied first is left as it is.
 """
 
 from __future__ import annotations
